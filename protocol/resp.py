@@ -1,0 +1,362 @@
+"""RESP2/RESP3 codec: bytes in, values out; values in, bytes out.
+
+Theory of operation
+-------------------
+Two readers share one shape, a feed/next object in the style of h11: ``feed(data)`` appends
+bytes, ``next()`` returns one complete value or the ``NEED_DATA`` sentinel. Short input is
+"not yet", never an error; malformed input raises ``ProtocolError`` whose text is the one
+Redis sends (``Protocol error: ...``) before it closes the connection.
+
+* ``ReplyReader`` (client side) wraps ``hiredis.Reader``: replies come from a server we chose
+  to talk to, and hiredis turns them into Python values in C.
+* ``RequestParser`` (server side) reads what clients send: multibulk requests and inline
+  commands, as Redis accepts them. It checks every header itself, because hiredis has no limit
+  on multibulk counts or bulk lengths and does not say where an unfinished request starts, so it
+  cannot refuse ``$2000000000`` at once the way Redis does. Once the headers are read, the
+  arguments are only slices of the buffer.
+
+Replies are plain Python values: ``bytes`` (bulk), ``int``, ``None`` (null), ``list``/``tuple``
+(array), ``dict`` (map: flattened in RESP2), ``Status`` (``+``), ``Error`` (``-``),
+``NULL_ARRAY`` (``*-1``, what GETJOB answers on timeout) and ``Verbatim``-free simple types.
+``encode(value, protover)`` writes them; RESP3 differs only in nulls and maps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import hiredis
+
+# Limits, as in Redis/Disque (networking.c): they bound what one client can make us buffer.
+MAX_INLINE_SIZE: Final = 64 * 1024
+MAX_MULTIBULK_COUNT: Final = 1024 * 1024
+MAX_BULK_LEN: Final = 512 * 1024 * 1024
+
+
+class _NeedData:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+
+
+class ProtocolError(Exception):
+    """Malformed input. ``str(exc)`` is the Redis text, e.g. ``Protocol error: invalid bulk length``."""
+
+
+class Status(str):
+    """A simple string reply (``+OK``)."""
+
+    __slots__ = ()
+
+
+class Error(str):
+    """An error reply (``-ERR ...``): the text starts with its code."""
+
+    __slots__ = ()
+
+    @property
+    def code(self) -> str:
+        return self.split(" ", 1)[0]
+
+
+class _NullArray:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NULL_ARRAY"
+
+
+NULL_ARRAY: Final = _NullArray()
+
+OK: Final = Status("OK")
+
+
+# ---------------------------------------------------------------------------------------------
+# Server side: requests
+
+
+class RequestParser:
+    """Splits a client's byte stream into commands (lists of ``bytes`` arguments).
+
+    Empty commands (``*0``, ``*-1``, blank inline lines) are skipped, as Redis does.
+    """
+
+    __slots__ = ("_buf", "_pos", "_argv", "_argc", "_bulklen")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        # State of a multibulk request read only in part: arguments so far, how many are
+        # expected, and the length of the bulk being waited for (-1: its header is not read).
+        self._argv: list[bytes] = []
+        self._argc = 0
+        self._bulklen = -1
+
+    def feed(self, data: bytes) -> None:
+        buf = self._buf
+        if self._pos:
+            # Drop what is consumed before growing, so a long-lived connection stays small.
+            del buf[: self._pos]
+            self._pos = 0
+        buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet turned into a command."""
+        return len(self._buf) - self._pos
+
+    def next(self) -> list[bytes] | _NeedData:
+        while True:
+            buf = self._buf
+            pos = self._pos
+            if self._argc == 0:
+                if pos >= len(buf):
+                    return NEED_DATA
+                if buf[pos] != 0x2A:  # '*'
+                    cmd = self._inline()
+                    if cmd is NEED_DATA or cmd:
+                        return cmd
+                    continue
+                nl = buf.find(b"\r\n", pos)
+                if nl < 0:
+                    if len(buf) - pos > MAX_INLINE_SIZE:
+                        raise ProtocolError("Protocol error: too big mbulk count string")
+                    return NEED_DATA
+                count = _parse_int(buf, pos + 1, nl)
+                if count is None or count > MAX_MULTIBULK_COUNT:
+                    raise ProtocolError("Protocol error: invalid multibulk length")
+                self._pos = nl + 2
+                if count <= 0:
+                    continue
+                self._argc = count
+                self._argv = []
+            cmd = self._bulks()
+            if cmd is not None:
+                return cmd
+            return NEED_DATA
+
+    def _bulks(self) -> list[bytes] | None:
+        buf = self._buf
+        pos = self._pos
+        argv = self._argv
+        need = self._argc
+        bulklen = self._bulklen
+        end = len(buf)
+        while len(argv) < need:
+            if bulklen < 0:
+                nl = buf.find(b"\r\n", pos)
+                if nl < 0:
+                    if end - pos > MAX_INLINE_SIZE:
+                        raise ProtocolError("Protocol error: too big bulk count string")
+                    break
+                if buf[pos] != 0x24:  # '$'
+                    raise ProtocolError(
+                        "Protocol error: expected '$', got '%s'" % chr(buf[pos])
+                    )
+                n = _parse_int(buf, pos + 1, nl)
+                if n is None or n < 0 or n > MAX_BULK_LEN:
+                    raise ProtocolError("Protocol error: invalid bulk length")
+                bulklen = n
+                pos = nl + 2
+            if end - pos < bulklen + 2:
+                break
+            argv.append(bytes(buf[pos : pos + bulklen]))
+            pos += bulklen + 2
+            bulklen = -1
+        self._pos = pos
+        self._bulklen = bulklen
+        if len(argv) < need:
+            return None
+        self._argc = 0
+        self._argv = []
+        return argv
+
+    def _inline(self) -> list[bytes] | _NeedData:
+        buf = self._buf
+        pos = self._pos
+        nl = buf.find(b"\n", pos)
+        if nl < 0:
+            if len(buf) - pos > MAX_INLINE_SIZE:
+                raise ProtocolError("Protocol error: too big inline request")
+            return NEED_DATA
+        line = bytes(buf[pos:nl])
+        self._pos = nl + 1
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        return split_args(line)
+
+
+def _parse_int(buf: bytearray, start: int, end: int) -> int | None:
+    text = buf[start:end]
+    # int() accepts spaces, '+' and '_' which Redis's string2ll refuses.
+    if not text or len(text) > 20 or not (text.isdigit() or (text[0] == 0x2D and text[1:].isdigit())):
+        return None
+    return int(text)
+
+
+def split_args(line: bytes) -> list[bytes]:
+    """Split an inline command like Redis's sdssplitargs: quotes, escapes, \\xHH."""
+    args: list[bytes] = []
+    i, n = 0, len(line)
+    while True:
+        while i < n and line[i] in b" \t\n\r\v\f":
+            i += 1
+        if i >= n:
+            return args
+        cur = bytearray()
+        inq = insq = False
+        while True:
+            if inq:
+                if i >= n:
+                    raise ProtocolError("Protocol error: unbalanced quotes in request")
+                c = line[i]
+                if c == 0x5C and i + 3 < n and line[i + 1] == 0x78 and _ishex(line[i + 2 : i + 4]):
+                    cur.append(int(line[i + 2 : i + 4], 16))
+                    i += 3
+                elif c == 0x5C and i + 1 < n:
+                    i += 1
+                    cur += {0x6E: b"\n", 0x72: b"\r", 0x74: b"\t", 0x62: b"\b", 0x61: b"\a"}.get(
+                        line[i], bytes([line[i]])
+                    )
+                elif c == 0x22:
+                    if i + 1 < n and line[i + 1] not in b" \t\n\r\v\f":
+                        raise ProtocolError("Protocol error: unbalanced quotes in request")
+                    i += 1
+                    break
+                else:
+                    cur.append(c)
+            elif insq:
+                if i >= n:
+                    raise ProtocolError("Protocol error: unbalanced quotes in request")
+                c = line[i]
+                if c == 0x5C and i + 1 < n and line[i + 1] == 0x27:
+                    i += 1
+                    cur.append(0x27)
+                elif c == 0x27:
+                    if i + 1 < n and line[i + 1] not in b" \t\n\r\v\f":
+                        raise ProtocolError("Protocol error: unbalanced quotes in request")
+                    i += 1
+                    break
+                else:
+                    cur.append(c)
+            else:
+                if i >= n:
+                    break
+                c = line[i]
+                if c in b" \t\n\r\v\f":
+                    break
+                if c == 0x22:
+                    inq = True
+                elif c == 0x27:
+                    insq = True
+                else:
+                    cur.append(c)
+            i += 1
+        args.append(bytes(cur))
+
+
+def _ishex(two: bytes) -> bool:
+    return len(two) == 2 and all(c in b"0123456789abcdefABCDEF" for c in two)
+
+
+# ---------------------------------------------------------------------------------------------
+# Client side: replies
+
+
+class ReplyReader:
+    """hiredis behind the feed/next shape. Error replies come back as ``Error`` values."""
+
+    __slots__ = ("_reader",)
+
+    def __init__(self) -> None:
+        self._reader = hiredis.Reader(
+            protocolError=ProtocolError, replyError=Error, notEnoughData=NEED_DATA
+        )
+        # hiredis gives status replies and bulk strings the same type (bytes). A caller that
+        # must tell them apart (redis-cli style printing) uses ``TypedReplyParser``.
+
+    def feed(self, data: bytes) -> None:
+        self._reader.feed(data)
+
+    def next(self) -> Any:
+        return self._reader.gets()
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+_CRLF: Final = b"\r\n"
+_NULL_BULK: Final = b"$-1\r\n"
+_NULL_ARRAY2: Final = b"*-1\r\n"
+_NULL3: Final = b"_\r\n"
+_SMALL_INTS: Final = [b":%d\r\n" % i for i in range(1024)]
+_BULK_HEADERS: Final = [b"$%d\r\n" % i for i in range(1024)]
+_ARRAY_HEADERS: Final = [b"*%d\r\n" % i for i in range(256)]
+
+
+def encode(value: Any, protover: int = 2) -> bytes:
+    out: list[bytes] = []
+    _encode_into(value, out, protover)
+    return b"".join(out)
+
+
+def encode_into(value: Any, out: list[bytes], protover: int = 2) -> None:
+    """Append the encoding of ``value`` to ``out`` (a list joined once per write)."""
+    _encode_into(value, out, protover)
+
+
+def _encode_into(value: Any, out: list[bytes], protover: int) -> None:
+    t = type(value)
+    if t is bytes:
+        n = len(value)
+        out.append(_BULK_HEADERS[n] if n < 1024 else b"$%d\r\n" % n)
+        out.append(value)
+        out.append(_CRLF)
+    elif t is Status:
+        out.append(b"+" + value.encode() + _CRLF)
+    elif t is int:
+        out.append(_SMALL_INTS[value] if 0 <= value < 1024 else b":%d\r\n" % value)
+    elif t is list or t is tuple:
+        n = len(value)
+        out.append(_ARRAY_HEADERS[n] if n < 256 else b"*%d\r\n" % n)
+        for item in value:
+            _encode_into(item, out, protover)
+    elif value is None:
+        out.append(_NULL3 if protover == 3 else _NULL_BULK)
+    elif t is Error:
+        out.append(b"-" + value.encode() + _CRLF)
+    elif value is NULL_ARRAY:
+        out.append(_NULL3 if protover == 3 else _NULL_ARRAY2)
+    elif t is dict:
+        out.append((b"%%%d\r\n" if protover == 3 else b"*%d\r\n") % (len(value) * (1 if protover == 3 else 2)))
+        for k, v in value.items():
+            _encode_into(k, out, protover)
+            _encode_into(v, out, protover)
+    elif t is str:
+        _encode_into(value.encode(), out, protover)
+    elif t is bool:
+        _encode_into(int(value), out, protover)
+    elif t is float:
+        _encode_into(repr(value).encode(), out, protover)
+    else:
+        raise TypeError(f"cannot encode {t.__name__} as RESP")
+
+
+def encode_command(*args: bytes | str | int) -> bytes:
+    """A request as a multibulk frame: what clients send."""
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if isinstance(a, str):
+            b = a.encode()
+        elif isinstance(a, int):
+            b = b"%d" % a
+        else:
+            b = bytes(a)
+        parts.append(b"$%d\r\n" % len(b))
+        parts.append(b)
+        parts.append(_CRLF)
+    return b"".join(parts)

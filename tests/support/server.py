@@ -1,0 +1,136 @@
+"""Start real ``trisque-server`` processes on loopback for end-to-end tests.
+
+``ServerProcess`` runs ``python -m cli.server`` with directives given as ``--name value``
+arguments, on a free port of 127.0.0.1, with its ``dir`` in a temporary folder, and waits until
+the node answers PING. It is a context manager; ``kill()`` sends SIGKILL (crash tests),
+``stop()`` SIGTERM, ``restart()`` starts it again on the same port and directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A port p such that p and p + 10000 (the cluster bus) are both free."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 10000 > 65535:
+            continue
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return int(port)
+    raise RuntimeError("no free port pair found")
+
+
+def send_command(port: int, *args: bytes | str, timeout: float = 5.0) -> Any:
+    """One command over a fresh connection; the parsed reply (errors as protocol.resp.Error)."""
+    from protocol.resp import NEED_DATA, ReplyReader, encode_command
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(encode_command(*args))
+        reader = ReplyReader()
+        while True:
+            reply = reader.next()
+            if reply is not NEED_DATA:
+                return reply
+            data = s.recv(65536)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            reader.feed(data)
+
+
+class ServerProcess:
+    def __init__(self, *, port: int | None = None, directory: str | None = None,
+                 config_file: str | None = None, **directives: Any) -> None:
+        self.port = port or free_port()
+        self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="trisque-test-")
+        self.dir = directory or self._tmp.name  # type: ignore[union-attr]
+        self.config_file = config_file
+        self.directives = {k.replace("_", "-"): v for k, v in directives.items()}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = os.path.join(self.dir, "server.log")
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "cli.server"]
+        if self.config_file:
+            argv.append(self.config_file)
+        settings = {"port": self.port, "bind": "127.0.0.1", "dir": self.dir}
+        settings.update(self.directives)
+        for k, v in settings.items():
+            argv += [f"--{k}", str(v)]
+        return argv
+
+    def start(self, wait: bool = True) -> ServerProcess:
+        self._logfile = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv(), cwd=REPO, stdout=self._logfile,
+                                     stderr=subprocess.STDOUT)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"trisque-server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if send_command(self.port, "PING", timeout=1.0) == b"PONG":
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"trisque-server on {self.port} not ready:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def call(self, *args: bytes | str) -> Any:
+        return send_command(self.port, *args)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode if self.proc else None
+
+    def restart(self, wait: bool = True) -> ServerProcess:
+        self.stop()
+        return self.start(wait)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if getattr(self, "_logfile", None):
+            self._logfile.close()
+        if self._tmp:
+            self._tmp.cleanup()
