@@ -393,6 +393,8 @@ BUILDERS: dict[str, Any] = {
     and not name.startswith("_") and not name.startswith("parse_")
     and name not in ("text", "Job", "JobInfo", "QueueStats")
 }
+# In a pipeline ``execute()`` sends the batch, so a raw command is ``execute_command(...)``.
+BUILDERS["execute_command"] = BUILDERS.pop("execute")
 
 
 

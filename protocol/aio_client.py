@@ -1,0 +1,444 @@
+"""The trio flavour of the trisque client: the same API as ``protocol.client.Client``, awaited.
+
+Theory of operation
+-------------------
+Everything but the byte moving is shared with the blocking client: commands are the same
+prepared ``Call`` objects (``protocol.client_commands``), node choice and failover decisions
+come from ``protocol.client_core`` (``NodeSelector``, ``ProducerTracker``). This module only
+opens trio TCP streams, keeps idle ones in a small pool (tasks of one trio run may share the
+client; each exchange holds its own connection, so replies never interleave), and applies the
+timeouts with ``trio.fail_after``. A connection whose exchange failed or was cancelled is
+closed, never reused: its stream may hold half a reply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+import trio
+
+from protocol import client_commands as cmd
+from protocol.client_commands import Body, Job, JobInfo, PipelineCalls, QueueStats
+from protocol.client_core import (
+    Address,
+    AuthError,
+    Call,
+    Hello,
+    LeavingError,
+    NodeSelector,
+    ProducerTracker,
+    ResponseError,
+    TrisqueConnectionError,
+    TrisqueTimeoutError,
+    error_from_reply,
+    parse_hello,
+    read_timeout,
+)
+from protocol.resp import NEED_DATA, Error, ProtocolError, ReplyReader
+
+__all__ = ["AsyncClient", "AsyncPipeline"]
+
+_NET_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError)
+
+
+def _limit(timeout: float | None) -> float:
+    return math.inf if timeout is None else timeout
+
+
+class AsyncConnection:
+    """One trio stream to one node and its reply reader."""
+
+    def __init__(self, address: Address, stream: trio.SocketStream) -> None:
+        self.address = address
+        self.stream = stream
+        self.reader = ReplyReader()
+
+    @classmethod
+    async def open(cls, address: Address, connect_timeout: float | None) -> AsyncConnection:
+        try:
+            with trio.fail_after(_limit(connect_timeout)):
+                stream = await trio.open_tcp_stream(address[0], address[1])
+        except trio.TooSlowError:
+            raise TimeoutError(f"connect to {address[0]}:{address[1]} timed out") from None
+        return cls(address, stream)
+
+    async def exchange(self, payload: bytes, count: int, timeout: float | None) -> list[Any]:
+        replies: list[Any] = []
+        try:
+            with trio.fail_after(_limit(timeout)):
+                await self.stream.send_all(payload)
+                while len(replies) < count:
+                    reply = self.reader.next()
+                    if reply is NEED_DATA:
+                        data = await self.stream.receive_some(1 << 16)
+                        if not data:
+                            raise ConnectionResetError("connection closed by the node")
+                        self.reader.feed(data)
+                    else:
+                        replies.append(reply)
+        except trio.TooSlowError:
+            raise TimeoutError("no reply within the timeout") from None
+        return replies
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+
+
+class AsyncClient:
+    """A trio trisque client; the arguments are those of ``protocol.client.Client``."""
+
+    def __init__(
+        self,
+        nodes: Sequence[str | Address] | str = ("127.0.0.1:7711",),
+        *,
+        password: str | None = None,
+        socket_timeout: float | None = 5.0,
+        connect_timeout: float | None = 2.0,
+        max_idle: int = 8,
+        cluster_aware: bool = True,
+        rebalance_consumers: bool = False,
+        rebalance_window: int = 64,
+    ) -> None:
+        self.selector = NodeSelector([nodes] if isinstance(nodes, str) else nodes)
+        self.password = password
+        self.socket_timeout = socket_timeout
+        self.connect_timeout = connect_timeout
+        self.max_idle = max_idle
+        self.cluster_aware = cluster_aware
+        self.rebalance_consumers = rebalance_consumers
+        self.tracker = ProducerTracker(window=rebalance_window,
+                                       min_samples=max(1, rebalance_window // 4))
+        self.hello_reply: Hello | None = None
+        self._idle: list[AsyncConnection] = []
+        self._connecting = trio.Lock()  # one task at a time chooses a new node
+        self._closed = False
+
+    # -- connections ---------------------------------------------------------------------
+
+    @property
+    def address(self) -> Address | None:
+        return self.selector.current
+
+    async def _open(self, address: Address) -> AsyncConnection:
+        conn = await AsyncConnection.open(address, self.connect_timeout)
+        try:
+            if self.password is not None:
+                (reply,) = await conn.exchange(cmd.auth(self.password).payload, 1,
+                                               self.socket_timeout)
+                if isinstance(reply, Error):
+                    raise AuthError(str(reply))
+        except BaseException:
+            await conn.aclose()
+            raise
+        return conn
+
+    async def _connect_new_node(self) -> AsyncConnection:
+        errors: list[str] = []
+        for address in self.selector.candidates():
+            try:
+                conn = await self._open(address)
+            except _NET_ERRORS as exc:
+                self.selector.mark_failed(address)
+                errors.append(f"{address[0]}:{address[1]}: {_reason(exc)}")
+                continue
+            self.selector.connected(address)
+            if not self.cluster_aware:
+                return conn
+            try:
+                (reply,) = await conn.exchange(cmd.hello().payload, 1, self.socket_timeout)
+                hello = parse_hello(reply, address[0])
+            except _NET_ERRORS as exc:
+                await conn.aclose()
+                self.selector.mark_failed(address)
+                errors.append(f"{address[0]}:{address[1]}: {_reason(exc)}")
+                continue
+            except (ResponseError, ValueError, TypeError, IndexError):
+                return conn
+            self.hello_reply = hello
+            better = self.selector.learn(hello, address)
+            if better is not None:
+                try:
+                    moved = await self._open(better)
+                except _NET_ERRORS:
+                    self.selector.mark_failed(better)
+                    self.selector.connected(address)
+                    return conn
+                await conn.aclose()
+                self.selector.connected(better)
+                self.selector.current_id = next(
+                    (n.id for n in hello.nodes if n.address == better), None)
+                return moved
+            return conn
+        raise TrisqueConnectionError("no trisque node reachable (" + "; ".join(errors) + ")")
+
+    async def _acquire(self) -> AsyncConnection:
+        if self._closed:
+            raise TrisqueConnectionError("client is closed")
+        while self._idle and self.selector.current is not None:
+            conn = self._idle.pop()
+            if conn.address == self.selector.current:
+                return conn
+            await conn.aclose()
+        if self.selector.current is not None:
+            return await self._open(self.selector.current)
+        async with self._connecting:
+            if self.selector.current is not None:
+                return await self._open(self.selector.current)
+            return await self._connect_new_node()
+
+    async def _release(self, conn: AsyncConnection) -> None:
+        if (not self._closed and conn.address == self.selector.current
+                and len(self._idle) < self.max_idle):
+            self._idle.append(conn)
+        else:
+            await conn.aclose()
+
+    async def _forget_node(self, address: Address, leaving: bool = False) -> None:
+        if leaving:
+            self.selector.mark_leaving(address)
+        else:
+            self.selector.mark_failed(address)
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self, call: Call[Any]) -> Any:
+        """Send one prepared call, with the failover rules of ``protocol.client``."""
+        for attempt in (0, 1):
+            try:
+                conn = await self._acquire()
+            except _NET_ERRORS as exc:
+                if self.selector.current is not None:
+                    await self._forget_node(self.selector.current)
+                    if attempt == 0:
+                        continue
+                raise _connection_error(exc) from exc
+            try:
+                (reply,) = await conn.exchange(call.payload, 1,
+                                               read_timeout(call, self.socket_timeout))
+            except BaseException as exc:
+                await conn.aclose()
+                if isinstance(exc, TimeoutError):
+                    raise TrisqueTimeoutError(
+                        f"no reply to {call.name} within the timeout") from exc
+                if not isinstance(exc, _NET_ERRORS):
+                    raise  # cancelled: the connection is gone, the error is the caller's
+                await self._forget_node(conn.address)
+                if attempt == 0 and call.retry_safe:
+                    continue
+                raise _connection_error(exc) from exc
+            await self._release(conn)
+            if isinstance(reply, Error):
+                error = error_from_reply(reply)
+                if isinstance(error, LeavingError) and attempt == 0:
+                    await self._forget_node(conn.address, leaving=True)
+                    continue
+                raise error
+            result = call.convert(reply)
+            if call.delivers_jobs and self.rebalance_consumers and result:
+                await self._maybe_rebalance(result)
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _maybe_rebalance(self, jobs: list[Job]) -> None:
+        self.tracker.observe(j.id for j in jobs)
+        prefix = self.tracker.dominant(self.selector.current_id)
+        if prefix is None:
+            return
+        target = self.selector.address_of_prefix(prefix)
+        if target is None or target == self.selector.current:
+            return
+        self.selector.preferred = target
+        self.selector.current = None
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.aclose()
+        self.tracker.reset()
+
+    async def run_many(self, calls: list[Call[Any]], raise_on_error: bool = True) -> list[Any]:
+        if not calls:
+            return []
+        payload = b"".join(c.payload for c in calls)
+        waits = [read_timeout(c, self.socket_timeout) for c in calls]
+        timeout = None if any(w is None for w in waits) else max(w for w in waits if w is not None)
+        safe = all(c.retry_safe for c in calls)
+        for attempt in (0, 1):
+            conn = await self._acquire()
+            try:
+                replies = await conn.exchange(payload, len(calls), timeout)
+            except BaseException as exc:
+                await conn.aclose()
+                if isinstance(exc, TimeoutError):
+                    raise TrisqueTimeoutError("no reply to the pipeline within the timeout") from exc
+                if not isinstance(exc, _NET_ERRORS):
+                    raise
+                await self._forget_node(conn.address)
+                if attempt == 0 and safe:
+                    continue
+                raise _connection_error(exc) from exc
+            await self._release(conn)
+            return cmd.pipeline_results(calls, replies, raise_on_error)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def pipeline(self) -> AsyncPipeline:
+        return AsyncPipeline(self)
+
+    # -- commands ------------------------------------------------------------------------
+
+    async def add_job(self, queue: str, body: Body, *, replicate: int | None = None,
+                delay: int | None = None, retry: int | None = None, ttl: int | None = None,
+                maxlen: int | None = None, async_: bool = False, timeout_ms: int = 0) -> str:
+        result: str = await self.run(cmd.add_job(
+            queue, body, replicate=replicate, delay=delay, retry=retry, ttl=ttl,
+            maxlen=maxlen, async_=async_, timeout_ms=timeout_ms))
+        return result
+
+    async def get_job(self, *queues: str, count: int = 1, timeout_ms: int | None = None,
+                nohang: bool = False, with_counters: bool = False) -> list[Job]:
+        result: list[Job] = await self.run(cmd.get_job(*queues, count=count, timeout_ms=timeout_ms,
+                                                 nohang=nohang, with_counters=with_counters))
+        return result
+
+    async def ack_job(self, *ids: str) -> int:
+        return int(await self.run(cmd.ack_job(*ids)))
+
+    async def fast_ack(self, *ids: str) -> int:
+        return int(await self.run(cmd.fast_ack(*ids)))
+
+    async def nack(self, *ids: str) -> int:
+        return int(await self.run(cmd.nack(*ids)))
+
+    async def working(self, job_id: str) -> int:
+        return int(await self.run(cmd.working(job_id)))
+
+    async def enqueue(self, *ids: str) -> int:
+        return int(await self.run(cmd.enqueue(*ids)))
+
+    async def dequeue(self, *ids: str) -> int:
+        return int(await self.run(cmd.dequeue(*ids)))
+
+    async def del_job(self, *ids: str) -> int:
+        return int(await self.run(cmd.del_job(*ids)))
+
+    async def show(self, job_id: str) -> JobInfo | None:
+        result: JobInfo | None = await self.run(cmd.show(job_id))
+        return result
+
+    async def qlen(self, queue: str) -> int:
+        return int(await self.run(cmd.qlen(queue)))
+
+    async def qstat(self, queue: str) -> QueueStats | None:
+        result: QueueStats | None = await self.run(cmd.qstat(queue))
+        return result
+
+    async def qpeek(self, queue: str, count: int) -> list[Job]:
+        result: list[Job] = await self.run(cmd.qpeek(queue, count))
+        return result
+
+    async def qscan(self, *, count: int | None = None, busyloop: bool = False,
+              minlen: int | None = None, maxlen: int | None = None,
+              importrate: int | None = None) -> AsyncIterator[str]:
+        """Every queue name, following the cursor to its end (a name may come twice)."""
+        cursor = "0"
+        while True:
+            cursor, names = await self.run(cmd.qscan_page(cursor, count=count, busyloop=busyloop,
+                                                    minlen=minlen, maxlen=maxlen,
+                                                    importrate=importrate))
+            for name in names:
+                yield name
+            if cursor == "0":
+                return
+
+    async def jscan(self, *, count: int | None = None, busyloop: bool = False,
+              queue: str | None = None, states: Iterable[str] = ()) -> AsyncIterator[str]:
+        """Every job ID (optionally of one queue / in some states), following the cursor."""
+        cursor, states = "0", list(states)
+        while True:
+            cursor, ids = await self.run(cmd.jscan_page(cursor, count=count, busyloop=busyloop,
+                                                  queue=queue, states=states))
+            for job_id in ids:
+                yield job_id
+            if cursor == "0":
+                return
+
+    async def jscan_jobs(self, *, count: int | None = None, busyloop: bool = False,
+                   queue: str | None = None, states: Iterable[str] = ()) -> AsyncIterator[JobInfo]:
+        """Like ``jscan`` with ``REPLY all``: the full description of every job."""
+        cursor, states = "0", list(states)
+        while True:
+            cursor, infos = await self.run(cmd.jscan_jobs_page(cursor, count=count, busyloop=busyloop,
+                                                         queue=queue, states=states))
+            for job_info in infos:
+                yield job_info
+            if cursor == "0":
+                return
+
+    async def pause(self, queue: str, option: str = "state", *, bcast: bool = False) -> str:
+        return str(await self.run(cmd.pause(queue, option, bcast=bcast)))
+
+    async def hello(self) -> Hello:
+        result: Hello = await self.run(cmd.hello())
+        return result
+
+    async def info(self, section: str | None = None) -> dict[str, str | int | float]:
+        result: dict[str, str | int | float] = await self.run(cmd.info(section))
+        return result
+
+    async def ping(self) -> str:
+        return str(await self.run(cmd.ping()))
+
+    async def config_get(self, pattern: str) -> dict[str, str]:
+        result: dict[str, str] = await self.run(cmd.config_get(pattern))
+        return result
+
+    async def config_set(self, name: str, value: str | int) -> None:
+        await self.run(cmd.config_set(name, value))
+
+    async def cluster_leaving(self, flag: bool | None = None) -> str:
+        return str(await self.run(cmd.cluster_leaving(flag)))
+
+    async def execute(self, *args: bytes | str | int) -> Any:
+        """Any command; its raw reply (bulk and status both ``bytes``). Errors raise."""
+        return await self.run(cmd.execute(*args))
+
+
+
+class AsyncPipeline(PipelineCalls):
+    """Collects calls like ``protocol.client.Pipeline``; ``await p.execute()`` sends them."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        super().__init__()
+        self._client = client
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        calls, self.calls = self.calls, []
+        return await self._client.run_many(calls, raise_on_error)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _connection_error(exc: BaseException) -> TrisqueConnectionError:
+    if isinstance(exc, TrisqueConnectionError):
+        return exc
+    return TrisqueConnectionError(_reason(exc))
