@@ -1,0 +1,513 @@
+"""The append log: its format, a streaming reader, the loader, the writer and the rewrite switch.
+
+Theory of operation
+-------------------
+A log is one file: a 16-byte header, then frames, one per record.
+
+    header  = MAGIC (8 bytes) | version u16 | flags u16 | crc32(first 12 bytes) u32
+    frame   = length u32 | ~length u32 | crc32(payload) u32 | payload (msgpack, `length` bytes)
+
+A payload is ``[kind, data]``: ``["job", job_record]`` (the full state of a job, the last one per
+ID wins at replay), ``["ack", job_id]`` or ``["del", job_id]``. Integers are big-endian.
+
+The length is stored twice (as itself and as its complement) so that a flipped bit in a length
+field is caught as corruption instead of being taken for a frame that runs past the end of the
+file, which would look like a torn tail and make us drop every record after it.
+
+How the end of a log is classified (``ReadEnd``):
+
+* ``clean``   - the last frame ends exactly at the end of the file.
+* ``torn``    - the damage is confined to the tail: a frame (or its header) runs past the end of
+  the file, or a bad frame is followed only by zero bytes or by nothing (what a crash leaves when
+  the file size reached the disk before the data did). Truncating at ``offset`` loses only the
+  records whose write was never acknowledged.
+* ``corrupt`` - a bad frame is followed by other bytes: good records may lie behind the damage,
+  so nothing may be truncated automatically.
+
+Flags: ``FLAG_ENQUEUE_ONCE`` marks a log written by ``SHUTDOWN REWRITE-AOF``; the loader then
+restores the queues exactly (Disque's ``aof-enqueue-jobs-once``). The flag is cleared in place
+(``clear_flags``) once the log has been loaded, so it applies to one start only.
+
+The writer owns the end of the file. It remembers ``good_size``, the size after the last write
+that succeeded; a failed or short write is cut back to it, so a later successful write never
+lands behind garbage. A failed fdatasync is treated the same way (after such a failure Linux
+may have dropped the dirty pages, so the batch is not trusted: it is cut off and reported).
+
+The rewrite writes a new log next to the old one under a temporary name and switches with
+write, fsync, rename, fsync of the directory. Until the rename the old log is whole; after it the
+new one is; a crash at any point leaves one of them under the log's name.
+
+This module does no I/O scheduling: the trio side (``cli/persistence.py``) decides when to write
+and to fsync and runs the slow calls in threads.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Final, Protocol
+
+import msgpack
+
+MAGIC: Final = b"TRISQLOG"
+FORMAT_VERSION: Final = 1
+FLAG_ENQUEUE_ONCE: Final = 0x0001
+
+_HEADER = struct.Struct(">8sHHI")
+HEADER_SIZE: Final = _HEADER.size  # 16
+_FRAME = struct.Struct(">III")
+FRAME_HEADER_SIZE: Final = _FRAME.size  # 12
+_MASK: Final = 0xFFFFFFFF
+
+KINDS: Final = ("job", "ack", "del")
+
+# How much of the file the reader holds at once: big enough that the per-read cost is lost in
+# the noise, small enough that a multi-gigabyte log does not need as much memory.
+READ_CHUNK: Final = 8 * 1024 * 1024
+
+Record = tuple[Any, ...]
+
+
+class LogError(Exception):
+    """A log cannot be used as it is. ``str(exc)`` names the file and, if any, the offset."""
+
+
+class LogCorrupt(LogError):
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(
+            f"Bad file format reading the append only file {path}: {reason} at offset {offset}; "
+            f"records after it would be lost by truncating, so the start is refused. "
+            f"Inspect it with `trisque check-log {path}`."
+        )
+        self.path, self.offset, self.reason = path, offset, reason
+
+
+class LogTruncated(LogError):
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(
+            f"Unexpected end of the append only file {path} at offset {offset} ({reason}). "
+            f"Set aof-load-truncated yes to load it up to there, or run "
+            f"`trisque check-log --fix {path}`."
+        )
+        self.path, self.offset, self.reason = path, offset, reason
+
+
+class LogVersionError(LogError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Format
+
+
+def encode_header(flags: int = 0, version: int = FORMAT_VERSION) -> bytes:
+    head = _HEADER.pack(MAGIC, version, flags, 0)[:12]
+    return head + struct.pack(">I", zlib.crc32(head))
+
+
+def encode_frame(kind: str, data: Any) -> bytes:
+    payload: bytes = msgpack.packb((kind, data), use_bin_type=True)
+    n = len(payload)
+    return _FRAME.pack(n, n ^ _MASK, zlib.crc32(payload)) + payload
+
+
+def encode_records(records: Iterable[Record]) -> bytes:
+    """Frames for records shaped like the broker's: ``(kind, data, ...)``; extra items (the undo
+    state of a ``broker.log`` entry) are not written."""
+    out = bytearray()
+    pack, frame, crc32 = msgpack.Packer(use_bin_type=True).pack, _FRAME.pack, zlib.crc32
+    for rec in records:
+        payload = pack((rec[0], rec[1]))
+        n = len(payload)
+        out += frame(n, n ^ _MASK, crc32(payload))
+        out += payload
+    return bytes(out)
+
+
+@dataclass
+class Header:
+    version: int
+    flags: int
+
+    @property
+    def enqueue_once(self) -> bool:
+        return bool(self.flags & FLAG_ENQUEUE_ONCE)
+
+
+def decode_header(data: bytes, path: str) -> Header | None:
+    """The header, or None if ``data`` is a strict prefix of a header (a torn creation)."""
+    if len(data) < HEADER_SIZE:
+        if encode_header()[: min(len(data), 8)] == data[:8]:
+            return None
+        raise LogError(f"{path} is not a trisque append log (bad magic)")
+    magic, version, flags, crc = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise LogError(f"{path} is not a trisque append log (bad magic)")
+    if zlib.crc32(data[:12]) != crc:
+        raise LogCorrupt(path, 0, "header checksum mismatch")
+    if version > FORMAT_VERSION:
+        raise LogVersionError(
+            f"{path} was written with append log format version {version}, but this trisque "
+            f"reads versions up to {FORMAT_VERSION}: upgrade trisque to load it"
+        )
+    return Header(version, flags)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+@dataclass
+class ReadEnd:
+    state: str = "clean"  # clean | torn | corrupt
+    offset: int = 0  # end of the last whole record (where a torn tail is cut)
+    reason: str = ""
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    header: Header | None = None
+
+    @property
+    def records(self) -> int:
+        return sum(self.counts.values())
+
+
+def _rest_is_zero(f: BinaryIO, start: int) -> bool:
+    f.seek(start)
+    while chunk := f.read(READ_CHUNK):
+        if chunk.count(0) != len(chunk):
+            return False
+    return True
+
+
+def read_log(path: str, end: ReadEnd | None = None) -> Iterator[Record]:
+    """Yield ``(kind, data)`` for every whole record; fill ``end`` with how the file ends.
+
+    Raises ``LogError``/``LogVersionError`` for a file that is not a log we can read (bad
+    magic, newer version, damaged header); damage after the header is reported in ``end``.
+    """
+    end = end if end is not None else ReadEnd()
+    with open(path, "rb") as f:
+        head = f.read(HEADER_SIZE)
+        header = decode_header(head, path)
+        if header is None:
+            end.state, end.offset, end.reason = "torn", 0, "incomplete header"
+            return
+        end.header = header
+        unpackb, unpack_frame, crc32 = msgpack.unpackb, _FRAME.unpack_from, zlib.crc32
+        counts = end.counts
+        buf = b""
+        pos = 0  # next frame in buf
+        base = HEADER_SIZE  # file offset of buf[0]
+        eof = False
+        while True:
+            # Refill when less than one frame header remains, or the frame at pos is partial.
+            if not eof and len(buf) - pos < FRAME_HEADER_SIZE:
+                chunk = f.read(READ_CHUNK)
+                base += pos
+                buf = buf[pos:] + chunk
+                pos = 0
+                eof = not chunk
+                continue
+            if len(buf) - pos < FRAME_HEADER_SIZE:
+                if pos == len(buf):
+                    end.state, end.offset = "clean", base + pos
+                    return
+                end.state, end.offset, end.reason = "torn", base + pos, "incomplete frame header"
+                return
+            n, check, crc = unpack_frame(buf, pos)
+            start = pos + FRAME_HEADER_SIZE
+            if n ^ check != _MASK:
+                _classify(f, end, base + pos, None, "bad frame length")
+                return
+            if start + n > len(buf):
+                if not eof:
+                    chunk = f.read(max(READ_CHUNK, start + n - len(buf)))
+                    base += pos
+                    buf = buf[pos:] + chunk
+                    pos = 0
+                    eof = not chunk
+                    continue
+                end.state, end.offset = "torn", base + pos
+                end.reason = f"frame of {n} bytes cut by the end of the file"
+                return
+            payload = buf[start : start + n]
+            reason = ""
+            if crc32(payload) != crc:
+                reason = "checksum mismatch"
+            else:
+                try:
+                    kind, data = unpackb(payload, raw=False, use_list=True)
+                except Exception as exc:  # noqa: BLE001 - any decoding failure is damage
+                    reason = f"undecodable record ({exc.__class__.__name__})"
+                else:
+                    if kind not in counts:
+                        reason = f"unknown record kind {kind!r}"
+            if reason:
+                _classify(f, end, base + pos, base + start + n, reason)
+                return
+            counts[kind] += 1
+            yield kind, data
+            pos = start + n
+
+
+def _classify(f: BinaryIO, end: ReadEnd, offset: int, frame_end: int | None, reason: str) -> None:
+    """Damage at ``offset``: torn if nothing but zeros follows, corrupt otherwise."""
+    end.offset, end.reason = offset, reason
+    tail_from = frame_end if frame_end is not None else offset
+    end.state = "torn" if _rest_is_zero(f, tail_from) else "corrupt"
+
+
+def scan(path: str) -> ReadEnd:
+    """Read a whole log without applying it (for ``check-log``)."""
+    end = ReadEnd()
+    for _ in read_log(path, end):
+        pass
+    return end
+
+
+class Loadable(Protocol):
+    def load_record(self, record: Record, now_ms: int) -> None: ...
+
+
+def load_into(
+    path: str, broker: Loadable, now_ms: int, *, load_truncated: bool = True,
+    warn: Callable[[str], None] = lambda msg: None,
+) -> ReadEnd:
+    """Replay ``path`` into ``broker``. Cuts a torn tail (if allowed) and warns; raises
+    ``LogCorrupt`` for damage in the middle and ``LogTruncated`` for a torn tail when
+    ``load_truncated`` is off. The caller calls ``broker.finish_load`` afterwards."""
+    end = ReadEnd()
+    load = broker.load_record
+    for rec in read_log(path, end):
+        load(rec, now_ms)
+    if end.state == "corrupt":
+        raise LogCorrupt(path, end.offset, end.reason)
+    if end.state == "torn":
+        if not load_truncated:
+            raise LogTruncated(path, end.offset, end.reason)
+        size = os.path.getsize(path)
+        warn(
+            f"!!! Warning: the append only file {path} is truncated ({end.reason} at offset "
+            f"{end.offset} of {size}); loaded {end.records} records and cut the "
+            f"{size - end.offset} bytes after them"
+        )
+        truncate(path, end.offset)
+    return end
+
+
+def truncate(path: str, offset: int) -> None:
+    """Cut the file at ``offset`` durably; an empty result gets a fresh header."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        if offset < HEADER_SIZE:
+            os.ftruncate(fd, 0)
+            _write_all(fd, encode_header())
+        else:
+            os.ftruncate(fd, offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def clear_flags(path: str) -> None:
+    """Rewrite the header without flags, in place and durably (the enqueue-once flag is used
+    for one start only)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, encode_header(), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+class LogFile(Protocol):
+    """What the writer needs from a file; tests inject objects that fail or record calls."""
+
+    def write(self, data: bytes | memoryview, /) -> int: ...
+    def sync(self) -> None: ...
+    def truncate(self, size: int, /) -> None: ...
+    def size(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class OsLogFile:
+    """An append-only file descriptor; ``sync`` is fdatasync (the size change of an append is
+    metadata fdatasync does flush, the timestamps it skips are not needed to read the log)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def write(self, data: bytes | memoryview, /) -> int:
+        return os.write(self.fd, data)
+
+    def sync(self) -> None:
+        os.fdatasync(self.fd)
+
+    def truncate(self, size: int, /) -> None:
+        os.ftruncate(self.fd, size)
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class LogWriter:
+    """Appends encoded frames to a log and keeps its tail whole after failures."""
+
+    def __init__(self, file: LogFile) -> None:
+        self.file = file
+        self.good_size = file.size()
+        self._needs_cut = False
+
+    def write(self, data: bytes) -> None:
+        """Write everything or raise ``OSError`` with the file cut back to ``good_size``."""
+        if self._needs_cut:
+            self.file.truncate(self.good_size)  # a previous cut failed: retry before appending
+            self._needs_cut = False
+        view = memoryview(data)
+        try:
+            while view:
+                n = self.file.write(view)
+                if not n:
+                    raise OSError(28, os.strerror(28))  # a zero-length write means no space
+                view = view[n:]
+        except OSError:
+            self._cut()
+            raise
+        self.good_size += len(data)
+
+    def sync(self, unsynced_from: int | None = None) -> None:
+        """fdatasync; on failure cut back to ``unsynced_from`` (what the caller still trusts)
+        and raise."""
+        try:
+            self.file.sync()
+        except OSError:
+            if unsynced_from is not None:
+                self.good_size = unsynced_from
+                self._cut()
+            raise
+
+    def _cut(self) -> None:
+        try:
+            self.file.truncate(self.good_size)
+        except OSError:
+            self._needs_cut = True
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_log(path: str, flags: int = 0) -> None:
+    """A new empty log, durable (header written and synced, directory entry synced)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        _write_all(fd, encode_header(flags))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(os.path.dirname(path))
+
+
+TEMP_PREFIX: Final = "temp-rewriteaof-"
+
+
+class Rewrite:
+    """A new log being written under a temporary name; ``commit`` switches it in atomically.
+
+    ``step`` is called with the name of each step of the switch before it is taken; tests use
+    it to stop (raise) at every point and check that what is left on disk loads.
+    """
+
+    def __init__(self, path: str, flags: int = 0,
+                 step: Callable[[str], None] = lambda name: None) -> None:
+        self.path = path
+        self.step = step
+        directory = os.path.dirname(path) or "."
+        self.temp = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}.aof")
+        self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self.size = 0
+        self.write(encode_header(flags))
+
+    def write(self, data: bytes) -> None:
+        self.step("write")
+        _write_all(self.fd, data)
+        self.size += len(data)
+
+    def sync(self) -> None:
+        self.step("fsync")
+        os.fdatasync(self.fd)
+
+    def commit(self) -> None:
+        """fsync, rename over the log, fsync the directory. Afterwards the new log is in place
+        and durable; a crash before the rename leaves the old log in place."""
+        self.sync()
+        self.step("rename")
+        os.rename(self.temp, self.path)
+        self.step("fsync-dir")
+        fsync_dir(os.path.dirname(self.path))
+        self.step("done")
+        os.close(self.fd)
+        self.fd = -1
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        try:
+            os.unlink(self.temp)
+        except FileNotFoundError:
+            pass
+
+
+def remove_stale_temps(directory: str) -> list[str]:
+    """Temporary files of rewrites that a crash interrupted: never the log itself, so removed."""
+    removed = []
+    for name in os.listdir(directory or "."):
+        if name.startswith(TEMP_PREFIX) and name.endswith(".aof"):
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+    return removed
+
+
+def write_snapshot(path: str, records: Iterable[Record], flags: int = 0,
+                   step: Callable[[str], None] = lambda name: None) -> int:
+    """A complete rewrite in one go (SHUTDOWN REWRITE-AOF, tests); returns the new size."""
+    rw = Rewrite(path, flags, step)
+    try:
+        batch: list[Record] = []
+        for rec in records:
+            batch.append(rec)
+            if len(batch) >= 4096:
+                rw.write(encode_records(batch))
+                batch.clear()
+        rw.write(encode_records(batch))
+        rw.commit()
+    except BaseException:
+        rw.abort()
+        raise
+    return rw.size
