@@ -1,0 +1,102 @@
+"""The built-in help of `trisque`: every server command, its syntax and a one-line summary.
+
+`help COMMAND` at the prompt prints one entry the way redis-cli does (name and arguments, then
+the summary indented); `help` alone lists every command. Keep the table in the order of the
+groups, as it is also the listing order.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class CommandHelp(NamedTuple):
+    name: str
+    args: str
+    summary: str
+    group: str
+
+
+COMMANDS: tuple[CommandHelp, ...] = (
+    CommandHelp("ADDJOB", "queue body ms-timeout [REPLICATE count] [DELAY sec] [RETRY sec] "
+                "[TTL sec] [MAXLEN count] [ASYNC]",
+                "Add a job to a queue; replies with its ID once replicated (or at once with "
+                "ASYNC)", "jobs"),
+    CommandHelp("GETJOB", "[NOHANG] [TIMEOUT ms] [COUNT count] [WITHCOUNTERS] FROM queue "
+                "[queue ...]",
+                "Take up to COUNT jobs from the first non-empty queue, waiting up to TIMEOUT "
+                "ms (0: forever)", "jobs"),
+    CommandHelp("ACKJOB", "id [id ...]",
+                "Acknowledge jobs as done; the cluster forgets them", "jobs"),
+    CommandHelp("FASTACK", "id [id ...]",
+                "Acknowledge jobs with a best-effort broadcast instead of the ack protocol",
+                "jobs"),
+    CommandHelp("NACK", "id [id ...]",
+                "Put jobs back in their queue at once, counting a negative acknowledge",
+                "jobs"),
+    CommandHelp("WORKING", "id",
+                "Postpone the next delivery of a job still being worked on; replies the "
+                "seconds gained", "jobs"),
+    CommandHelp("ENQUEUE", "id [id ...]", "Queue jobs that are not queued", "jobs"),
+    CommandHelp("DEQUEUE", "id [id ...]", "Remove jobs from their queue (they stay known)",
+                "jobs"),
+    CommandHelp("DELJOB", "id [id ...]", "Delete jobs from this node only", "jobs"),
+    CommandHelp("SHOW", "id", "Describe a job: state, counters, nodes, body", "jobs"),
+    CommandHelp("JSCAN", "[cursor] [COUNT count] [BUSYLOOP] [QUEUE queue] [STATE state ...] "
+                "[REPLY all|id]", "Iterate over the jobs this node knows", "jobs"),
+    CommandHelp("QLEN", "queue", "Number of jobs queued in a queue", "queues"),
+    CommandHelp("QSTAT", "queue", "Describe a queue: length, age, rates, pause state",
+                "queues"),
+    CommandHelp("QPEEK", "queue count",
+                "Show up to count jobs without taking them (negative count: newest first)",
+                "queues"),
+    CommandHelp("QSCAN", "[cursor] [COUNT count] [BUSYLOOP] [MINLEN len] [MAXLEN len] "
+                "[IMPORTRATE rate]", "Iterate over the queues of this node", "queues"),
+    CommandHelp("PAUSE", "queue in|out|all|none|state [BCAST]",
+                "Pause a queue for input, output or both, or show its pause state", "queues"),
+    CommandHelp("HELLO", "", "This node's ID and every known node with its priority",
+                "cluster"),
+    CommandHelp("CLUSTER", "MEET ip port | NODES | INFO | LEAVING [yes|no] | FORGET id | "
+                "RESET hard|soft", "Join nodes, list them, or mark this node as leaving",
+                "cluster"),
+    CommandHelp("INFO", "[section]", "Node information and statistics", "server"),
+    CommandHelp("PING", "[message]", "Check that the node answers", "server"),
+    CommandHelp("CONFIG", "GET pattern | SET name value | REWRITE",
+                "Read or change the configuration at run time", "server"),
+    CommandHelp("AUTH", "password", "Authenticate the connection", "server"),
+    CommandHelp("BGREWRITEAOF", "", "Rewrite the append log in the background", "server"),
+    CommandHelp("SHUTDOWN", "[NOSAVE|SAVE] [REWRITE]", "Stop the node", "server"),
+    CommandHelp("DEBUG", "FLUSHALL | ...", "Testing and debugging commands", "server"),
+)
+
+_BY_NAME = {c.name: c for c in COMMANDS}
+
+#: Words the prompt handles itself; they never reach the node.
+PROMPT_WORDS = ("help", "quit", "exit", "clear")
+
+
+def lookup(name: str) -> CommandHelp | None:
+    return _BY_NAME.get(name.upper())
+
+
+def format_entry(entry: CommandHelp) -> str:
+    return f"\n  {entry.name} {entry.args}".rstrip() + f"\n  summary: {entry.summary}\n" \
+        f"  group: {entry.group}\n"
+
+
+def help_text(topic: str | None) -> str:
+    """What ``help [topic]`` prints at the prompt."""
+    if not topic:
+        lines = ["trisque commands (type \"help COMMAND\" for one of them):", ""]
+        for c in COMMANDS:
+            lines.append(f"  {c.name:<13}{c.summary}")
+        lines += ["", "At the prompt: help [command], quit, exit, clear.", ""]
+        return "\n".join(lines)
+    if topic.startswith("@"):
+        group = topic[1:].lower()
+        entries = [format_entry(c) for c in COMMANDS if c.group == group]
+        return "".join(entries) if entries else f"No commands in group '{group}'\n"
+    entry = lookup(topic)
+    if entry is None:
+        return f"No help for '{topic}'. Type \"help\" for the list of commands.\n"
+    return format_entry(entry)
