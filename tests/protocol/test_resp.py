@@ -224,7 +224,7 @@ class TestLimits:
     @pytest.mark.parametrize("first", [b"x", b":", b"*", b"+"])
     def test_expected_dollar(self, first: bytes) -> None:
         assert (parse_error(b"*2\r\n$4\r\nECHO\r\n" + first + b"3\r\nabc\r\n")
-                == "Protocol error: expected '$', got '%s'" % first.decode())
+                == f"Protocol error: expected '$', got '{first.decode()}'")
 
     def test_error_after_good_commands_keeps_them(self) -> None:
         parser = RequestParser()
