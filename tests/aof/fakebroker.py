@@ -1,0 +1,80 @@
+"""A stand-in for ``broker.core.Broker`` with only what the append log touches.
+
+Jobs are ``[id, queue, body, queued, nacks]`` lists (opaque records, like ``Job.to_record()``);
+each change appends ``(kind, data, undo)`` to ``log`` when ``aof_enabled``, as the core does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+
+class FakeBroker:
+    def __init__(self) -> None:
+        self.aof_enabled = False
+        self.log: list[tuple[Any, ...]] = []
+        self.jobs: dict[bytes, list[Any]] = {}
+        self.loaded_with: bool | None = None
+        self.undone: list[tuple[Any, ...]] = []
+
+    # commands -----------------------------------------------------------------------------
+    def addjob(self, job_id: bytes, queue: bytes = b"q", body: bytes = b"x") -> None:
+        rec = [job_id, queue, body, True, 0]
+        self.jobs[job_id] = rec
+        if self.aof_enabled:
+            self.log.append(("job", list(rec), None))
+
+    def nack(self, job_id: bytes) -> None:
+        before = list(self.jobs[job_id])
+        self.jobs[job_id][4] += 1
+        if self.aof_enabled:
+            self.log.append(("job", list(self.jobs[job_id]), before))
+
+    def ackjob(self, job_id: bytes) -> None:
+        before = self.jobs.pop(job_id)
+        if self.aof_enabled:
+            self.log.append(("ack", job_id, before))
+
+    # the contract -------------------------------------------------------------------------
+    def undo(self, entry: tuple[Any, ...]) -> None:
+        self.undone.append(entry)
+        kind, data, before = entry
+        job_id = data[0] if kind == "job" else data
+        if before is None:
+            self.jobs.pop(job_id, None)
+        else:
+            self.jobs[job_id] = list(before)
+
+    def load_record(self, record: tuple[Any, ...], now_ms: int) -> None:
+        kind, data = record[0], record[1]
+        if kind == "job":
+            self.jobs[data[0]] = list(data)
+        else:
+            self.jobs.pop(data, None)
+
+    def finish_load(self, now_ms: int, enqueue_jobs_once: bool) -> None:
+        self.loaded_with = enqueue_jobs_once
+        if not enqueue_jobs_once:  # as Disque: loaded jobs wait for their retry time
+            for rec in self.jobs.values():
+                rec[3] = False
+
+    def snapshot(self) -> Iterator[tuple[str, list[Any]]]:
+        for job_id in list(self.jobs):  # a copy: the table changes between slices
+            rec = self.jobs.get(job_id)
+            if rec is not None:
+                yield ("job", list(rec))
+
+
+class Config:
+    def __init__(self, directory: str, **kw: Any) -> None:
+        self.dir = directory
+        self.appendonly = True
+        self.appendfilename = "appendonly.aof"
+        self.appendfsync = "always"
+        self.aof_load_truncated = True
+        self.aof_enqueue_jobs_once = False
+        self.auto_aof_rewrite_percentage = 100
+        self.auto_aof_rewrite_min_size = 64 * 1024 * 1024
+        for k, v in kw.items():
+            setattr(self, k, v)

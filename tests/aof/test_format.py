@@ -1,0 +1,225 @@
+"""The log format, its reader and loader, without trio or sockets."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+
+import pytest
+
+from broker import aof
+from tests.aof.fakebroker import FakeBroker
+
+
+def _records(n: int) -> list[tuple[str, object]]:
+    recs: list[tuple[str, object]] = []
+    for i in range(n):
+        jid = b"D-%08d" % i
+        recs.append(("job", [jid, b"q%d" % (i % 3), os.urandom(i % 40), True, 0]))
+        if i % 5 == 0:
+            recs.append(("ack", jid))
+        elif i % 7 == 0:
+            recs.append(("del", jid))
+    return recs
+
+
+def _write_log(path: str, recs: list[tuple[str, object]]) -> list[int]:
+    """Write a log; return the file offset after each record."""
+    ends = []
+    with open(path, "wb") as f:
+        f.write(aof.encode_header())
+        for kind, data in recs:
+            f.write(aof.encode_frame(kind, data))
+            ends.append(f.tell())
+    return ends
+
+
+def test_round_trip(tmp_path):
+    path = str(tmp_path / "a.aof")
+    recs = _records(300)
+    _write_log(path, recs)
+    end = aof.ReadEnd()
+    got = list(aof.read_log(path, end))
+    assert [(k, d) for k, d in got] == [(k, d) for k, d in recs]
+    assert end.state == "clean" and end.offset == os.path.getsize(path)
+    assert end.counts["job"] == 300 and end.records == len(recs)
+
+
+def test_encode_records_matches_encode_frame_and_drops_undo():
+    entries = [("job", [b"D-1", b"q", b"body", True, 3], [b"old"]), ("ack", b"D-1", None)]
+    assert aof.encode_records(entries) == b"".join(aof.encode_frame(k, d) for k, d, _ in entries)
+
+
+def test_fifty_random_truncations_recover_every_whole_record(tmp_path):
+    path = str(tmp_path / "a.aof")
+    recs = _records(200)
+    ends = _write_log(path, recs)
+    full = open(path, "rb").read()
+    rng = random.Random(1234)
+    cuts = rng.sample(range(1, len(full)), 50)
+    for cut in cuts:
+        with open(path, "wb") as f:
+            f.write(full[:cut])
+        broker = FakeBroker()
+        warnings: list[str] = []
+        end = aof.load_into(path, broker, 0, warn=warnings.append)
+        whole = sum(1 for e in ends if e <= cut)
+        expected = FakeBroker()
+        for r in recs[:whole]:
+            expected.load_record(r, 0)
+        assert end.records == whole, cut
+        assert broker.jobs == expected.jobs, cut
+        on_boundary = cut in ends or cut == aof.HEADER_SIZE
+        assert (end.state == "clean") == on_boundary, cut
+        if not on_boundary:
+            assert warnings and "truncated" in warnings[0]
+        # The cut log is whole again and appending to it works.
+        assert aof.scan(path).state == "clean"
+        assert aof.scan(path).records == whole
+
+
+def test_corruption_in_the_middle_is_refused_with_file_and_offset(tmp_path):
+    path = str(tmp_path / "a.aof")
+    ends = _write_log(path, _records(50))
+    data = bytearray(open(path, "rb").read())
+    bad = ends[10] + aof.FRAME_HEADER_SIZE + 2  # inside the payload of record 11
+    data[bad] ^= 0x40
+    open(path, "wb").write(data)
+    with pytest.raises(aof.LogCorrupt) as info:
+        aof.load_into(path, FakeBroker(), 0)
+    assert info.value.offset == ends[10]
+    assert path in str(info.value) and f"offset {ends[10]}" in str(info.value)
+    assert open(path, "rb").read() == data  # nothing was cut
+
+
+def test_flipped_length_is_corruption_not_a_torn_tail(tmp_path):
+    path = str(tmp_path / "a.aof")
+    ends = _write_log(path, _records(50))
+    data = bytearray(open(path, "rb").read())
+    data[ends[3] + 1] ^= 0x10  # length of record 5 now points past the end of the file
+    open(path, "wb").write(data)
+    end = aof.scan(path)
+    assert end.state == "corrupt" and end.offset == ends[3]
+
+
+def test_zero_filled_tail_is_torn(tmp_path):
+    path = str(tmp_path / "a.aof")
+    ends = _write_log(path, _records(20))
+    with open(path, "ab") as f:
+        f.write(b"\0" * 5000)  # what a crash leaves when the size reached the disk first
+    end = aof.scan(path)
+    assert end.state == "torn" and end.offset == ends[-1]
+
+
+def test_damaged_last_frame_is_torn(tmp_path):
+    path = str(tmp_path / "a.aof")
+    ends = _write_log(path, _records(20))
+    data = bytearray(open(path, "rb").read())
+    data[-1] ^= 0xFF
+    open(path, "wb").write(data)
+    end = aof.scan(path)
+    assert end.state == "torn" and end.offset == ends[-2]
+
+
+def test_torn_tail_refused_when_load_truncated_is_off(tmp_path):
+    path = str(tmp_path / "a.aof")
+    _write_log(path, _records(20))
+    size = os.path.getsize(path)
+    os.truncate(path, size - 3)
+    with pytest.raises(aof.LogTruncated, match="aof-load-truncated"):
+        aof.load_into(path, FakeBroker(), 0, load_truncated=False)
+    assert os.path.getsize(path) == size - 3
+
+
+def test_newer_format_version_is_refused(tmp_path):
+    path = str(tmp_path / "a.aof")
+    with open(path, "wb") as f:
+        f.write(aof.encode_header(version=aof.FORMAT_VERSION + 1))
+        f.write(aof.encode_frame("ack", b"D-1"))
+    with pytest.raises(aof.LogVersionError, match="version 2.*upgrade trisque"):
+        aof.load_into(path, FakeBroker(), 0)
+
+
+def test_not_a_log(tmp_path):
+    path = str(tmp_path / "a.aof")
+    open(path, "wb").write(b"*2\r\n$6\r\nADDJOB\r\n" * 4)
+    with pytest.raises(aof.LogError, match="not a trisque append log"):
+        aof.scan(path)
+
+
+def test_header_checksum(tmp_path):
+    path = str(tmp_path / "a.aof")
+    data = bytearray(aof.encode_header())
+    data[10] ^= 1  # the flags
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(aof.LogCorrupt, match="offset 0"):
+        aof.scan(path)
+
+
+def test_torn_header_is_repaired(tmp_path):
+    path = str(tmp_path / "a.aof")
+    open(path, "wb").write(aof.encode_header()[:5])
+    end = aof.load_into(path, FakeBroker(), 0)
+    assert end.state == "torn" and end.offset == 0
+    assert open(path, "rb").read() == aof.encode_header()
+
+
+def test_large_record_spanning_read_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr(aof, "READ_CHUNK", 64)
+    path = str(tmp_path / "a.aof")
+    recs = [("job", [b"D-1", b"q", b"z" * 1000, True, 0]), ("ack", b"D-1"),
+            ("job", [b"D-2", b"q", b"y" * 10, True, 0])]
+    _write_log(path, recs)
+    assert list(aof.read_log(path)) == recs
+
+
+def test_writer_cuts_back_a_short_failing_write(tmp_path):
+    class Half:
+        def __init__(self) -> None:
+            self.buf = bytearray(b"H" * 16)
+            self.fail = True
+
+        def write(self, data):
+            if self.fail:
+                self.buf += bytes(data[: len(data) // 2])
+                self.fail = False
+                raise OSError(28, "No space left on device")
+            self.buf += bytes(data)
+            return len(data)
+
+        def sync(self):
+            pass
+
+        def truncate(self, size):
+            del self.buf[size:]
+
+        def size(self):
+            return len(self.buf)
+
+        def close(self):
+            pass
+
+    f = Half()
+    w = aof.LogWriter(f)
+    with pytest.raises(OSError):
+        w.write(b"A" * 100)
+    assert bytes(f.buf) == b"H" * 16 and w.good_size == 16
+    w.write(b"B" * 10)
+    assert bytes(f.buf) == b"H" * 16 + b"B" * 10
+
+
+def test_shutdown_flag_round_trip(tmp_path):
+    path = str(tmp_path / "a.aof")
+    aof.write_snapshot(path, [("job", [b"D-1", b"q", b"b", True, 0])], aof.FLAG_ENQUEUE_ONCE)
+    end = aof.scan(path)
+    assert end.header is not None and end.header.enqueue_once
+    aof.clear_flags(path)
+    end = aof.scan(path)
+    assert end.header is not None and not end.header.enqueue_once and end.records == 1
+
+
+def test_frame_layout_is_documented_one():
+    frame = aof.encode_frame("ack", b"D-1")
+    n, check, _crc = struct.unpack(">III", frame[:12])
+    assert n == len(frame) - 12 and check == n ^ 0xFFFFFFFF
