@@ -1,0 +1,171 @@
+"""Servers that ``make bench`` starts for itself: trisque-server and redis-server on loopback.
+
+Each one gets a free port on 127.0.0.1 and its own temporary directory, is waited for until it
+answers PING, and is stopped (SIGTERM, then SIGKILL) when the ``with`` block ends. A server that
+cannot start says why in ``BenchServer.failure`` instead of raising, so one missing server turns
+its column into "n/a" rather than ending the run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from protocol.resp import NEED_DATA, ReplyReader, encode_command
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A free loopback port whose cluster-bus twin (port + 10000) is free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 > 65535:
+            continue
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port found")
+
+
+def command(port: int, *args: bytes | str | int, timeout: float = 10.0) -> Any:
+    """One command on a fresh connection; the parsed reply (error replies as values)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(encode_command(*args))
+        reader = ReplyReader()
+        while True:
+            reply = reader.next()
+            if reply is not NEED_DATA:
+                return reply
+            data = s.recv(65536)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            reader.feed(data)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process, from /proc (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class BenchServer:
+    """A server process for the benchmark; ``kind`` is "trisque" or "redis"."""
+
+    def __init__(self, kind: str, label: str, **settings: str) -> None:
+        self.kind = kind
+        self.label = label
+        self.settings = settings
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.failure: str | None = None
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"trisque-bench-{kind}-")
+        self.dir = self._tmp.name
+        self.log_path = os.path.join(self.dir, "server.log")
+
+    def argv(self) -> list[str]:
+        if self.kind == "trisque":
+            argv = [sys.executable, "-m", "cli.server", "--port", str(self.port),
+                    "--bind", "127.0.0.1", "--dir", self.dir]
+            settings = {"appendonly": "no", **self.settings}
+            for k, v in settings.items():
+                argv += [f"--{k}", v]
+            return argv
+        settings = {"save": "", "appendonly": "no", **self.settings}
+        argv = [shutil.which("redis-server") or "redis-server", "--port", str(self.port),
+                "--bind", "127.0.0.1", "--dir", self.dir, "--daemonize", "no"]
+        for k, v in settings.items():
+            argv += [f"--{k}", v]
+        return argv
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def start(self, timeout: float = 30.0) -> BenchServer:
+        if self.kind == "redis" and not shutil.which("redis-server"):
+            self.failure = "redis-server not installed"
+            return self
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(self.argv(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            self.failure = f"cannot start: {exc}"
+            return self
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.failure = f"exited with {self.proc.returncode}: {self.last_log_line()}"
+                return self
+            try:
+                if command(self.port, "PING", timeout=1.0) in (b"PONG", "PONG"):
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.failure = f"not answering PING after {timeout:.0f} s: {self.last_log_line()}"
+        return self
+
+    def last_log_line(self) -> str:
+        try:
+            lines = Path(self.log_path).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1][:200] if lines else ""
+
+    def config(self, name: str) -> str | None:
+        reply = command(self.port, "CONFIG", "GET", name)
+        if isinstance(reply, list) and len(reply) >= 2:
+            value = reply[1]
+            return value.decode() if isinstance(value, bytes) else str(value)
+        return None
+
+    def flush(self) -> None:
+        """Empty the server between runs so every run starts from the same state."""
+        args = ("DEBUG", "FLUSHALL") if self.kind == "trisque" else ("FLUSHALL",)
+        try:
+            command(self.port, *args, timeout=60.0)
+        except OSError:
+            pass
+
+    def rss(self) -> int:
+        return rss_bytes(self.pid)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._tmp.cleanup()
+
+    def __enter__(self) -> BenchServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
