@@ -289,7 +289,8 @@ class NodeSelector:
         if me is None or not self.nodes:
             return None
         best = min(n.priority for n in self.nodes.values())
-        if me.priority <= best:
+        if me.priority <= best or (addr == self.preferred and me.priority < LEAVING_PRIORITY):
+            # A node chosen by rebalance is kept unless it leaves: it is where the jobs are.
             return None
         better = [n.address for n in self.nodes.values()
                   if n.priority == best and n.address not in self.failed]
