@@ -451,7 +451,12 @@ class Rewrite:
         self.temp = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}.aof")
         self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         self.size = 0
-        self.write(encode_header(flags))
+        self.renamed = False  # from here on the new file is the log, whatever happens next
+        try:
+            self.write(encode_header(flags))
+        except BaseException:
+            self.abort()
+            raise
 
     def write(self, data: bytes) -> None:
         self.step("write")
@@ -468,6 +473,7 @@ class Rewrite:
         self.sync()
         self.step("rename")
         os.rename(self.temp, self.path)
+        self.renamed = True
         self.step("fsync-dir")
         fsync_dir(os.path.dirname(self.path))
         self.step("done")
@@ -478,6 +484,8 @@ class Rewrite:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self.renamed:
+            return
         try:
             os.unlink(self.temp)
         except FileNotFoundError:

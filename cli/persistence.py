@@ -1,0 +1,482 @@
+"""The trio side of the append log: group commit, everysec fsync, online rewrite, startup load.
+
+Theory of operation
+-------------------
+Commands change the broker in memory first; the broker leaves one entry per durable change in
+``broker.log`` (``(kind, data, undo)``). After a connection has executed its batch of commands
+the server calls ``submit()``, which encodes those entries into the *open batch* and returns the
+batch's ticket, then ``await wait_durable(ticket)`` before it sends the replies.
+
+One writer task (``run``) takes the open batch as soon as the previous write is finished, opens
+a new one, and writes the taken batch with one write (and, under ``appendfsync always``, one
+fdatasync) in a worker thread. While that thread waits for the disk the loop keeps executing
+other clients' commands, whose entries fill the next batch: that is the group commit. Only one
+batch is in flight at a time, so batches reach the file in ticket order.
+
+* ``always``   - a batch is done when it is written and fdatasync returned.
+* ``everysec`` - done when written (``write(2)`` in the loop, as Redis does); a timer fdatasyncs
+  in a thread once a second if anything was written since the last one.
+* ``no``       - done when written; the OS flushes when it wants.
+
+Write failures (ENOSPC, EIO...): the failed batch and the open batch behind it are undone, newest
+entry first (``broker.undo``), so memory again matches the log, and every waiter of those
+batches gets ``PersistenceError``. The file is cut back to its last good size, the fault is
+logged once per episode, and the next batch simply tries again: when the disk recovers the node
+recovers without intervention. Reads and commands that log nothing are never blocked.
+
+Contract for the server (``wait_durable``)::
+
+    if broker.log:
+        ticket = p.submit()            # no await between execute() and submit()
+        try:
+            await p.wait_durable(ticket)
+        except PersistenceError as exc:
+            # exc.entries: the broker.log entries of *this* ticket's batch that were undone;
+            # the replies of the commands that produced them must become f"ERR {exc}".
+            # Simplest correct use: every command of this connection's batch that produced an
+            # entry gets the error (all of them were in the same batch).
+
+Any other code that runs broker methods which may log (the timer's ``tick``) must call
+``submit()`` before its next checkpoint, without waiting; those records ride with the next batch.
+
+Rewrite (``bgrewrite`` and automatic): the snapshot is pulled from ``broker.snapshot()`` in
+slices between checkpoints and written to a temporary file in a thread. Every batch written to
+the old log from the start of the rewrite is also kept in a rewrite buffer and appended to the
+new file (replay keeps the last state per job, so snapshot + later changes in order is exact).
+At the end the writer is paused (only the group commit waits, for a small write, an fsync, a
+rename and a directory fsync), the new file replaces the old one and the writer continues on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from itertools import islice
+from typing import Any
+
+import trio
+
+from broker import aof
+
+REWRITE_SLICE = 2000  # jobs taken from the snapshot between two checkpoints
+REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per thread call
+
+
+class PersistenceError(Exception):
+    """A write or fsync failed; ``str(exc)`` is the text after ``ERR``."""
+
+    def __init__(self, message: str, entries: list[Any] | None = None) -> None:
+        super().__init__(message)
+        self.entries = entries or []
+
+
+class StartupError(Exception):
+    """The log cannot be loaded; the text names the file and the offset."""
+
+
+class _Batch:
+    __slots__ = ("ticket", "entries", "data", "done", "error")
+
+    def __init__(self, ticket: int) -> None:
+        self.ticket = ticket
+        self.entries: list[Any] = []
+        self.data = bytearray()
+        self.done = trio.Event()
+        self.error: str | None = None
+
+
+def _os_error_text(exc: OSError) -> str:
+    text = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc))
+    return f"Errors writing to the AOF file: {text}"
+
+
+class Persistence:
+    def __init__(self, config: Any, broker: Any, logger: logging.Logger | Any = None, *,
+                 open_file: Callable[[str], aof.LogFile] = aof.OsLogFile,
+                 clock: Callable[[], float] = time.time,
+                 rewrite_step: Callable[[str], None] = lambda name: None) -> None:
+        self.broker = broker
+        self.log = logger or logging.getLogger("trisque.aof")
+        self.enabled = bool(getattr(config, "appendonly", False))
+        self.policy = str(getattr(config, "appendfsync", "everysec"))
+        if self.policy not in ("always", "everysec", "no"):
+            raise ValueError(f"invalid appendfsync {self.policy!r}")
+        self.dir = str(getattr(config, "dir", "."))
+        self.path = os.path.join(self.dir, str(getattr(config, "appendfilename", "appendonly.aof")))
+        self.load_truncated = bool(getattr(config, "aof_load_truncated", True))
+        self.enqueue_jobs_once = bool(getattr(config, "aof_enqueue_jobs_once", False))
+        self.auto_pct = int(getattr(config, "auto_aof_rewrite_percentage", 100))
+        self.auto_min = int(getattr(config, "auto_aof_rewrite_min_size", 64 * 1024 * 1024))
+        self._open_file = open_file
+        self._clock = clock
+        self._rewrite_step = rewrite_step
+
+        self.writer: aof.LogWriter | None = None
+        self._next_ticket = 1
+        self._open = _Batch(self._next_ticket)
+        self._in_flight: _Batch | None = None
+        self._done_ticket = 0  # every ticket up to this one is finished
+        self._failed: dict[int, str] = {}  # recent failed tickets -> error (bounded)
+        self._wakeup = trio.Event()
+        self._write_lock = trio.Lock()  # held by the writer per batch and by the rewrite switch
+        self._sync_lock = trio.Lock()  # the everysec fsync thread must not see its fd closed
+        self._nursery: trio.Nursery | None = None
+        self._synced_size = 0
+        self._write_error: str | None = None  # set during a failure episode
+
+        # Rewrite state
+        self._rewrite_buf: bytearray | None = None
+        self._rewrite_cancel = False
+        self._rewrite_started = 0.0
+        self.base_size = 0
+        self.last_rewrite_time = -1
+        self.last_bgrewrite_ok = True
+        self.rewrites = 0
+
+        # Statistics for INFO
+        self.fsync_count = 0
+        self.last_fsync_usec = 0
+        self.loading = False
+
+    # -----------------------------------------------------------------------------------------
+    # Start
+
+    def load(self, now_ms: int) -> None:
+        """Replay the log (if on, or if a controlled shutdown asked for it), then open it for
+        appending. Raises ``StartupError`` when the log is unreadable."""
+        if os.path.isdir(self.dir):
+            for name in aof.remove_stale_temps(self.dir):
+                self.log.warning("Removed %s, left by a rewrite that did not finish", name)
+        exists = os.path.exists(self.path)
+        flagged = exists and self._header_flag_set()
+        if self.enabled or self.enqueue_jobs_once or flagged:
+            if exists:
+                self._replay(now_ms, flagged)
+            else:
+                self.broker.finish_load(now_ms, False)
+        if not self.enabled:
+            self.broker.log.clear()
+            return
+        self.broker.aof_enabled = True
+        if not os.path.exists(self.path):
+            aof.create_log(self.path)
+        self.writer = aof.LogWriter(self._open_file(self.path))
+        self.base_size = self._synced_size = self.writer.good_size
+        if self.broker.log:  # records produced by finish_load (e.g. jobs expired while down)
+            entries = list(self.broker.log)
+            self.broker.log.clear()
+            self.writer.write(aof.encode_records(entries))
+            self.writer.sync()
+
+    def _header_flag_set(self) -> bool:
+        try:
+            with open(self.path, "rb") as f:
+                header = aof.decode_header(f.read(aof.HEADER_SIZE), self.path)
+        except aof.LogError:
+            return False  # _replay reports it if the log is to be loaded at all
+        return header is not None and header.enqueue_once
+
+    def _replay(self, now_ms: int, flagged: bool) -> None:
+        self.loading = True
+        t0 = time.perf_counter()
+        try:
+            end = aof.load_into(self.path, self.broker, now_ms,
+                                load_truncated=self.load_truncated, warn=self.log.warning)
+        except aof.LogError as exc:
+            raise StartupError(str(exc)) from exc
+        except OSError as exc:
+            raise StartupError(f"Cannot read the append only file {self.path}: {exc}") from exc
+        finally:
+            self.loading = False
+        enqueue = self.enqueue_jobs_once or flagged
+        self.broker.finish_load(now_ms, enqueue)
+        if flagged:
+            aof.clear_flags(self.path)  # the exact queues are restored once only
+        self.log.info(
+            "DB loaded from append only file: %.3f seconds (%d jobs, %d acks, %d deletes%s)",
+            time.perf_counter() - t0, end.counts["job"], end.counts["ack"], end.counts["del"],
+            ", queues restored" if enqueue else "",
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # Group commit
+
+    def submit(self) -> int:
+        """Move ``broker.log`` into the open batch; the ticket to wait for (no await here)."""
+        entries = self.broker.log
+        if not entries:
+            return self._open.ticket if self._open.entries else 0
+        if self.writer is None:  # log off (or shut down): nothing to make durable
+            entries.clear()
+            return 0
+        batch = self._open
+        batch.data += aof.encode_records(entries)
+        batch.entries.extend(entries)
+        entries.clear()
+        self._wakeup.set()
+        return batch.ticket
+
+    async def wait_durable(self, ticket: int) -> None:
+        if ticket == 0:
+            return
+        if ticket <= self._done_ticket:
+            error = self._failed.get(ticket)
+            if error is not None:
+                raise PersistenceError(error)
+            return
+        if self._in_flight is not None and self._in_flight.ticket == ticket:
+            batch = self._in_flight
+        elif self._open.ticket == ticket:
+            batch = self._open
+        else:  # pragma: no cover - tickets come from submit()
+            raise ValueError(f"unknown ticket {ticket}")
+        await batch.done.wait()
+        if batch.error is not None:
+            raise PersistenceError(batch.error, batch.entries)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.enabled and self.policy == "everysec":
+                nursery.start_soon(self._everysec)
+            task_status.started()
+            while True:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                async with self._write_lock:
+                    if self._open.entries and self.writer is not None:
+                        await self._write_batch()
+                await trio.sleep(0)  # let the clients of the finished batch run first
+
+    async def _write_batch(self) -> None:
+        assert self.writer is not None
+        batch = self._open
+        self._next_ticket += 1
+        self._open = _Batch(self._next_ticket)
+        self._in_flight = batch
+        data = bytes(batch.data)
+        try:
+            if self.policy == "always":
+                await trio.to_thread.run_sync(self._write_and_sync, data)
+            else:
+                self.writer.write(data)
+        except OSError as exc:
+            self._fail(batch, exc)
+        else:
+            if self._write_error is not None:
+                self.log.warning("AOF write error looks solved, trisque can write again.")
+                self._write_error = None
+            if self._rewrite_buf is not None:
+                self._rewrite_buf += data
+            self._finish(batch, None)
+            self._maybe_auto_rewrite()
+        finally:
+            self._in_flight = None
+
+    def _write_and_sync(self, data: bytes) -> None:
+        """Worker thread: one write and one fdatasync for a whole batch."""
+        assert self.writer is not None
+        before = self.writer.good_size
+        self.writer.write(data)
+        t0 = time.perf_counter()
+        self.writer.sync(unsynced_from=before)
+        self.last_fsync_usec = int((time.perf_counter() - t0) * 1e6)
+        self.fsync_count += 1
+        self._synced_size = self.writer.good_size
+
+    def _fail(self, batch: _Batch, exc: OSError) -> None:
+        """Undo the failed batch and everything submitted after it, newest first."""
+        error = _os_error_text(exc)
+        if self._write_error is None:
+            self.log.warning("%s (replies are errors until writes succeed again; further "
+                             "failures of this episode are not logged)", error)
+        self._write_error = error
+        self.submit()  # entries left in broker.log are newer than the batch: undo them too
+        later = self._open
+        self._next_ticket += 1
+        self._open = _Batch(self._next_ticket)
+        for entry in reversed(later.entries):
+            self.broker.undo(entry)
+        for entry in reversed(batch.entries):
+            self.broker.undo(entry)
+        self._rewrite_cancel = True  # the snapshot may hold state that was just undone
+        self._finish(batch, error)
+        if later.entries:
+            self._finish(later, error)
+
+    def _finish(self, batch: _Batch, error: str | None) -> None:
+        batch.error = error
+        self._done_ticket = max(self._done_ticket, batch.ticket)
+        if error is not None:
+            self._failed[batch.ticket] = error
+            if len(self._failed) > 256:
+                del self._failed[min(self._failed)]
+        batch.done.set()
+
+    async def _everysec(self) -> None:
+        while True:
+            await trio.sleep(1)
+            await self._sync_now()
+
+    async def _sync_now(self) -> None:
+        writer = self.writer
+        if writer is None or writer.good_size == self._synced_size:
+            return
+        target = writer.good_size
+        t0 = time.perf_counter()
+        try:
+            async with self._sync_lock:
+                await trio.to_thread.run_sync(writer.sync)
+        except OSError as exc:
+            # The replies were sent already (that is what everysec means); report and retry.
+            if self._write_error is None:
+                self.log.warning("Error fsyncing the AOF file: %s", exc.strerror or exc)
+            self._write_error = _os_error_text(exc)
+            return
+        self.last_fsync_usec = int((time.perf_counter() - t0) * 1e6)
+        self.fsync_count += 1
+        self._synced_size = max(self._synced_size, target)
+
+    # -----------------------------------------------------------------------------------------
+    # Rewrite
+
+    async def bgrewrite(self) -> str:
+        if self._rewrite_buf is not None:
+            return "ERR Background append only file rewriting already in progress"
+        if self._nursery is None:
+            return "ERR the append only file writer is not running"
+        self._nursery.start_soon(self._rewrite)
+        self._rewrite_buf = bytearray()  # mark in progress before anyone can ask again
+        return "Background append only file rewriting started"
+
+    def _maybe_auto_rewrite(self) -> None:
+        if self._rewrite_buf is not None or self._nursery is None or self.auto_pct <= 0:
+            return
+        size = self.writer.good_size if self.writer else 0
+        base = max(self.base_size, 1)
+        if size >= self.auto_min and (size - base) * 100 // base >= self.auto_pct:
+            self.log.info("Starting automatic rewriting of AOF on %d%% growth",
+                          (size - base) * 100 // base)
+            self._nursery.start_soon(self._rewrite)
+            self._rewrite_buf = bytearray()
+
+    async def _rewrite(self) -> None:
+        self._rewrite_started = time.monotonic()
+        self._rewrite_cancel = False
+        self._rewrite_buf = bytearray()
+        self.submit()  # what is in memory now is in the snapshot; later writes go to the buffer
+        rw: aof.Rewrite | None = None
+        new_file: aof.LogFile | None = None
+        ok = False
+        try:
+            rw = await trio.to_thread.run_sync(aof.Rewrite, self.path, 0, self._rewrite_step)
+            snapshot = self.broker.snapshot()
+            while True:
+                chunk = list(islice(snapshot, REWRITE_SLICE))
+                if not chunk:
+                    break
+                await trio.to_thread.run_sync(rw.write, aof.encode_records(chunk))
+                self._check_rewrite_cancel()
+            while len(self._rewrite_buf) > REWRITE_BUFFER_CHUNK:
+                await self._drain_rewrite_buffer(rw)
+            await trio.to_thread.run_sync(rw.sync)  # the bulk fsync, clients still served
+            # The switch: only the group commit (and the everysec fsync) wait for it.
+            async with self._write_lock, self._sync_lock:
+                self._check_rewrite_cancel()
+                await self._drain_rewrite_buffer(rw)
+                if self.enabled:  # opened before the rename: the fd follows the inode
+                    new_file = await trio.to_thread.run_sync(self._open_file, rw.temp)
+                try:
+                    await trio.to_thread.run_sync(rw.commit)
+                finally:
+                    if rw.renamed and new_file is not None:
+                        # The new file is the log now, even if a later step failed: writing
+                        # on to the old, unlinked one would lose every record.
+                        old, self.writer = self.writer, aof.LogWriter(new_file)
+                        new_file = None
+                        if old is not None:
+                            old.close()
+                        self.base_size = self._synced_size = self.writer.good_size
+                self._rewrite_buf = None
+            ok = True
+            self.rewrites += 1
+            self.log.info("Background AOF rewrite finished successfully (%d bytes)", rw.size)
+        except (OSError, RuntimeError, _RewriteCancelled) as exc:
+            # RuntimeError: the job table changed under an unsafe snapshot iterator.
+            self.log.warning("Background AOF rewrite failed: %s", exc)
+        finally:
+            if not ok:
+                if new_file is not None:
+                    new_file.close()
+                if rw is not None:
+                    rw.abort()
+            self.last_bgrewrite_ok = ok
+            self.last_rewrite_time = int(time.monotonic() - self._rewrite_started)
+            self._rewrite_buf = None
+
+    async def _drain_rewrite_buffer(self, rw: aof.Rewrite) -> None:
+        assert self._rewrite_buf is not None
+        data = bytes(self._rewrite_buf)
+        self._rewrite_buf.clear()
+        if data:
+            await trio.to_thread.run_sync(rw.write, data)
+
+    def _check_rewrite_cancel(self) -> None:
+        if self._rewrite_cancel:
+            raise _RewriteCancelled("a write to the log failed during the rewrite")
+
+    # -----------------------------------------------------------------------------------------
+    # INFO and shutdown
+
+    def info(self) -> list[tuple[str, object]]:
+        in_progress = self._rewrite_buf is not None
+        size = self.writer.good_size if self.writer else 0
+        return [
+            ("loading", int(self.loading)),
+            ("aof_enabled", int(self.enabled)),
+            ("aof_state", "on" if self.enabled else "off"),
+            ("aof_rewrite_in_progress", int(in_progress)),
+            ("aof_rewrite_scheduled", 0),
+            ("aof_last_rewrite_time_sec", self.last_rewrite_time),
+            ("aof_current_rewrite_time_sec",
+             int(time.monotonic() - self._rewrite_started) if in_progress else -1),
+            ("aof_last_bgrewrite_status", "ok" if self.last_bgrewrite_ok else "err"),
+            ("aof_last_write_status", "ok" if self._write_error is None else "err"),
+            ("aof_fsync_count", self.fsync_count),
+            ("aof_last_fsync_latency_usec", self.last_fsync_usec),
+            ("aof_current_size", size),
+            ("aof_base_size", self.base_size),
+        ]
+
+    async def shutdown(self, rewrite: bool) -> None:
+        """Write what is pending and fsync; with ``rewrite`` replace the log by a snapshot that
+        restores the queues exactly at the next start (SHUTDOWN REWRITE-AOF)."""
+        self._rewrite_cancel = True
+        async with self._write_lock, self._sync_lock:
+            self.submit()
+            if self.writer is not None and self._open.entries:
+                await self._write_batch()
+            if self.writer is not None:
+                try:
+                    await trio.to_thread.run_sync(self.writer.sync)
+                    self.fsync_count += 1
+                except OSError as exc:
+                    self.log.warning("fsync at shutdown failed: %s", exc)
+            if rewrite:
+                records = list(self.broker.snapshot())  # consistent: taken in one loop turn
+                await trio.to_thread.run_sync(
+                    lambda: aof.write_snapshot(self.path, records, aof.FLAG_ENQUEUE_ONCE))
+                self.log.info("Append only file rewritten for a restart with the same queues "
+                              "(%d jobs)", len(records))
+            if self.writer is not None:
+                self.writer.close()
+                self.writer = None
+
+
+class _RewriteCancelled(Exception):
+    pass
+
+
+__all__ = ["Persistence", "PersistenceError", "StartupError"]

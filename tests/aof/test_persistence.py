@@ -1,0 +1,312 @@
+"""The trio side: group commit, fsync-before-reply, write faults and undo, online rewrite."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+import pytest
+import trio
+
+from broker import aof
+from cli import persistence as pmod
+from cli.persistence import Persistence, PersistenceError, StartupError
+from tests.aof.fakebroker import Config, FakeBroker
+
+
+class RecordingFile(aof.OsLogFile):
+    """A real file that records the order of writes and syncs in a shared event list, and
+    fails on demand (``fail = errno``) after writing half of the data, as a full disk does."""
+
+    def __init__(self, path: str, events: list[tuple[str, object]]) -> None:
+        super().__init__(path)
+        self.events = events
+        self.fail: int | None = None
+        self.fail_sync: int | None = None
+
+    def write(self, data, /):
+        if self.fail is not None:
+            os.write(self.fd, bytes(data[: len(data) // 2]))
+            raise OSError(self.fail, os.strerror(self.fail))
+        n = super().write(data)
+        self.events.append(("write", self.size()))
+        return n
+
+    def sync(self):
+        if self.fail_sync is not None:
+            raise OSError(self.fail_sync, os.strerror(self.fail_sync))
+        super().sync()
+        self.events.append(("sync", self.size()))
+
+
+def _make(tmp_path, events=None, **kw):
+    broker = FakeBroker()
+    files: list[RecordingFile] = []
+
+    def open_file(path: str) -> RecordingFile:
+        f = RecordingFile(path, events if events is not None else [])
+        files.append(f)
+        return f
+
+    p = Persistence(Config(str(tmp_path), **kw), broker, logging.getLogger("test.aof"),
+                    open_file=open_file)
+    p.load(0)
+    return p, broker, files
+
+
+def _reload(tmp_path, **kw) -> FakeBroker:
+    broker = FakeBroker()
+    Persistence(Config(str(tmp_path), **kw), broker).load(0)
+    return broker
+
+
+async def _client(p, broker, job_id, events=None):
+    broker.addjob(job_id)
+    ticket = p.submit()
+    await p.wait_durable(ticket)
+    if events is not None:
+        events.append(("reply", job_id))
+
+
+async def test_fsync_comes_before_every_reply_and_batches_are_grouped(tmp_path):
+    events: list[tuple[str, object]] = []
+    p, broker, files = _make(tmp_path, events)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            for round_ in range(5):
+                async with trio.open_nursery() as clients:
+                    for i in range(40):
+                        clients.start_soon(_client, p, broker, b"D-%d-%d" % (round_, i), events)
+            n.cancel_scope.cancel()
+    data = open(p.path, "rb").read()
+    synced = 0
+    syncs = writes = 0
+    for kind, value in events:
+        if kind == "sync":
+            synced = value
+            syncs += 1
+        elif kind == "write":
+            writes += 1
+        else:
+            frame = aof.encode_frame("job", [value, b"q", b"x", True, 0])
+            end = data.index(frame) + len(frame)
+            assert end <= synced, f"reply for {value!r} before its record was fsynced"
+    replies = sum(1 for k, _ in events if k == "reply")
+    assert replies == 200
+    assert syncs == writes < replies / 4, "no group commit: about one fsync per client"
+    assert p.fsync_count == syncs
+    assert dict(p.info())["aof_last_fsync_latency_usec"] > 0
+    assert _reload(tmp_path).jobs.keys() == broker.jobs.keys()
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+async def test_write_failure_errors_undoes_and_recovers(tmp_path, caplog, code):
+    p, broker, files = _make(tmp_path)
+    caplog.set_level(logging.WARNING, logger="test.aof")
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            await _client(p, broker, b"D-before")
+            files[0].fail = code
+            failures: list[PersistenceError] = []
+
+            async def client(job_id: bytes, ack: bytes | None = None) -> None:
+                if ack is not None:
+                    broker.ackjob(ack)
+                else:
+                    broker.addjob(job_id)
+                try:
+                    await p.wait_durable(p.submit())
+                except PersistenceError as exc:
+                    failures.append(exc)
+
+            async with trio.open_nursery() as clients:
+                clients.start_soon(client, b"", b"D-before")
+                for i in range(10):
+                    clients.start_soon(client, b"D-fail-%d" % i)
+            assert len(failures) == 11
+            assert os.strerror(code) in str(failures[0])
+            assert all(exc.entries for exc in failures)
+            # Nothing half-applied: the failed ADDJOBs are gone, the failed ACK is undone.
+            assert list(broker.jobs) == [b"D-before"]
+            info = dict(p.info())
+            assert info["aof_last_write_status"] == "err"
+            files[0].fail = None
+            await _client(p, broker, b"D-after")
+            assert dict(p.info())["aof_last_write_status"] == "ok"
+            n.cancel_scope.cancel()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("Errors writing to the AOF file" in m for m in messages) == 1
+    assert any("looks solved" in m for m in messages)
+    # The partial writes were cut: the log is whole and matches memory.
+    assert aof.scan(p.path).state == "clean"
+    assert _reload(tmp_path).jobs.keys() == {b"D-before", b"D-after"}
+
+
+async def test_fsync_failure_is_a_write_failure_under_always(tmp_path):
+    p, broker, files = _make(tmp_path)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            files[0].fail_sync = errno.EIO
+            with pytest.raises(PersistenceError, match="Input/output error"):
+                await _client(p, broker, b"D-1")
+            assert broker.jobs == {}
+            files[0].fail_sync = None
+            await _client(p, broker, b"D-2")
+            n.cancel_scope.cancel()
+    assert _reload(tmp_path).jobs.keys() == {b"D-2"}
+
+
+async def test_everysec_writes_before_reply_and_syncs_later(tmp_path):
+    events: list[tuple[str, object]] = []
+    p, broker, files = _make(tmp_path, events, appendfsync="everysec")
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            await _client(p, broker, b"D-1", events)
+            assert [k for k, _ in events] == ["write", "reply"]
+            await trio.sleep(1.5)
+            assert [k for k, _ in events] == ["write", "reply", "sync"]
+            n.cancel_scope.cancel()
+
+
+async def test_log_off_means_no_file_and_no_waiting(tmp_path):
+    p, broker, _ = _make(tmp_path, appendonly=False)
+    broker.addjob(b"D-1")  # aof_enabled stays False: nothing logged
+    assert p.submit() == 0
+    await p.wait_durable(0)
+    assert not os.path.exists(p.path)
+    assert dict(p.info())["aof_enabled"] == 0
+
+
+async def test_online_rewrite_while_clients_write(tmp_path, monkeypatch):
+    monkeypatch.setattr(pmod, "REWRITE_SLICE", 7)
+    p, broker, _ = _make(tmp_path)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            for i in range(300):
+                broker.addjob(b"D-%d" % i)
+            for i in range(0, 300, 2):
+                broker.ackjob(b"D-%d" % i)
+            await p.wait_durable(p.submit())
+            size_before = os.path.getsize(p.path)
+
+            async def churn(k: int) -> None:
+                for i in range(60):
+                    jid = b"D-c%d-%d" % (k, i)
+                    broker.addjob(jid)
+                    if i % 3 == 0:
+                        broker.nack(jid)
+                    if i % 4 == 0:
+                        broker.ackjob(jid)
+                    if i % 5 == 0 and b"D-%d" % (2 * i + 1) in broker.jobs:
+                        broker.ackjob(b"D-%d" % (2 * i + 1))
+                    await p.wait_durable(p.submit())
+
+            assert await p.bgrewrite() == "Background append only file rewriting started"
+            assert (await p.bgrewrite()).startswith("ERR Background append only file rewriting")
+            async with trio.open_nursery() as clients:
+                for k in range(8):
+                    clients.start_soon(churn, k)
+            while dict(p.info())["aof_rewrite_in_progress"]:
+                await trio.sleep(0.01)
+            assert p.rewrites == 1 and p.last_bgrewrite_ok
+            await _client(p, broker, b"D-after-rewrite")
+            n.cancel_scope.cancel()
+    assert os.path.getsize(p.path) < size_before + 8 * 60 * 200
+    reloaded = _reload(tmp_path)
+    assert {k: v[:3] + v[4:] for k, v in reloaded.jobs.items()} == \
+        {k: v[:3] + v[4:] for k, v in broker.jobs.items()}
+
+
+async def test_automatic_rewrite_on_growth(tmp_path):
+    p, broker, _ = _make(tmp_path, auto_aof_rewrite_min_size=4096,
+                         auto_aof_rewrite_percentage=100)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            for i in range(400):  # add and ack: the live set stays tiny, the log grows
+                broker.addjob(b"D-%d" % i)
+                broker.ackjob(b"D-%d" % i)
+                await p.wait_durable(p.submit())
+                await trio.sleep(0)
+            while dict(p.info())["aof_rewrite_in_progress"]:
+                await trio.sleep(0.01)
+            n.cancel_scope.cancel()
+    assert p.rewrites >= 1
+    assert os.path.getsize(p.path) < 400 * 40
+    assert _reload(tmp_path).jobs == {}
+
+
+@pytest.mark.parametrize("step", ["write", "fsync", "rename", "fsync-dir", "done"])
+async def test_online_rewrite_failing_at_each_step_keeps_a_loadable_log(tmp_path, step):
+    def fail_at(name: str) -> None:
+        if name == step:
+            raise OSError(errno.EIO, f"injected at {step}")
+
+    broker = FakeBroker()
+    p = Persistence(Config(str(tmp_path)), broker, open_file=aof.OsLogFile,
+                    rewrite_step=fail_at)
+    p.load(0)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            for i in range(50):
+                await _client(p, broker, b"D-%d" % i)
+            await p.bgrewrite()
+            while dict(p.info())["aof_rewrite_in_progress"]:
+                await trio.sleep(0.01)
+            assert dict(p.info())["aof_last_bgrewrite_status"] == "err"
+            await _client(p, broker, b"D-after")  # the writer goes on with the right file
+            n.cancel_scope.cancel()
+    assert [f for f in os.listdir(tmp_path) if f.startswith("temp-")] == []
+    assert _reload(tmp_path).jobs.keys() == broker.jobs.keys()
+
+
+async def test_shutdown_rewrite_restores_queues_once(tmp_path):
+    p, broker, _ = _make(tmp_path)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            for i in range(5):
+                await _client(p, broker, b"D-%d" % i)
+            broker.jobs[b"D-3"][3] = False  # dequeued (GETJOB), not logged for RETRY > 0
+            await p.shutdown(rewrite=True)
+            n.cancel_scope.cancel()
+    first = _reload(tmp_path)
+    assert first.loaded_with is True
+    assert {k: v[3] for k, v in first.jobs.items()} == {k: v[3] for k, v in broker.jobs.items()}
+    second = _reload(tmp_path)  # a later (crash) restart must not enqueue everything again
+    assert second.loaded_with is False
+
+
+async def test_shutdown_rewrite_with_log_off_is_loaded_once(tmp_path):
+    p, broker, _ = _make(tmp_path, appendonly=False)
+    broker.addjob(b"D-1")
+    async with trio.open_nursery() as n:
+        await n.start(p.run)
+        await p.shutdown(rewrite=True)
+        n.cancel_scope.cancel()
+    assert _reload(tmp_path, appendonly=False).jobs.keys() == {b"D-1"}
+
+
+def test_mid_file_corruption_stops_the_start(tmp_path):
+    path = tmp_path / "appendonly.aof"
+    with open(path, "wb") as f:
+        f.write(aof.encode_header())
+        first = aof.encode_frame("job", [b"D-1", b"q", b"x", True, 0])
+        f.write(first)
+        f.write(b"\x01" * 20)
+        f.write(aof.encode_frame("job", [b"D-2", b"q", b"x", True, 0]))
+    with pytest.raises(StartupError, match=f"{path}.*offset {aof.HEADER_SIZE + len(first)}"):
+        _reload(tmp_path)
+
+
+def test_newer_version_stops_the_start(tmp_path):
+    (tmp_path / "appendonly.aof").write_bytes(aof.encode_header(version=99))
+    with pytest.raises(StartupError, match="version 99"):
+        _reload(tmp_path)
