@@ -136,13 +136,21 @@ def split(total: int, parts: int) -> list[int]:
 
 
 def _worker_process(spec: Spec, shared: Any, ready: Any, go: Any, out: Any) -> None:
+    released = False
+
     async def wait_go() -> None:
+        nonlocal released
         ready.release()
+        released = True
         await trio.to_thread.run_sync(go.wait, 60.0)
 
     try:
         out.send(trio.run(run_worker, spec, shared, wait_go))
     except BaseException as exc:  # report, the parent decides
+        if not released:
+            ready.release()  # do not keep the parent waiting for a worker that failed to connect
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
         out.send({"exception": f"{type(exc).__name__}: {exc}"})
     finally:
         out.close()
