@@ -1,0 +1,70 @@
+"""``trisque check-log``: counts, first bad offset, exit codes, --fix only for a torn tail."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from broker import aof
+from cli import check_log
+from tests.support.server import REPO
+
+
+def _log(path, n=10):
+    with open(path, "wb") as f:
+        f.write(aof.encode_header())
+        for i in range(n):
+            f.write(aof.encode_frame("job", [b"D-%d" % i, b"q", b"x", True, 0]))
+        f.write(aof.encode_frame("ack", b"D-0"))
+        f.write(aof.encode_frame("del", b"D-1"))
+    return os.path.getsize(path)
+
+
+def test_clean(tmp_path, capsys):
+    path = str(tmp_path / "a.aof")
+    _log(path)
+    assert check_log.main([path]) == 0
+    out = capsys.readouterr().out
+    assert "records: 12 (job 10, ack 1, del 1)" in out and "status: OK" in out
+
+
+def test_torn_tail_reported_then_fixed(tmp_path, capsys):
+    path = str(tmp_path / "a.aof")
+    size = _log(path)
+    os.truncate(path, size - 4)
+    whole = size - len(aof.encode_frame("del", b"D-1"))
+    assert check_log.main([path]) == 1
+    out = capsys.readouterr().out
+    assert f"torn tail at offset {whole}" in out and "--fix" in out
+    assert os.path.getsize(path) == size - 4
+    assert check_log.main([path, "--fix"]) == 0
+    assert os.path.getsize(path) == whole
+    assert check_log.main([path]) == 0
+
+
+def test_corruption_not_fixed(tmp_path, capsys):
+    path = str(tmp_path / "a.aof")
+    _log(path)
+    data = bytearray(open(path, "rb").read())
+    data[aof.HEADER_SIZE + 20] ^= 0xFF
+    open(path, "wb").write(data)
+    assert check_log.main([path, "--fix"]) == 1
+    out = capsys.readouterr().out
+    assert f"corrupt at offset {aof.HEADER_SIZE}" in out and "not fixable" in out
+    assert open(path, "rb").read() == data
+
+
+def test_not_a_log_and_missing(tmp_path, capsys):
+    path = str(tmp_path / "a.aof")
+    open(path, "wb").write(b"hello world, not a log")
+    assert check_log.main([path]) == 2
+    assert check_log.main([str(tmp_path / "missing.aof")]) == 2
+
+
+def test_runs_as_a_module(tmp_path):
+    path = str(tmp_path / "a.aof")
+    _log(path)
+    out = subprocess.run([sys.executable, "-m", "cli.check_log", path], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "status: OK" in out.stdout
