@@ -179,7 +179,8 @@ class AsyncClient:
             raise TrisqueConnectionError("client is closed")
         while self._idle and self.selector.current is not None:
             conn = self._idle.pop()
-            if conn.address == self.selector.current:
+            # A readable idle connection was closed by the node (see Connection.is_stale).
+            if conn.address == self.selector.current and not conn.stream.socket.is_readable():
                 return conn
             await conn.aclose()
         if self.selector.current is not None:

@@ -89,6 +89,18 @@ class Connection:
                 replies.append(reply)
         return replies
 
+    def is_stale(self) -> bool:
+        """An idle connection with something to read has been closed (or spoken to) by the
+        node: reusing it would make a command look sent when the node never read it."""
+        try:
+            self.sock.settimeout(0)  # with a timeout, recv would first wait for data
+            self.sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        return True
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -195,7 +207,7 @@ class Client:
             if self.selector.current is not None:
                 while self._idle:
                     conn = self._idle.pop()
-                    if conn.address == self.selector.current:
+                    if conn.address == self.selector.current and not conn.is_stale():
                         return conn
                     conn.close()
                 return self._open(self.selector.current)
