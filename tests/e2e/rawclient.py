@@ -36,10 +36,11 @@ def parse_one(buf: bytes, pos: int = 0) -> tuple[Any, int]:
     if nl < 0:
         raise Incomplete
     kind, line, after = buf[pos : pos + 1], buf[pos + 1 : nl], nl + 2
+    # surrogateescape: an error may echo a client's raw bytes (an unknown command's name).
     if kind == b"+":
-        return ("+", line.decode()), after
+        return ("+", line.decode("utf-8", "surrogateescape")), after
     if kind == b"-":
-        return ("-", line.decode()), after
+        return ("-", line.decode("utf-8", "surrogateescape")), after
     if kind == b":":
         return int(line), after
     if kind == b"$":
