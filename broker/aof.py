@@ -8,7 +8,8 @@ A log is one file: a 16-byte header, then frames, one per record.
     frame   = length u32 | ~length u32 | crc32(payload) u32 | payload (msgpack, `length` bytes)
 
 A payload is ``[kind, data]``: ``["job", job_record]`` (the full state of a job, the last one per
-ID wins at replay), ``["ack", job_id]`` or ``["del", job_id]``. Integers are big-endian.
+ID wins at replay), ``["ack", job_id]``, ``["del", job_id]`` or ``["flushall", None]`` (DEBUG
+FLUSHALL: forget everything before). Integers are big-endian.
 
 The length is stored twice (as itself and as its complement) so that a flipped bit in a length
 field is caught as corruption instead of being taken for a frame that runs past the end of the
@@ -62,7 +63,7 @@ _FRAME = struct.Struct(">III")
 FRAME_HEADER_SIZE: Final = _FRAME.size  # 12
 _MASK: Final = 0xFFFFFFFF
 
-KINDS: Final = ("job", "ack", "del")
+KINDS: Final = ("job", "ack", "del", "flushall")
 
 # How much of the file the reader holds at once: big enough that the per-read cost is lost in
 # the noise, small enough that a multi-gigabyte log does not need as much memory.
