@@ -96,7 +96,11 @@ def _raw(reply: Any) -> bytes:
 def to_json(reply: Any) -> Any:
     """The JSON-ready value of a reply (see the module docstring for the mapping)."""
     if isinstance(reply, Error):
-        return {"error": str(reply)}
+        return {"error": _json_text(str(reply))}
+    if isinstance(reply, str):
+        # Status texts were decoded with surrogateescape: non-UTF-8 bytes must not leak as
+        # lone surrogates into the JSON, so they go the $bytes way like bulk strings.
+        return to_json(reply.encode("utf-8", "surrogateescape"))
     if isinstance(reply, bytes):
         try:
             return reply.decode("utf-8")
@@ -104,9 +108,11 @@ def to_json(reply: Any) -> Any:
             return {"$bytes": base64.b64encode(reply).decode("ascii")}
     if isinstance(reply, list):
         return [to_json(item) for item in reply]
-    if isinstance(reply, str):
-        return str(reply)
     return reply
+
+
+def _json_text(text: str) -> str:
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def format_json(reply: Any) -> str:
