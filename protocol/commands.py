@@ -1,0 +1,387 @@
+"""Client commands parsed once into small immutable objects.
+
+Theory of operation
+-------------------
+``parse(argv)`` looks the command name up in ``COMMANDS`` (name -> arity, parser), checks the
+arity the way Redis does (a negative arity is a minimum), and returns either a command object
+(a ``NamedTuple``: immutable and cheap to build on the hot path) or an ``Error`` reply. All
+argument validation and its exact error text live here, next to the parser, so a command that
+reaches the broker is well formed and the broker only decides things that need its state.
+Validation order follows Disque's, since clients see the first failing check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from protocol import errors
+from protocol.jobid import is_valid
+from protocol.resp import Error
+
+# ---------------------------------------------------------------------------------------------
+# Numbers, as Redis's string2ll reads them: no spaces, no '+', no leading zeros, 64-bit.
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+
+
+def parse_int(raw: bytes) -> int | None:
+    if not raw or len(raw) > 20:
+        return None
+    body = raw[1:] if raw[0] == 0x2D else raw
+    if not body.isdigit() or (len(body) > 1 and body[0] == 0x30) or (body == b"0" and raw != body):
+        return None
+    value = int(raw)
+    if value < _INT64_MIN or value > _INT64_MAX:
+        return None
+    return value
+
+
+def _timeout(raw: bytes) -> int | Error:
+    value = parse_int(raw)
+    if value is None:
+        return errors.BAD_TIMEOUT
+    if value < 0:
+        return errors.NEGATIVE_TIMEOUT
+    return value
+
+
+DEFAULT_TTL = 24 * 3600  # seconds, when ADDJOB gives no TTL
+
+# ---------------------------------------------------------------------------------------------
+# Command objects
+
+
+class AddJob(NamedTuple):
+    queue: bytes
+    body: bytes
+    timeout_ms: int
+    replicate: int | None
+    delay: int
+    retry: int | None
+    ttl: int | None
+    maxlen: int | None
+    async_: bool
+
+
+class GetJob(NamedTuple):
+    queues: tuple[bytes, ...]
+    timeout_ms: int  # 0: wait forever
+    count: int
+    nohang: bool
+    withcounters: bool
+
+
+class JobsCommand(NamedTuple):
+    """ACKJOB, FASTACK, NACK, ENQUEUE, DEQUEUE, DELJOB, WORKING, SHOW: a verb and job IDs."""
+
+    name: str
+    ids: tuple[bytes, ...]
+
+
+class QueueCommand(NamedTuple):
+    """QLEN, QSTAT: one queue name."""
+
+    name: str
+    queue: bytes
+
+
+class QPeek(NamedTuple):
+    queue: bytes
+    count: int
+
+
+class QScan(NamedTuple):
+    cursor: int
+    count: int
+    busyloop: bool
+    minlen: int | None
+    maxlen: int | None
+    importrate: int | None
+
+
+class JScan(NamedTuple):
+    cursor: int
+    count: int
+    busyloop: bool
+    queue: bytes | None
+    states: frozenset[str]
+    reply_all: bool
+
+
+class Pause(NamedTuple):
+    queue: bytes
+    options: tuple[str, ...]  # subset of in, out, all, none, state, bcast
+
+
+class Generic(NamedTuple):
+    """Administrative commands whose arguments the broker reads itself (HELLO, INFO, ...)."""
+
+    name: str
+    args: tuple[bytes, ...]
+
+
+Command = AddJob | GetJob | JobsCommand | QueueCommand | QPeek | QScan | JScan | Pause | Generic
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers. Each takes argv (name included) and returns a command or an Error.
+
+
+def _addjob(argv: list[bytes]) -> AddJob | Error:
+    replicate: int | None = None
+    delay = 0
+    retry: int | None = None
+    ttl: int | None = None
+    maxlen: int | None = None
+    async_ = False
+    j = 4
+    argc = len(argv)
+    while j < argc:
+        opt = argv[j].lower()
+        last = j == argc - 1
+        if opt == b"async":
+            async_ = True
+            j += 1
+            continue
+        if last or opt not in (b"replicate", b"delay", b"retry", b"ttl", b"maxlen"):
+            return errors.SYNTAX
+        value = parse_int(argv[j + 1])
+        if value is None:
+            return errors.NOT_INTEGER
+        if opt == b"replicate":
+            if value <= 0 or value > 65535:
+                return Error("ERR REPLICATE must be between 1 and 65535")
+            replicate = value
+        elif opt == b"delay":
+            if value < 0:
+                return Error("ERR DELAY time must be a non negative number")
+            delay = value
+        elif opt == b"retry":
+            if value < 0:
+                return Error("ERR RETRY time must be a non negative number")
+            retry = value
+        elif opt == b"ttl":
+            if value <= 0:
+                return Error("ERR TTL must be a number > 0")
+            ttl = value
+        else:
+            if value <= 0:
+                return Error("ERR MAXLEN must be a positive number")
+            maxlen = value
+        j += 2
+    timeout = _timeout(argv[3])
+    if isinstance(timeout, Error):
+        return timeout
+    if retry == 0 and replicate is not None and replicate > 1:
+        return errors.RETRY0_REPLICATE
+    if delay >= (ttl if ttl is not None else DEFAULT_TTL):
+        return errors.DELAY_GT_TTL
+    return AddJob(argv[1], argv[2], timeout, replicate, delay, retry, ttl, maxlen, async_)
+
+
+def _getjob(argv: list[bytes]) -> GetJob | Error:
+    timeout = 0
+    count = 1
+    nohang = withcounters = False
+    j = 1
+    argc = len(argv)
+    while j < argc:
+        opt = argv[j].lower()
+        last = j == argc - 1
+        if opt == b"nohang":
+            nohang = True
+        elif opt == b"withcounters":
+            withcounters = True
+        elif opt == b"timeout" and not last:
+            t = _timeout(argv[j + 1])
+            if isinstance(t, Error):
+                return t
+            timeout = t
+            j += 1
+        elif opt == b"count" and not last:
+            c = parse_int(argv[j + 1])
+            if c is None:
+                return errors.NOT_INTEGER
+            if c <= 0:
+                return errors.COUNT_POSITIVE
+            count = c
+            j += 1
+        elif opt == b"from" and not last:
+            return GetJob(tuple(argv[j + 1 :]), timeout, count, nohang, withcounters)
+        else:
+            return errors.SYNTAX
+        j += 1
+    return errors.SYNTAX
+
+
+def _jobs(argv: list[bytes]) -> JobsCommand | Error:
+    ids = argv[1:]
+    for job_id in ids:
+        if not is_valid(job_id):
+            return errors.BADID
+    return JobsCommand(argv[0].decode("latin-1").upper(), tuple(ids))
+
+
+def _queue(argv: list[bytes]) -> QueueCommand:
+    return QueueCommand(argv[0].decode("latin-1").upper(), argv[1])
+
+
+def _qpeek(argv: list[bytes]) -> QPeek | Error:
+    count = parse_int(argv[2])
+    if count is None:
+        return errors.NOT_INTEGER
+    return QPeek(argv[1], count)
+
+
+def _scan_number(raw: bytes) -> int | Error:
+    value = parse_int(raw)
+    if value is None:
+        return errors.NOT_INTEGER
+    return value
+
+
+class _CursorSlot:
+    """Disque takes the first token that is not an option as the cursor; a second is an error."""
+
+    def __init__(self) -> None:
+        self.value: int | None = None
+
+    def take(self, raw: bytes) -> Error | None:
+        if self.value is not None:
+            return errors.SYNTAX
+        value = parse_int(raw)
+        if value is None or value < 0:
+            return Error("ERR invalid cursor")
+        self.value = value
+        return None
+
+
+def _qscan(argv: list[bytes]) -> QScan | Error:
+    cursor, count, busyloop = _CursorSlot(), 100, False
+    limits: dict[bytes, int | None] = {b"minlen": None, b"maxlen": None, b"importrate": None}
+    j = 1
+    while j < len(argv):
+        opt = argv[j].lower()
+        last = j == len(argv) - 1
+        if opt == b"busyloop":
+            busyloop = True
+        elif opt in (b"count", *limits) and not last:
+            value = _scan_number(argv[j + 1])
+            if isinstance(value, Error):
+                return value
+            if opt == b"count":
+                count = max(value, 1)
+            else:
+                limits[opt] = value
+            j += 1
+        elif (bad := cursor.take(argv[j])) is not None:
+            return bad
+        j += 1
+    return QScan(cursor.value or 0, count, busyloop, limits[b"minlen"], limits[b"maxlen"],
+                 limits[b"importrate"])
+
+
+JOB_STATES = ("wait-repl", "active", "queued", "acked")
+
+
+def _jscan(argv: list[bytes]) -> JScan | Error:
+    cursor, count, busyloop = _CursorSlot(), 100, False
+    queue: bytes | None = None
+    states: set[str] = set()
+    reply_all = False
+    j = 1
+    while j < len(argv):
+        opt = argv[j].lower()
+        last = j == len(argv) - 1
+        if opt == b"busyloop":
+            busyloop = True
+        elif opt == b"count" and not last:
+            value = _scan_number(argv[j + 1])
+            if isinstance(value, Error):
+                return value
+            count = max(value, 1)
+            j += 1
+        elif opt == b"queue" and not last:
+            queue = argv[j + 1]
+            j += 1
+        elif opt == b"state" and not last:
+            state = argv[j + 1].lower().decode("latin-1")
+            if state not in JOB_STATES:
+                return Error("ERR Invalid job state name")
+            states.add(state)
+            j += 1
+        elif opt == b"reply" and not last:
+            kind = argv[j + 1].lower()
+            if kind not in (b"all", b"id"):
+                return Error("ERR Invalid REPLY type, try ID or ALL")
+            reply_all = kind == b"all"
+            j += 1
+        elif (bad := cursor.take(argv[j])) is not None:
+            return bad
+        j += 1
+    return JScan(cursor.value or 0, count, busyloop, queue, frozenset(states), reply_all)
+
+
+_PAUSE_OPTIONS = frozenset(("in", "out", "all", "none", "state", "bcast"))
+
+
+def _pause(argv: list[bytes]) -> Pause | Error:
+    options = tuple(a.lower().decode("latin-1") for a in argv[2:])
+    if any(o not in _PAUSE_OPTIONS for o in options):
+        return errors.SYNTAX
+    return Pause(argv[1], options)
+
+
+def _generic(argv: list[bytes]) -> Generic:
+    return Generic(argv[0].decode("latin-1").upper(), tuple(argv[1:]))
+
+
+# name -> (arity, parser). Arity counts the command name; negative means "at least".
+COMMANDS: dict[bytes, tuple[int, Callable[[list[bytes]], Any]]] = {
+    b"addjob": (-4, _addjob),
+    b"getjob": (-2, _getjob),
+    b"ackjob": (-1, _jobs),
+    b"fastack": (-1, _jobs),
+    b"nack": (-1, _jobs),
+    b"enqueue": (-1, _jobs),
+    b"dequeue": (-1, _jobs),
+    b"deljob": (-1, _jobs),
+    b"working": (2, _jobs),
+    b"show": (2, _jobs),
+    b"qlen": (2, _queue),
+    b"qstat": (2, _queue),
+    b"qpeek": (3, _qpeek),
+    b"qscan": (-1, _qscan),
+    b"jscan": (-1, _jscan),
+    b"pause": (-3, _pause),
+    b"hello": (-1, _generic),
+    b"info": (-1, _generic),
+    b"cluster": (-2, _generic),
+    b"config": (-2, _generic),
+    b"debug": (-2, _generic),
+    b"ping": (-1, _generic),
+    b"time": (1, _generic),
+    b"shutdown": (-1, _generic),
+    b"auth": (-2, _generic),
+    b"client": (-2, _generic),
+    b"command": (-1, _generic),
+    b"bgrewriteaof": (1, _generic),
+    b"select": (2, _generic),
+    b"quit": (-1, _generic),
+    b"echo": (2, _generic),
+}
+
+
+def parse(argv: list[bytes]) -> Command | Error:
+    name = argv[0]
+    entry = COMMANDS.get(name.lower())
+    if entry is None:
+        return errors.unknown_command(name.decode("utf-8", "replace"))
+    arity, parser = entry
+    argc = len(argv)
+    if (arity > 0 and argc != arity) or argc < -arity:
+        return errors.wrong_arity(name.decode("latin-1"))
+    result: Command | Error = parser(argv)
+    return result

@@ -1,0 +1,57 @@
+"""The table of error replies.
+
+Every error a node sends comes from here, so the texts match Disque's replies in one place.
+Codes are the first word of the reply (``-BADID ...``); clients map them to exception types.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from protocol.resp import Error
+
+SYNTAX: Final = Error("ERR syntax error")
+BADID: Final = Error("BADID Invalid Job ID format.")
+NOJOB: Final = Error("NOJOB Job not known in the context of this node.")
+NOREPL: Final = Error("NOREPL Not enough reachable nodes for the requested replication level")
+PAUSED_IN: Final = Error("PAUSED Queue paused in input, try later")
+MAXLEN: Final = Error("MAXLEN Queue is already longer than the specified MAXLEN count")
+LEAVING: Final = Error("LEAVING This node is leaving the cluster, please connect to a different one")
+TOOLATE: Final = Error(
+    "TOOLATE Half of job TTL already elapsed, you are no longer allowed to postpone the next delivery."
+)
+NOT_INTEGER: Final = Error("ERR value is not an integer or out of range")
+BAD_TIMEOUT: Final = Error("ERR timeout is not an integer or out of range")
+NEGATIVE_TIMEOUT: Final = Error("ERR timeout is negative")
+RETRY0_REPLICATE: Final = Error(
+    "ERR With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)"
+)
+DELAY_GT_TTL: Final = Error(
+    "ERR The specified DELAY is greater than TTL. Job refused since would never be delivered"
+)
+COUNT_POSITIVE: Final = Error("ERR COUNT must be a number greater than zero")
+NOAUTH: Final = Error("NOAUTH Authentication required.")
+INVALID_PASSWORD: Final = Error("ERR invalid password")
+NO_PASSWORD_SET: Final = Error("ERR Client sent AUTH, but no password is set")
+WRONGPASS: Final = Error("WRONGPASS invalid username-password pair or user is disabled.")
+NOPROTO: Final = Error("NOPROTO unsupported protocol version")
+OOM: Final = Error("OOM command not allowed when used memory > 'maxmemory'.")
+MAX_CLIENTS: Final = Error("ERR max number of clients reached")
+LOADING: Final = Error("LOADING Disque is loading the dataset in memory")
+
+
+def wrong_arity(name: str) -> Error:
+    return Error(f"ERR wrong number of arguments for '{name.lower()}' command")
+
+
+def unknown_command(name: str) -> Error:
+    return Error(f"ERR unknown command '{name}'")
+
+
+def unknown_subcommand(command: str, sub: str) -> Error:
+    return Error(f"ERR Unknown {command} subcommand '{sub}'")
+
+
+def err(text: str) -> Error:
+    """An ``ERR`` reply with free text (OS errors, config errors)."""
+    return Error("ERR " + text)
