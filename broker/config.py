@@ -1,0 +1,278 @@
+"""Configuration: Disque's directives, its file format, CONFIG GET/SET/REWRITE.
+
+Theory of operation
+-------------------
+``DIRECTIVES`` is the one table of every directive: its kind (how a value is read and
+shown), default, whether ``CONFIG SET`` may change it at run time, and a one-line help text
+that ``conf/trisque.conf`` repeats. ``Config`` holds the current values as attributes named
+after the directive (``cluster-node-timeout`` -> ``cluster_node_timeout``) so the hot path reads
+plain attributes. Files are read like Redis reads them: one directive per line, arguments
+split with Redis's quoting rules, ``#`` comments; command-line ``--name value`` options are
+applied after the file, as extra lines. An unknown directive or a bad value stops the start
+with the line that caused it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.resp import ProtocolError, split_args
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Directive:
+    name: str
+    kind: str  # bool | int | memory | enum:a,b,c | string | list
+    default: Any
+    runtime: bool  # may CONFIG SET change it?
+    help: str
+
+
+_D = Directive
+DIRECTIVES: dict[str, Directive] = {
+    d.name: d
+    for d in [
+        _D("port", "int", 7711, False, "TCP port for clients; the cluster bus uses port + 10000."),
+        _D("bind", "list", "", False, "Addresses to listen on (default: all interfaces)."),
+        _D("tcp-backlog", "int", 511, False, "listen() backlog."),
+        _D("timeout", "int", 0, True, "Close a client after this many idle seconds (0: never)."),
+        _D("tcp-keepalive", "int", 0, True, "TCP keepalive interval in seconds (0: off)."),
+        _D("unixsocket", "string", "", False, "Accepted for compatibility; trisque listens on TCP only."),
+        _D("unixsocketperm", "int", 0, False, "Accepted for compatibility (unix socket permissions)."),
+        _D("daemonize", "bool", False, False, "Accepted for compatibility; trisque runs in the foreground."),
+        _D("pidfile", "string", "", False, "Write the process ID to this file (empty: none)."),
+        _D("loglevel", "enum:debug,verbose,notice,warning", "notice", True, "Log verbosity."),
+        _D("logfile", "string", "", False, "Log file name (empty: standard output)."),
+        _D("syslog-enabled", "bool", False, False, "Accepted for compatibility; not used."),
+        _D("syslog-ident", "string", "disque", False, "Accepted for compatibility; not used."),
+        _D("syslog-facility", "string", "local0", False, "Accepted for compatibility; not used."),
+        _D("databases", "int", 16, False, "Accepted for compatibility; jobs have no databases."),
+        _D("dir", "string", ".", False, "Working directory: the append log and cluster file live here."),
+        _D("requirepass", "string", "", True, "Password clients must give with AUTH (empty: none)."),
+        _D("maxclients", "int", 10000, True, "Maximum number of connected clients."),
+        _D("maxmemory", "memory", 1073741824, True, "Memory limit in bytes (units: kb mb gb)."),
+        _D("maxmemory-policy", "enum:acks", "acks", True, "What is evicted under memory pressure (acknowledged jobs)."),
+        _D("maxmemory-samples", "int", 5, True, "Accepted for compatibility."),
+        _D("appendonly", "bool", False, True, "Keep an append log of jobs so they survive restarts."),
+        _D("appendfilename", "string", "trisque.aof", False, "Name of the append log in dir."),
+        _D("appendfsync", "enum:always,everysec,no", "everysec", True, "When the log is fsynced: always (group commit), everysec, no."),
+        _D("no-appendfsync-on-rewrite", "bool", False, True, "Skip fsync while a rewrite runs."),
+        _D("auto-aof-rewrite-percentage", "int", 100, True, "Rewrite the log when it grew by this percentage (0: never)."),
+        _D("auto-aof-rewrite-min-size", "memory", 67108864, True, "Do not rewrite automatically below this size."),
+        _D("aof-load-truncated", "bool", True, True, "Load a log whose last record is torn (truncating it)."),
+        _D("aof-enqueue-jobs-once", "bool", False, True, "Restore queues exactly at next start (set by a controlled restart)."),
+        _D("aof-rewrite-incremental-fsync", "bool", True, True, "fsync the rewritten log every 32 MB while writing it."),
+        _D("slowlog-log-slower-than", "int", 10000, True, "Accepted for compatibility."),
+        _D("slowlog-max-len", "int", 128, True, "Accepted for compatibility."),
+        _D("latency-monitor-threshold", "int", 0, True, "Accepted for compatibility."),
+        _D("hz", "int", 10, True, "Background task frequency (timers, eviction) per second."),
+        _D("watchdog-period", "int", 0, True, "Accepted for compatibility."),
+        _D("activerehashing", "bool", True, True, "Accepted for compatibility."),
+        _D("client-output-buffer-limit", "string", "normal 0 0 0", True, "Accepted for compatibility."),
+        _D("cluster-node-timeout", "int", 15000, True, "Milliseconds after which an unreachable node is failing."),
+        _D("cluster-config-file", "string", "nodes.conf", False, "File in dir where the node keeps its ID and peers."),
+    ]
+}
+
+
+def attr(name: str) -> str:
+    return name.replace("-", "_")
+
+
+_UNITS = {"b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2, "g": 1000**3, "gb": 1024**3}
+
+
+def _parse_value(d: Directive, args: list[str]) -> Any:
+    if d.kind == "list":
+        return " ".join(args)
+    if len(args) != 1:
+        raise ConfigError("wrong number of arguments")
+    raw = args[0]
+    if d.kind == "bool":
+        low = raw.lower()
+        if low not in ("yes", "no"):
+            raise ConfigError("argument must be 'yes' or 'no'")
+        return low == "yes"
+    if d.kind in ("int", "memory"):
+        low = raw.lower()
+        mult = 1
+        if d.kind == "memory":
+            for unit in ("kb", "mb", "gb", "k", "m", "g", "b"):
+                if low.endswith(unit):
+                    mult, low = _UNITS[unit], low[: -len(unit)]
+                    break
+        try:
+            value = int(low) * mult
+        except ValueError:
+            raise ConfigError("argument must be a number") from None
+        if value < 0 and d.name not in ("slowlog-log-slower-than",):
+            raise ConfigError("argument must be positive")
+        if d.name == "port" and not 0 < value < 55536:
+            raise ConfigError("Invalid port (the cluster bus needs port + 10000 < 65536)")
+        if d.name == "hz" and value <= 0:
+            raise ConfigError("hz must be > 0")
+        return value
+    if d.kind.startswith("enum:"):
+        allowed = d.kind[5:].split(",")
+        if raw.lower() not in allowed:
+            raise ConfigError(f"argument must be one of: {', '.join(allowed)}")
+        return raw.lower()
+    return raw
+
+
+def _show(d: Directive, value: Any) -> str:
+    if d.kind == "bool":
+        return "yes" if value else "no"
+    return str(value)
+
+
+class Config:
+    """Current configuration values, as attributes."""
+
+    def __init__(self) -> None:
+        for d in DIRECTIVES.values():
+            setattr(self, attr(d.name), d.default)
+        self.config_file: str | None = None
+        self.explicit: dict[str, str] = {}  # directives set by file/command line/CONFIG SET
+
+    def __getattr__(self, name: str) -> Any:  # for mypy: attributes are set dynamically
+        raise AttributeError(name)
+
+    def set(self, name: str, args: list[str]) -> None:
+        d = DIRECTIVES.get(name.lower())
+        if d is None:
+            raise ConfigError("Bad directive or wrong number of arguments")
+        setattr(self, attr(d.name), _parse_value(d, args))
+        self.explicit[d.name] = " ".join(args)
+
+    def get(self, name: str) -> str:
+        d = DIRECTIVES[name]
+        return _show(d, getattr(self, attr(name)))
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def load_lines(self, lines: list[str], source: str) -> None:
+        for lineno, line in enumerate(lines, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            try:
+                args = [a.decode() for a in split_args(text.encode())]
+            except (ProtocolError, UnicodeDecodeError):
+                raise ConfigError(_fatal(source, lineno, line, "Unbalanced quotes in configuration line")) from None
+            name, values = args[0], args[1:]
+            if name.lower() == "include" and len(values) == 1:
+                self.load_file(values[0])
+                continue
+            try:
+                self.set(name, values)
+            except ConfigError as exc:
+                raise ConfigError(_fatal(source, lineno, line, str(exc))) from None
+
+    def load_file(self, path: str) -> None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"Fatal error, can't open config file '{path}': {exc.strerror}") from None
+        self.load_lines(lines, path)
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> Config:
+        """``[CONFIG_FILE] [--directive value ...]`` as disque-server takes them."""
+        cfg = cls()
+        rest = list(argv)
+        if rest and not rest[0].startswith("--"):
+            cfg.config_file = os.path.abspath(rest.pop(0))
+            cfg.load_file(cfg.config_file)
+        lines: list[str] = []
+        for arg in rest:
+            if arg.startswith("--"):
+                lines.append(arg[2:])
+            elif lines:
+                lines[-1] += " " + _quote(arg)
+            else:
+                raise ConfigError(f"Unexpected argument '{arg}' (directives are given as --name value)")
+        cfg.load_lines(lines, "(command line)")
+        return cfg
+
+    # -- CONFIG commands --------------------------------------------------------------------
+
+    def config_get(self, pattern: str) -> list[bytes]:
+        out: list[bytes] = []
+        for d in DIRECTIVES.values():
+            if fnmatch.fnmatchcase(d.name, pattern.lower()):
+                out += [d.name.encode(), self.get(d.name).encode()]
+        return out
+
+    def config_set(self, name: str, value: str) -> str | None:
+        """None on success, else the error text."""
+        d = DIRECTIVES.get(name.lower())
+        if d is None or not d.runtime:
+            return f"Unsupported CONFIG parameter: {name}"
+        try:
+            args = [a.decode() for a in split_args(value.encode())] if d.kind == "list" else [value]
+            self.set(d.name, args)
+        except (ConfigError, ProtocolError):
+            return f"Invalid argument '{value}' for CONFIG SET '{name}'"
+        return None
+
+    def rewrite(self) -> str | None:
+        """Rewrite the config file with the current explicit settings; None or error text."""
+        if not self.config_file:
+            return "The server is running without a config file"
+        try:
+            with open(self.config_file, encoding="utf-8") as fh:
+                old = fh.read().splitlines()
+        except OSError:
+            old = []
+        seen: set[str] = set()
+        new: list[str] = []
+        for line in old:
+            text = line.strip()
+            if text and not text.startswith("#"):
+                try:
+                    name = split_args(text.encode())[0].decode().lower()
+                except (ProtocolError, IndexError, UnicodeDecodeError):
+                    name = ""
+                if name in DIRECTIVES:
+                    if name in seen:
+                        continue
+                    seen.add(name)
+                    new.append(f"{name} {_quote(self.get(name))}" if DIRECTIVES[name].kind != "list" else f"{name} {self.get(name)}")
+                    continue
+            new.append(line)
+        for name in self.explicit:
+            if name not in seen:
+                new.append(f"{name} {_quote(self.get(name))}")
+        tmp = self.config_file + ".tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write("\n".join(new) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.config_file)
+        except OSError as exc:
+            return f"Rewriting config file: {exc.strerror}"
+        return None
+
+
+def _quote(value: str) -> str:
+    if value and all(c.isprintable() and not c.isspace() and c not in "\"'" for c in value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _fatal(source: str, lineno: int, line: str, reason: str) -> str:
+    return (
+        "\n*** FATAL CONFIG FILE ERROR ***\n"
+        f"Reading the configuration file {source}, at line {lineno}\n"
+        f">>> '{line.strip()}'\n{reason}"
+    )

@@ -1,0 +1,876 @@
+"""The broker: jobs, queues, blocked clients and timers of one node, without I/O.
+
+Theory of operation
+-------------------
+``Broker.execute(argv, client, now_ms)`` parses and runs one command and returns its reply, or
+``BLOCKED`` when the client must wait (GETJOB with nothing to deliver). ``tick(now_ms)`` runs
+the timers that are due. Neither reads a clock, a socket or a file: the driver passes the time
+in and performs what the broker leaves in two lists after each batch:
+
+* ``log``: append-log entries ``(kind, payload, undo)`` — only while ``aof_enabled`` — with
+  ``kind`` one of ``job`` (payload: ``Job.to_record()``), ``ack``, ``del`` (payload: job ID)
+  or ``flushall``. ``undo`` is the job's record before the change (None: it did not exist);
+  ``undo_entry()`` restores it when the write of the entry failed.
+* ``replies``: ``(client, reply)`` for clients that were blocked and are now served or timed
+  out.
+
+Invariants: a job is in ``jobs`` iff it is registered; it is in its queue iff its state is
+QUEUED; every registered job has exactly one current timer (``job.awake``); a queue with
+neither jobs, waiters nor pause flags is evicted after ``QUEUE_IDLE_EVICT_MS``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import random
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+from broker.clients import Client, Waiter
+from broker.config import Config
+from broker.job import FLAG_DELIVERED, FLAG_QUEUED_BEFORE, FLAG_WILLQUEUE, Job, JobState
+from broker.queue import PAUSE_ALL, PAUSE_IN, PAUSE_NAMES, PAUSE_NONE, PAUSE_OUT, Queue
+from broker.scan import ScanList
+from broker.timers import TimerWheel
+from protocol import errors
+from protocol.commands import (
+    AddJob,
+    Generic,
+    GetJob,
+    JobsCommand,
+    JScan,
+    Pause,
+    QPeek,
+    QScan,
+    QueueCommand,
+    parse,
+)
+from protocol.jobid import IdGenerator, is_at_most_once
+from protocol.resp import NULL_ARRAY, OK, Error, Status
+
+
+class _Blocked:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "BLOCKED"
+
+
+BLOCKED: Final = _Blocked()
+
+DEFAULT_TTL: Final = 24 * 3600
+DEFAULT_RETRY: Final = 300
+# Re-queue times get a random error in [-250, 250) ms so nodes holding the same job do not
+# re-queue it in the same instant (Disque does the same).
+REQUEUE_JITTER_MS: Final = 500
+QUEUE_IDLE_EVICT_MS: Final = 300_000
+QUEUE_EVICT_CHECK_MS: Final = 1_000
+# Commands a client may send before AUTH when requirepass is set.
+_PRE_AUTH: Final = frozenset(("AUTH", "HELLO", "QUIT", "PING"))
+
+# Small ints are shared by the interpreter; interning the common option values too keeps one
+# int object per distinct value instead of one per job.
+_INTERNED: dict[int, int] = {}
+
+
+def _intern(value: int) -> int:
+    return _INTERNED.setdefault(value, value) if len(_INTERNED) < 4096 else value
+
+
+class Broker:
+    def __init__(self, config: Config, node_id: str, seed: bytes, *, now_ms: int,
+                 rng: random.Random | None = None) -> None:
+        self.config = config
+        self.node_id = node_id
+        self._myself: tuple[str, ...] = (node_id,)
+        self.ids = IdGenerator(node_id, seed)
+        self.rng = rng or random.Random(seed)
+        self.jobs: dict[bytes, Job] = {}
+        self.queues: dict[bytes, Queue] = {}
+        self.timers = TimerWheel()
+        self.job_scan: ScanList[Job] = ScanList()
+        self.queue_scan: ScanList[Queue] = ScanList()
+        self.log: list[tuple[str, Any, Any]] = []
+        self.replies: list[tuple[Client, Any]] = []
+        self.aof_enabled = False
+        self.leaving = False
+        self.used_memory = 0  # set by the driver; compared with config.maxmemory
+        self.info_sources: dict[str, Callable[[], list[tuple[str, Any]]]] = {}
+        self.blocked_clients = 0
+        self._last_ctime_ms = 0
+        self._ctime_seq = 0
+        self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
+        self._generic: dict[str, Callable[[Generic, Client, int], Any]] = {
+            "HELLO": self._hello,
+            "PING": self._ping,
+            "ECHO": lambda c, cl, now: c.args[0],
+            "TIME": self._time,
+            "INFO": self._info,
+            "CLUSTER": self._cluster,
+            "CONFIG": self._config,
+            "DEBUG": self._debug,
+            "AUTH": self._auth,
+            "CLIENT": self._client,
+            "COMMAND": self._command,
+            "SELECT": self._select,
+        }
+
+    # =========================================================================================
+    # Entry points
+
+    def execute(self, argv: list[bytes], client: Client, now_ms: int) -> Any:
+        cmd = parse(argv)
+        t = type(cmd)
+        if t is Error:
+            return cmd
+        if self.config.requirepass and not client.authenticated:
+            name = cmd.name if t is Generic else ""  # type: ignore[union-attr]
+            if name not in _PRE_AUTH:
+                return errors.NOAUTH
+        if t is AddJob:
+            return self._addjob(cmd, now_ms)  # type: ignore[arg-type]
+        if t is GetJob:
+            return self._getjob(cmd, client, now_ms)  # type: ignore[arg-type]
+        if t is JobsCommand:
+            return self._jobs_command(cmd, now_ms)  # type: ignore[arg-type]
+        if t is QueueCommand:
+            return self._qlen(cmd) if cmd.name == "QLEN" else self._qstat(cmd, now_ms)  # type: ignore[union-attr]
+        if t is QPeek:
+            return self._qpeek(cmd)  # type: ignore[arg-type]
+        if t is QScan:
+            return self._qscan(cmd)  # type: ignore[arg-type]
+        if t is JScan:
+            return self._jscan(cmd, now_ms)  # type: ignore[arg-type]
+        if t is Pause:
+            return self._pause(cmd, now_ms)  # type: ignore[arg-type]
+        handler = self._generic.get(cmd.name)  # type: ignore[union-attr]
+        if handler is None:
+            return errors.unknown_command(cmd.name)  # type: ignore[union-attr]
+        return handler(cmd, client, now_ms)  # type: ignore[arg-type]
+
+    def next_deadline(self) -> int | None:
+        due = self.timers.next_due()
+        if due is None or due > self._next_evict_check:
+            return self._next_evict_check
+        return due
+
+    def tick(self, now_ms: int) -> None:
+        timers = self.timers
+        for key, items in timers.pop_due(now_ms):
+            for item in items:
+                if not timers.is_current(item, key):
+                    continue
+                if type(item) is Waiter:
+                    if item.active:
+                        if item.awake <= now_ms:
+                            self._unblock(item)
+                            self.replies.append((item.client, NULL_ARRAY))
+                        else:
+                            timers.schedule(item)
+                    continue
+                if self.jobs.get(item.id) is not item:
+                    continue
+                if item.awake > now_ms:
+                    timers.schedule(item)
+                else:
+                    self._job_timer(item, now_ms)
+        if now_ms >= self._next_evict_check:
+            self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
+            self._evict_idle_queues(now_ms)
+
+    # =========================================================================================
+    # Jobs: registration, queueing, timers
+
+    def _new_ctime(self, now_ms: int) -> int:
+        if now_ms > self._last_ctime_ms:
+            self._last_ctime_ms = now_ms
+            self._ctime_seq = 0
+        else:
+            self._ctime_seq += 1
+        return self._last_ctime_ms * 1_000_000 + self._ctime_seq
+
+    def _register(self, job: Job) -> None:
+        self.jobs[job.id] = job
+        self.job_scan.add(job)
+        self.timers.schedule(job)
+
+    def _unregister(self, job: Job) -> None:
+        if job.state is JobState.QUEUED:
+            q = self.queues.get(job.queue)
+            if q is not None:
+                q.remove(job)
+        del self.jobs[job.id]
+        self.job_scan.discard(self._job_alive)
+
+    def _job_alive(self, job: Job) -> bool:
+        return self.jobs.get(job.id) is job
+
+    def _reschedule(self, job: Job) -> None:
+        job.awake = job.compute_awake()
+        self.timers.schedule(job)
+
+    def _queue_for(self, name: bytes, now_ms: int) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = Queue(name, now_ms)
+            self.queue_scan.add(q)
+        return q
+
+    def _requeue_time(self, job: Job, now_ms: int) -> int:
+        """Arm the retry: the job comes back to a queue at the returned time (0: never)."""
+        if not job.retry:
+            return 0
+        job.flags |= FLAG_WILLQUEUE
+        jitter = self.rng.randrange(REQUEUE_JITTER_MS) - REQUEUE_JITTER_MS // 2
+        return now_ms + job.retry * 1000 + jitter
+
+    def _enqueue(self, job: Job, now_ms: int, *, nack: bool = False) -> bool:
+        """Put a job in its queue. Returns whether it was queued now.
+
+        Refused for a job already queued or acked, one with no retry armed (qtime 0: an
+        at-most-once job that was queued once already), and an at-most-once job that was
+        delivered. Every queueing after the first counts as an additional delivery, except
+        NACK, which counts as a nack.
+        """
+        if job.state is not JobState.ACTIVE and job.state is not JobState.WAIT_REPL:
+            return False
+        if not job.qtime or (not job.retry and job.flags & FLAG_DELIVERED):
+            return False
+        job.transition(JobState.QUEUED)
+        if nack:
+            job.nacks += 1
+        elif job.flags & FLAG_QUEUED_BEFORE:
+            job.deliveries += 1
+        else:
+            job.flags |= FLAG_QUEUED_BEFORE
+        job.qtime = self._requeue_time(job, now_ms)
+        self._reschedule(job)
+        q = self._queue_for(job.queue, now_ms)
+        q.push(job)
+        q.atime = now_ms
+        if q.waiters:
+            self._serve_waiters(q, now_ms)
+        return True
+
+    def _dequeue(self, job: Job) -> bool:
+        if job.state is not JobState.QUEUED:
+            return False
+        q = self.queues.get(job.queue)
+        if q is not None:
+            q.remove(job)
+        job.transition(JobState.ACTIVE)
+        return True
+
+    def _deliver(self, job: Job, q: Queue, now_ms: int) -> None:
+        """A job left its queue for a client (GETJOB). Its qtime stays as armed when it was
+        queued: the retry period runs from queueing, as in Disque, not from delivery."""
+        job.transition(JobState.ACTIVE)
+        job.flags |= FLAG_DELIVERED
+        q.atime = now_ms
+
+    def _job_timer(self, job: Job, now_ms: int) -> None:
+        if now_ms >= job.etime:
+            # TTL reached: the job goes away whatever its state.
+            prev = self._undo_record(job)
+            self._unregister(job)
+            if self.aof_enabled:
+                self.log.append(("del", job.id, prev))
+            return
+        if job.state is JobState.ACKED:
+            self._unregister(job)
+            return
+        if job.flags & FLAG_WILLQUEUE and job.qtime and now_ms >= job.qtime - 500:
+            # The early wake-up: in a cluster this is when WILLQUEUE goes to the other holders.
+            job.flags &= ~FLAG_WILLQUEUE
+        if job.qtime and now_ms >= job.qtime:
+            if job.state is JobState.ACTIVE:
+                q = self.queues.get(job.queue)
+                if job.retry and q is not None and q.pause & PAUSE_IN:
+                    job.qtime = self._requeue_time(job, now_ms)  # input paused: try later
+                else:
+                    prev = self._undo_record(job)
+                    if self._enqueue(job, now_ms):
+                        self._log_job(job, prev)
+                        return
+                    job.qtime = 0
+            elif job.state is JobState.QUEUED and job.retry:
+                # Still waiting for a consumer: nothing to redo, look again after RETRY.
+                job.qtime = self._requeue_time(job, now_ms)
+        self._reschedule(job)
+
+    # =========================================================================================
+    # Logging
+
+    def _undo_record(self, job: Job | None) -> Any:
+        return job.to_record() if (self.aof_enabled and job is not None) else None
+
+    def _log_job(self, job: Job, prev: Any) -> None:
+        if self.aof_enabled:
+            self.log.append(("job", job.to_record(), prev))
+
+    def undo_entry(self, entry: tuple[str, Any, Any], now_ms: int) -> None:
+        """Put back the state from before ``entry`` (its write to the log failed)."""
+        kind, payload, prev = entry
+        job_id = payload[0] if kind == "job" else payload
+        if kind == "flushall":
+            return
+        current = self.jobs.get(job_id)
+        if current is not None:
+            self._unregister(current)
+        if prev is not None:
+            self._restore(Job.from_record(prev), now_ms)
+
+    def _restore(self, job: Job, now_ms: int) -> None:
+        state = job.state
+        if state is JobState.QUEUED:
+            job.state = JobState.ACTIVE
+            job.awake = job.compute_awake()
+            self._register(job)
+            q = self._queue_for(job.queue, now_ms)
+            job.state = JobState.QUEUED
+            q.push(job)
+        else:
+            job.awake = job.compute_awake()
+            self._register(job)
+
+    # -- replay and snapshot (the append log drives these) --------------------------------------
+
+    def load_record(self, record: tuple[Any, ...], now_ms: int) -> None:
+        kind, payload = record[0], record[1]
+        if kind == "job":
+            job = Job.from_record(payload)
+            old = self.jobs.get(job.id)
+            if old is not None:
+                self._unregister(old)
+            if job.etime <= now_ms:
+                return
+            job.awake = job.compute_awake()
+            self.jobs[job.id] = job
+            self.job_scan.add(job)
+        elif kind in ("ack", "del"):
+            old = self.jobs.get(payload)
+            if old is not None:
+                self._unregister(old)
+        elif kind == "flushall":
+            self.jobs.clear()
+            self.job_scan.clear()
+
+    def finish_load(self, now_ms: int, enqueue_jobs_once: bool) -> None:
+        """Schedule what was loaded. Queues are rebuilt only for a controlled restart; otherwise
+        jobs come back after their retry time, and at-most-once jobs never do (they may have
+        been delivered after the last record that mentions them)."""
+        for job in list(self.jobs.values()):
+            if job.state is JobState.ACKED:
+                self._unregister(job)
+                continue
+            was_queued = job.state is JobState.QUEUED
+            if job.state is not JobState.ACTIVE:
+                job.state = JobState.ACTIVE
+            if enqueue_jobs_once and was_queued:
+                self._enqueue(job, now_ms)
+            else:
+                if job.retry and not job.flags & FLAG_DELAY_PENDING:
+                    job.qtime = self._requeue_time(job, now_ms)
+                elif not job.flags & FLAG_DELAY_PENDING:
+                    job.qtime = 0
+                self._reschedule(job)
+
+    def snapshot(self) -> Iterator[tuple[str, Any]]:
+        for job in list(self.jobs.values()):
+            if self.jobs.get(job.id) is job:
+                yield ("job", job.to_record())
+
+    # =========================================================================================
+    # Commands: jobs
+
+    def memory_level(self) -> int:
+        """0 fine, 1 above 75 % of maxmemory, 2 above 95 %, 3 at or over the limit."""
+        limit = self.config.maxmemory
+        used = self.used_memory
+        if not limit or used <= limit // 100 * 75:
+            return 0
+        if used >= limit:
+            return 3
+        return 2 if used > limit // 100 * 95 else 1
+
+    def _addjob(self, cmd: AddJob, now_ms: int) -> Any:
+        level = self.memory_level()
+        if level >= 3:
+            return errors.OOM
+        replicate = cmd.replicate or min(3, 1 + self.reachable_nodes())
+        # Leaving or short of memory, the node would replicate only to others and keep no copy.
+        external = self.leaving or level > 0
+        needed = replicate if external else replicate - 1
+        reachable = self.reachable_nodes()
+        if needed > reachable:
+            if external and needed - 1 == reachable:
+                why = "I'm leaving the cluster" if self.leaving else "I'm out of memory"
+                return Error(
+                    "NOREPL Not enough reachable nodes for the requested replication level, "
+                    "since I'm unable to hold a copy of the message for the following reason: " + why
+                )
+            return errors.NOREPL
+        q = self.queues.get(cmd.queue)
+        if q is not None:
+            if cmd.maxlen is not None and len(q) >= cmd.maxlen:
+                return errors.MAXLEN
+            if q.pause & PAUSE_IN:
+                return errors.PAUSED_IN
+        ttl = cmd.ttl if cmd.ttl is not None else DEFAULT_TTL
+        retry = cmd.retry
+        if retry is None:
+            retry = max(1, min(DEFAULT_RETRY, ttl // 10))
+        job = Job(
+            self.ids.next_id(ttl, retry), cmd.queue, cmd.body,
+            repl=_intern(replicate), ttl=_intern(ttl), retry=_intern(retry),
+            delay=_intern(cmd.delay), ctime=self._new_ctime(now_ms), delivered=self._myself,
+        )
+        # qtime: when the job is first queued (after DELAY), or its first retry time; the
+        # enqueue below re-arms it with the random error.
+        job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000 or now_ms
+        job.awake = job.compute_awake()
+        self._register(job)
+        if not cmd.delay:
+            self._enqueue(job, now_ms)
+        self._log_job(job, None)
+        return Status(job.id.decode("ascii"))
+
+    def _getjob(self, cmd: GetJob, client: Client, now_ms: int) -> Any:
+        # Missing queues are created even with NOHANG: they hold the federation state.
+        queues = [self._queue_for(name, now_ms) for name in dict.fromkeys(cmd.queues)]
+        found: list[Job] = []
+        want = cmd.count
+        # Round robin: one job per queue per pass, left to right, until COUNT or a dry pass.
+        while len(found) < want:
+            before = len(found)
+            for q in queues:
+                if q.pause & PAUSE_OUT:
+                    continue
+                job = q.pop()
+                if job is None:
+                    continue
+                self._deliver(job, q, now_ms)
+                found.append(job)
+                if len(found) >= want:
+                    break
+            if len(found) == before:
+                break
+        if found:
+            return [self._job_entry(j, cmd.withcounters) for j in found]
+        if cmd.nohang:
+            return NULL_ARRAY
+        if self.leaving:
+            return errors.LEAVING
+        waiter = Waiter(client, tuple(q.name for q in queues), cmd.withcounters)
+        client.waiter = waiter
+        for q in queues:
+            q.waiters.append(waiter)
+            q.atime = now_ms
+        self.blocked_clients += 1
+        if cmd.timeout_ms:
+            waiter.awake = now_ms + cmd.timeout_ms
+            self.timers.schedule(waiter)
+        return BLOCKED
+
+    @staticmethod
+    def _job_entry(job: Job, withcounters: bool) -> list[Any]:
+        if withcounters:
+            return [job.queue, job.id, job.body, b"nacks", job.nacks,
+                    b"additional-deliveries", job.deliveries]
+        return [job.queue, job.id, job.body]
+
+    def _serve_waiters(self, q: Queue, now_ms: int) -> None:
+        """Hand jobs of ``q`` to its blocked clients, first come first served, one each."""
+        if q.pause & PAUSE_OUT:
+            return
+        while q.waiters and len(q):
+            waiter = q.waiters[0]
+            job = q.pop()
+            assert job is not None
+            self._deliver(job, q, now_ms)
+            self._unblock(waiter)
+            self.replies.append((waiter.client, [self._job_entry(job, waiter.withcounters)]))
+
+    def _unblock(self, waiter: Waiter) -> None:
+        if not waiter.active:
+            return
+        waiter.active = False
+        waiter.client.waiter = None
+        self.blocked_clients -= 1
+        for name in waiter.queues:
+            q = self.queues.get(name)
+            if q is not None:
+                try:
+                    q.waiters.remove(waiter)
+                except ValueError:
+                    pass
+
+    def client_gone(self, client: Client) -> None:
+        """The connection closed: forget its blocked GETJOB, so no job is handed to it."""
+        if client.waiter is not None:
+            self._unblock(client.waiter)
+
+    def _jobs_command(self, cmd: JobsCommand, now_ms: int) -> Any:
+        name = cmd.name
+        if name == "SHOW":
+            job = self.jobs.get(cmd.ids[0])
+            return None if job is None else self._show(job, now_ms)
+        if name == "WORKING":
+            return self._working(cmd.ids[0], now_ms)
+        count = 0
+        jobs = self.jobs
+        for job_id in cmd.ids:
+            job = jobs.get(job_id)
+            if job is None:
+                continue
+            if name == "ACKJOB":
+                if job.state is JobState.ACKED:
+                    continue
+                prev = self._undo_record(job)
+                self._dequeue(job)
+                job.transition(JobState.ACKED)
+                # One node: nobody else may hold a copy, so the ACK can be collected at once.
+                self._unregister(job)
+                if self.aof_enabled:
+                    self.log.append(("ack", job_id, prev))
+            elif name in ("FASTACK", "DELJOB"):
+                prev = self._undo_record(job)
+                self._unregister(job)
+                if self.aof_enabled:
+                    self.log.append(("del", job_id, prev))
+            elif name == "DEQUEUE":
+                prev = self._undo_record(job)
+                if not self._dequeue(job):
+                    continue
+                self._reschedule(job)
+                self._log_job(job, prev)
+            else:  # NACK, ENQUEUE
+                prev = self._undo_record(job)
+                if not self._enqueue(job, now_ms, nack=name == "NACK"):
+                    continue
+                self._log_job(job, prev)
+            count += 1
+        return count
+
+    def _working(self, job_id: bytes, now_ms: int) -> Any:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return errors.NOJOB
+        if now_ms - job.ctime // 1_000_000 > job.ttl * 1000 // 2:
+            return errors.TOOLATE
+        prev = self._undo_record(job)
+        # The worker holds the job: take it out of the queue so nobody else gets it meanwhile.
+        self._dequeue(job)
+        if job.retry and job.qtime:
+            job.qtime = self._requeue_time(job, now_ms)
+        self._reschedule(job)
+        self._log_job(job, prev)
+        return job.retry
+
+    def _show(self, job: Job, now_ms: int) -> list[Any]:
+        return [
+            b"id", job.id,
+            b"queue", job.queue,
+            b"state", job.state.value.encode(),
+            b"repl", job.repl,
+            b"ttl", max(0, job.etime // 1000 - now_ms // 1000),
+            b"ctime", job.ctime,
+            b"delay", job.delay,
+            b"retry", job.retry,
+            b"nacks", job.nacks,
+            b"additional-deliveries", job.deliveries,
+            b"nodes-delivered", [n.encode() for n in job.delivered],
+            b"nodes-confirmed", [n.encode() for n in job.confirmed],
+            b"next-requeue-within", max(0, job.qtime - now_ms) if job.qtime else None,
+            b"next-awake-within", max(0, job.awake - now_ms) if job.awake else None,
+            b"body", job.body,
+        ]
+
+    # =========================================================================================
+    # Commands: queues
+
+    def _qlen(self, cmd: QueueCommand) -> int:
+        q = self.queues.get(cmd.queue)
+        return len(q) if q is not None else 0
+
+    def _qstat(self, cmd: QueueCommand, now_ms: int) -> Any:
+        q = self.queues.get(cmd.queue)
+        if q is None:
+            return NULL_ARRAY
+        return [
+            b"name", q.name,
+            b"len", len(q),
+            b"age", (now_ms - q.ctime) // 1000,
+            b"idle", (now_ms - q.atime) // 1000,
+            b"blocked", len(q.waiters),
+            b"import-from", [n.encode() for n in q.import_from],
+            b"import-rate", q.import_rate,
+            b"jobs-in", q.jobs_in,
+            b"jobs-out", q.jobs_out,
+            b"pause", PAUSE_NAMES[q.pause].encode(),
+        ]
+
+    def _qpeek(self, cmd: QPeek) -> Any:
+        q = self.queues.get(cmd.queue)
+        if q is None:
+            return []
+        return [[j.queue, j.id, j.body] for j in q.peek(cmd.count)]
+
+    def _qscan(self, cmd: QScan) -> Any:
+        def keep(q: Queue) -> bool:
+            if self.queues.get(q.name) is not q:
+                return False
+            n = len(q)
+            if cmd.minlen is not None and n < cmd.minlen:
+                return False
+            if cmd.maxlen is not None and n > cmd.maxlen:
+                return False
+            return cmd.importrate is None or q.import_rate >= cmd.importrate
+
+        cursor, found = self.queue_scan.scan(cmd.cursor, 0 if cmd.busyloop else cmd.count, keep)
+        return [str(cursor).encode(), [q.name for q in found]]
+
+    def _jscan(self, cmd: JScan, now_ms: int) -> Any:
+        def keep(job: Job) -> bool:
+            if self.jobs.get(job.id) is not job:
+                return False
+            if cmd.queue is not None and job.queue != cmd.queue:
+                return False
+            return not cmd.states or job.state.value in cmd.states
+
+        cursor, found = self.job_scan.scan(cmd.cursor, 0 if cmd.busyloop else cmd.count, keep)
+        if cmd.reply_all:
+            items: list[Any] = [self._show(j, now_ms) for j in found]
+        else:
+            items = [Status(j.id.decode("ascii")) for j in found]
+        return [str(cursor).encode(), items]
+
+    def _pause(self, cmd: Pause, now_ms: int) -> Any:
+        flags = {"in": PAUSE_IN, "out": PAUSE_OUT, "all": PAUSE_ALL, "none": PAUSE_NONE}
+        setting = [flags[o] for o in cmd.options if o in flags]
+        q = self.queues.get(cmd.queue)
+        if setting:
+            new = PAUSE_NONE
+            for f in setting:
+                new = PAUSE_NONE if f == PAUSE_NONE else new | f
+            if q is None:
+                if new == PAUSE_NONE:
+                    return Status("none")
+                q = self._queue_for(cmd.queue, now_ms)
+            was_out = q.pause & PAUSE_OUT
+            q.pause = new
+            if was_out and not new & PAUSE_OUT and q.waiters:
+                # Output resumed: clients blocked meanwhile get the jobs that piled up.
+                self._serve_waiters(q, now_ms)
+        return Status(PAUSE_NAMES[q.pause] if q is not None else "none")
+
+    def _evict_idle_queues(self, now_ms: int) -> None:
+        idle = [name for name, q in self.queues.items()
+                if q.is_idle_empty() and now_ms - q.atime >= QUEUE_IDLE_EVICT_MS]
+        for name in idle:
+            del self.queues[name]
+            self.queue_scan.discard(lambda q: self.queues.get(q.name) is q)
+
+    # =========================================================================================
+    # Commands: server and cluster
+
+    def reachable_nodes(self) -> int:
+        """Other nodes reachable now (the cluster bus overrides this)."""
+        return 0
+
+    def hello_nodes(self) -> list[list[bytes]]:
+        priority = b"100" if self.leaving else b"1"
+        return [[self.node_id.encode(), b"", str(self.config.port).encode(), priority]]
+
+    def _hello(self, cmd: Generic, client: Client, now_ms: int) -> Any:
+        if not cmd.args:
+            return [1, self.node_id.encode(), *self.hello_nodes()]
+        # Redis 6 handshake: HELLO protover [AUTH user pass] [SETNAME name]
+        from protocol.commands import parse_int
+
+        ver = parse_int(cmd.args[0])
+        if ver is None:
+            return Error("ERR Protocol version is not an integer or out of range")
+        if ver not in (2, 3):
+            return errors.NOPROTO
+        j = 1
+        args = cmd.args
+        while j < len(args):
+            opt = args[j].lower()
+            if opt == b"auth" and j + 2 < len(args):
+                if not self.config.requirepass or not hmac.compare_digest(
+                        args[j + 2], self.config.requirepass.encode()):
+                    return errors.WRONGPASS
+                client.authenticated = True
+                j += 3
+            elif opt == b"setname" and j + 1 < len(args):
+                client.name = args[j + 1]
+                j += 2
+            else:
+                return Error(f"ERR Syntax error in HELLO option '{args[j].decode('utf-8', 'replace')}'")
+        if self.config.requirepass and not client.authenticated:
+            return errors.NOAUTH
+        client.protover = ver
+        return {
+            b"server": b"trisque",
+            b"version": VERSION.encode(),
+            b"proto": ver,
+            b"id": client.id,
+            b"mode": b"cluster",
+            b"role": b"master",
+            b"modules": [],
+        }
+
+    def _ping(self, cmd: Generic, client: Client, now_ms: int) -> Any:
+        if len(cmd.args) > 1:
+            return errors.wrong_arity("ping")
+        return cmd.args[0] if cmd.args else Status("PONG")
+
+    def _time(self, cmd: Generic, client: Client, now_ms: int) -> Any:
+        return [str(now_ms // 1000).encode(), str((now_ms % 1000) * 1000).encode()]
+
+    def _info(self, cmd: Generic, client: Client, now_ms: int) -> Any:
+        from broker.info import render
+
+        section = cmd.args[0].decode("utf-8", "replace").lower() if cmd.args else "default"
+        if len(cmd.args) > 1:
+            return errors.SYNTAX
+        sources = dict(self.info_sources)
+        sources["jobs"] = lambda: [("registered_jobs", len(self.jobs))]
+        sources["queues"] = lambda: [("registered_queues", len(self.queues))]
+        return render(sources, section).encode()
+
+    def _cluster(self, cmd: Generic, client: Client, now_ms: int) -> Any:
+        sub = cmd.args[0].lower()
+        rest = cmd.args[1:]
+        if sub == b"leaving":
+            if not rest:
+                return Status("yes" if self.leaving else "no")
+            flag = rest[0].lower()
+            if len(rest) != 1 or flag not in (b"yes", b"no"):
+                return Error("ERR Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
+            self.leaving = flag == b"yes"
+            if self.leaving:
+                # Clients waiting here would wait for jobs a leaving node no longer gets.
+                for q in self.queues.values():
+                    for waiter in list(q.waiters):
+                        self._unblock(waiter)
+                        self.replies.append((waiter.client, errors.LEAVING))
+            return OK
+        if sub == b"info" and not rest:
+            n = 1 + self.reachable_nodes()
+            return (
+                "cluster_state:ok\r\n"
+                f"cluster_known_nodes:{n}\r\n"
+                f"cluster_reachable_nodes:{self.reachable_nodes()}\r\n"
+                f"cluster_size:{n}\r\n"
+                "cluster_stats_messages_sent:0\r\n"
+                "cluster_stats_messages_received:0\r\n"
+            ).encode()
+        if sub == b"nodes" and not rest:
+            return f"{self.node_id} :{self.config.port} myself 0 0 connected\n".encode()
+        if sub == b"myid" and not rest:
+            return self.node_id.encode()
+        if sub == b"meet":
+            return errors.err("CLUSTER MEET needs the cluster bus, which this node does not run yet")
+        if sub == b"leaving":
+            return Error("ERR Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
+        return Error("ERR Wrong CLUSTER subcommand or number of arguments")
+
+    def _config(self, cmd: Generic, client: Client, now_ms: int) -> Any:
+        sub = cmd.args[0].lower()
+        want = {b"get": 2, b"set": 3, b"resetstat": 1, b"rewrite": 1}.get(sub)
+        if want is not None and len(cmd.args) != want:
+            return Error("ERR Wrong number of arguments for CONFIG " + cmd.args[0].decode("utf-8", "replace"))
+        if sub == b"get" and len(cmd.args) == 2:
+            return self.config.config_get(cmd.args[1].decode("utf-8", "replace"))
+        if sub == b"set" and len(cmd.args) == 3:
+            error = self.config.config_set(cmd.args[1].decode("utf-8", "replace"),
+                                           cmd.args[2].decode("utf-8", "replace"))
+            return errors.err(error) if error else OK
+        if sub == b"resetstat" and len(cmd.args) == 1:
+            return OK
+        return Error("ERR CONFIG subcommand must be one of GET, SET, RESETSTAT, REWRITE")
+
+    def _debug(self, cmd: Generic, client: Client, now_ms: int) -> Any:
+        sub = cmd.args[0].lower()
+        if sub == b"flushall" and len(cmd.args) == 1:
+            self.flushall()
+            return OK
+        return Error("ERR Unknown DEBUG subcommand or wrong number of arguments for '"
+                     + cmd.args[0].decode("utf-8", "replace") + "'")
+
+    def flushall(self) -> None:
+        """Forget every job and queue; blocked GETJOB clients get the timeout reply."""
+        for q in self.queues.values():
+            for waiter in list(q.waiters):
+                self._unblock(waiter)
+                self.replies.append((waiter.client, NULL_ARRAY))
+        self.jobs.clear()
+        self.job_scan.clear()
+        self.timers.clear()
+        self.queues.clear()
+        self.queue_scan.clear()
+        if self.aof_enabled:
+            self.log.append(("flushall", None, None))
+
+    def _auth(self, cmd: Generic, client: Client, now_ms: int) -> Any:
+        # AUTH password (Disque), or AUTH default password (Redis 6 clients).
+        if len(cmd.args) > 2:
+            return errors.SYNTAX
+        if not self.config.requirepass:
+            return errors.NO_PASSWORD_SET
+        password = cmd.args[-1]
+        user_ok = len(cmd.args) == 1 or cmd.args[0] == b"default"
+        if user_ok and hmac.compare_digest(password, self.config.requirepass.encode()):
+            client.authenticated = True
+            return OK
+        client.authenticated = False
+        return errors.WRONGPASS if len(cmd.args) == 2 else errors.INVALID_PASSWORD
+
+    def _client(self, cmd: Generic, client: Client, now_ms: int) -> Any:
+        sub = cmd.args[0].lower()
+        args = cmd.args[1:]
+        if sub == b"setname" and len(args) == 1:
+            if any(c <= 32 or c >= 127 for c in args[0]):
+                return Error("ERR Client names cannot contain spaces, newlines or special characters.")
+            client.name = args[0]
+            return OK
+        if sub == b"getname" and not args:
+            return client.name or None
+        if sub == b"id" and not args:
+            return client.id
+        if sub == b"setinfo" and len(args) == 2:
+            field = args[0].lower()
+            if field == b"lib-name":
+                client.lib_name = args[1]
+            elif field == b"lib-ver":
+                client.lib_ver = args[1]
+            else:
+                return Error(f"ERR Unrecognized option '{args[0].decode('utf-8', 'replace')}'")
+            return OK
+        if sub == b"list" and not args:
+            lister = self.info_sources.get("__client_list__")
+            lines = lister() if lister else []
+            return "".join(f"{line}\n" for _, line in lines).encode()
+        return Error(f"ERR Unknown subcommand or wrong number of arguments for '{cmd.args[0].decode('utf-8', 'replace')}'")
+
+    def _command(self, cmd: Generic, client: Client, now_ms: int) -> Any:
+        from protocol.commands import COMMANDS
+
+        if cmd.args and cmd.args[0].lower() == b"count":
+            return len(COMMANDS)
+        if cmd.args and cmd.args[0].lower() == b"docs":
+            return []
+        return [[name, arity, [], 0, 0, 0] for name, (arity, _) in sorted(COMMANDS.items())]
+
+    def _select(self, cmd: Generic, client: Client, now_ms: int) -> Any:
+        return OK if cmd.args[0] == b"0" else Error("ERR DB index is out of range")
+
+
+VERSION: Final = "0.1.0"
+
+
+def is_dummy_ack_candidate(job_id: bytes) -> bool:
+    """Only at-least-once jobs need an ACK remembered for a job this node does not hold."""
+    return not is_at_most_once(job_id)

@@ -1,0 +1,127 @@
+"""Jobs and their state machine.
+
+Theory of operation
+-------------------
+A job is a message with delivery bookkeeping. It lives in ``Broker.jobs`` (ID -> Job) from
+the moment it is created until it is acknowledged and garbage collected, deleted, or its TTL
+runs out. Being *registered* (in memory) is distinct from being *queued* (deliverable here):
+
+    WAIT_REPL --replicated--> ACTIVE <--enqueue/dequeue--> QUEUED
+         any state --ACKJOB / SETACK--> ACKED
+
+``transition()`` is the only place a state changes; a transition not in ``_ALLOWED`` raises,
+so a bug shows up as an exception instead of a silently wrong job.
+
+Times are integers in milliseconds on the node's wall clock, passed in by the caller. ``ctime``
+is ``ms * 1_000_000 + n`` (n counts jobs created in the same millisecond), which orders jobs
+created on one node exactly. ``qtime`` is when the job is due to be queued again (0: never),
+``awake`` when the job next needs attention (its key in the timer wheel).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Final
+
+
+class JobState(enum.Enum):
+    WAIT_REPL = "wait-repl"  # created, waiting to be replicated to enough nodes
+    ACTIVE = "active"  # held here, not queued: delivered, delayed, or a replica
+    QUEUED = "queued"  # in its queue, ready to be delivered by GETJOB
+    ACKED = "acked"  # processed; kept only until the cluster forgets it
+
+
+_ALLOWED: Final = {
+    (JobState.WAIT_REPL, JobState.ACTIVE),
+    (JobState.WAIT_REPL, JobState.QUEUED),
+    (JobState.ACTIVE, JobState.QUEUED),
+    (JobState.QUEUED, JobState.ACTIVE),
+    (JobState.WAIT_REPL, JobState.ACKED),
+    (JobState.ACTIVE, JobState.ACKED),
+    (JobState.QUEUED, JobState.ACKED),
+}
+
+STATE_BY_NAME: Final = {s.value: s for s in JobState}
+
+# Flags (bit set in Job.flags)
+FLAG_DELIVERED: Final = 1  # handed to a client at least once (GETJOB)
+FLAG_WILLQUEUE: Final = 2  # wake up WILLQUEUE_ADVANCE_MS before qtime (set when a retry is armed)
+FLAG_QUEUED_BEFORE: Final = 4  # queued at least once: a later queueing is an additional delivery
+
+# A job is re-queued WILLQUEUE_ADVANCE ms after it wakes up: in a cluster the wake-up tells
+# the other holders first, so they can object if they already queued it.
+WILLQUEUE_ADVANCE_MS: Final = 500
+
+
+class Job:
+    __slots__ = (
+        "id", "queue", "body", "state", "repl", "ttl", "retry", "delay", "ctime",
+        "qtime", "awake", "nacks", "deliveries", "delivered", "confirmed", "flags",
+    )
+
+    def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
+                 retry: int, delay: int, ctime: int, delivered: tuple[str, ...],
+                 state: JobState = JobState.ACTIVE) -> None:
+        self.id = job_id
+        self.queue = queue
+        self.body = body
+        self.state = state
+        self.repl = repl
+        self.ttl = ttl
+        self.retry = retry
+        self.delay = delay
+        self.ctime = ctime
+        self.qtime = 0
+        self.awake = 0
+        self.nacks = 0
+        self.deliveries = 0  # Disque's "additional-deliveries"
+        self.delivered = delivered  # nodes that may hold a copy
+        self.confirmed: tuple[str, ...] = ()
+        self.flags = 0
+
+    @property
+    def etime(self) -> int:
+        """When the TTL runs out (ms): creation time plus TTL."""
+        return self.ctime // 1_000_000 + self.ttl * 1000
+
+    def transition(self, new: JobState) -> None:
+        if (self.state, new) not in _ALLOWED:
+            raise ValueError(f"job {self.id!r}: {self.state.value} -> {new.value} is not allowed")
+        self.state = new
+
+    def sort_key(self) -> tuple[int, bytes]:
+        """Queue order: creation time, then ID (the explicit tie-breaker)."""
+        return (self.ctime, self.id)
+
+    def compute_awake(self) -> int:
+        """The next time this job needs attention: requeue (a little early, see
+        WILLQUEUE_ADVANCE_MS), the end of its delay, or expiry."""
+        at = self.etime + 1000
+        if self.qtime and self.state is not JobState.ACKED:
+            due = self.qtime - WILLQUEUE_ADVANCE_MS if self.flags & FLAG_WILLQUEUE else self.qtime
+            at = min(at, due)
+        return at
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def to_record(self) -> list[Any]:
+        """The job as msgpack-friendly primitives (for the append log and the cluster bus)."""
+        return [
+            self.id, self.queue, self.body, self.state.value, self.repl, self.ttl, self.retry,
+            self.delay, self.ctime, self.qtime, self.nacks, self.deliveries,
+            list(self.delivered), list(self.confirmed), self.flags,
+        ]
+
+    @classmethod
+    def from_record(cls, rec: list[Any]) -> Job:
+        (job_id, queue, body, state, repl, ttl, retry, delay, ctime, qtime, nacks,
+         deliveries, delivered, confirmed, flags) = rec
+        job = cls(bytes(job_id), bytes(queue), bytes(body), repl=repl, ttl=ttl, retry=retry,
+                  delay=delay, ctime=ctime, delivered=tuple(delivered),
+                  state=STATE_BY_NAME[state])
+        job.qtime = qtime
+        job.nacks = nacks
+        job.deliveries = deliveries
+        job.confirmed = tuple(confirmed)
+        job.flags = flags
+        return job
