@@ -1,0 +1,551 @@
+"""trisque-server: one node, wired with trio.
+
+Theory of operation
+-------------------
+The broker core decides; this module only moves bytes and time. One task per connection
+reads, feeds the ``RequestParser`` and runs every complete command against the broker with the
+same ``now_ms``; if any of them left append-log entries it waits until the log says they are
+durable (group commit: other connections keep running meanwhile and their entries join the
+next write), then sends all replies with one write. Clients the broker unblocked
+(``broker.replies``) are answered right after, by whichever task unblocked them. A timer task
+calls ``broker.tick`` at the broker's next deadline, at least ``hz`` times a second. A client
+blocked in GETJOB keeps its later pipelined commands in its buffer until it is answered, and
+its connection is still read, so a disconnect is noticed and the broker forgets the waiter.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import trio
+
+from broker.clients import Client
+from broker.config import Config, ConfigError
+from broker.core import BLOCKED, VERSION, Broker
+from protocol import errors
+from protocol.resp import NEED_DATA, OK, Error, ProtocolError, RequestParser, Status, encode_into
+
+log = logging.getLogger("trisque")
+
+READ_SIZE = 65536
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ServerError(Exception):
+    """A start-up problem worth one clear line (bad directive, port in use, ...)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Connections
+
+
+class Connection:
+    __slots__ = ("server", "stream", "client", "parser", "send_lock", "process_lock", "closing",
+                 "bytes_in")
+
+    def __init__(self, server: Server, stream: trio.SocketStream, client: Client) -> None:
+        self.server = server
+        self.stream = stream
+        self.client = client
+        self.parser = RequestParser()
+        self.send_lock = trio.Lock()
+        self.process_lock = trio.Lock()
+        self.closing = False
+        self.bytes_in = 0
+
+    async def send(self, data: bytes) -> None:
+        if not data or self.closing and not data.startswith(b"-ERR Protocol"):
+            pass
+        async with self.send_lock:
+            try:
+                await self.stream.send_all(data)
+                self.server.stats_out += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.closing = True
+
+    async def serve(self) -> None:
+        server = self.server
+        try:
+            while not self.closing:
+                try:
+                    data = await self.stream.receive_some(READ_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    break
+                if not data:
+                    break
+                self.bytes_in += len(data)
+                server.stats_in += len(data)
+                self.parser.feed(data)
+                await self.process()
+        finally:
+            self.closing = True
+            server.broker.client_gone(self.client)
+            server.connections.discard(self)
+            await self.stream.aclose()
+
+    async def process(self) -> None:
+        """Run the complete commands in the buffer; reply once for the whole batch."""
+        async with self.process_lock:
+            server = self.server
+            broker = server.broker
+            client = self.client
+            out: list[bytes] = []
+            logged: list[int] = []  # indexes in ``out`` of replies whose command wrote the log
+            now = now_ms()
+            close = False
+            while client.waiter is None and not close:
+                try:
+                    argv = self.parser.next()
+                except ProtocolError as exc:
+                    encode_into(Error("ERR " + str(exc)), out)
+                    close = True
+                    break
+                if argv is NEED_DATA:
+                    break
+                server.commands += 1
+                log_before = len(broker.log)
+                name = argv[0].lower()  # type: ignore[union-attr]
+                if name in server.driver_commands:
+                    reply = await server.driver_commands[name](self, argv)
+                    if name == b"quit":
+                        close = True
+                else:
+                    reply = broker.execute(argv, client, now)  # type: ignore[arg-type]
+                if reply is BLOCKED:
+                    break
+                if len(broker.log) != log_before:
+                    logged.append(len(out))
+                encode_into(reply, out, client.protover)
+            if broker.log:
+                failure = await server.make_durable()
+                if failure is not None:
+                    # The log write failed and the broker undid those changes: the commands that
+                    # made them must not report success.
+                    for index in logged:
+                        out[index] = _encode(Error("ERR " + failure), client.protover)
+            if out:
+                await self.send(b"".join(out))
+            if broker.replies:
+                await server.flush_replies()
+            if close:
+                self.closing = True
+                await self.stream.aclose()
+
+
+def _encode(value: Any, protover: int) -> bytes:
+    parts: list[bytes] = []
+    encode_into(value, parts, protover)
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The node
+
+
+class NullPersistence:
+    """Stand-in when the append log is off and not needed."""
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    def load(self, now: int) -> None:
+        pass
+
+    def submit(self) -> int:
+        return 0
+
+    async def wait_durable(self, ticket: int) -> None:
+        return None
+
+    async def bgrewrite(self) -> str:
+        raise RuntimeError("the append log is not available in this build")
+
+    def info(self) -> list[tuple[str, Any]]:
+        return [("loading", 0), ("aof_enabled", 0), ("aof_state", "off"),
+                ("aof_rewrite_in_progress", 0), ("aof_rewrite_scheduled", 0),
+                ("aof_last_rewrite_time_sec", -1), ("aof_current_rewrite_time_sec", -1),
+                ("aof_last_bgrewrite_status", "ok"), ("aof_last_write_status", "ok")]
+
+    async def shutdown(self, rewrite: bool) -> None:
+        pass
+
+
+class Server:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.node_id = load_node_id(config)
+        self.broker = Broker(config, self.node_id, os.urandom(20), now_ms=now_ms())
+        self.persistence = make_persistence(config, self.broker)
+        self.connections: set[Connection] = set()
+        self.next_client_id = 0
+        self.start_time = time.time()
+        self.commands = 0
+        self.connections_received = 0
+        self.rejected = 0
+        self.stats_in = 0
+        self.stats_out = 0
+        self._ops_sample = (time.monotonic(), 0)
+        self.ops_per_sec = 0
+        self.peak_rss = 0
+        self.shutdown_event = trio.Event()
+        self.shutdown_rewrite = False
+        self.listening: list[tuple[str, int]] = []
+        self.driver_commands = {
+            b"quit": self._quit,
+            b"shutdown": self._shutdown,
+            b"bgrewriteaof": self._bgrewriteaof,
+            b"config": self._config,
+        }
+        self._install_info()
+
+    # -- durability and replies -----------------------------------------------------------
+
+    async def make_durable(self) -> str | None:
+        """Wait until the broker's pending log entries are durable; the error text if not."""
+        ticket = self.persistence.submit()
+        try:
+            await self.persistence.wait_durable(ticket)
+        except Exception as exc:  # PersistenceError: the OS error text
+            return str(exc)
+        return None
+
+    async def flush_replies(self) -> None:
+        replies = self.broker.replies
+        self.broker.replies = []
+        for client, reply in replies:
+            conn: Connection | None = client.handle
+            if conn is None or conn.closing:
+                continue
+            await conn.send(_encode(reply, client.protover))
+            if conn.parser.buffered and client.waiter is None:
+                # Pipelined commands waited behind the blocked GETJOB: run them now.
+                self.nursery.start_soon(conn.process)
+
+    # -- driver-level commands (they need I/O or the process) -----------------------------
+
+    async def _quit(self, conn: Connection, argv: list[bytes]) -> Any:
+        return OK
+
+    async def _shutdown(self, conn: Connection, argv: list[bytes]) -> Any:
+        if len(argv) > 2 or (len(argv) == 2 and argv[1].lower() != b"rewrite-aof"):
+            return errors.SYNTAX
+        if self.config.requirepass and not conn.client.authenticated:
+            return errors.NOAUTH
+        self.shutdown_rewrite = len(argv) == 2
+        log.warning("User requested shutdown...")
+        self.shutdown_event.set()
+        await trio.sleep_forever()  # the nursery is cancelled; no reply, as in Disque
+
+    async def _bgrewriteaof(self, conn: Connection, argv: list[bytes]) -> Any:
+        if len(argv) != 1:
+            return errors.wrong_arity("bgrewriteaof")
+        if self.config.requirepass and not conn.client.authenticated:
+            return errors.NOAUTH
+        try:
+            return Status(await self.persistence.bgrewrite())
+        except Exception as exc:
+            return errors.err(str(exc))
+
+    async def _config(self, conn: Connection, argv: list[bytes]) -> Any:
+        if len(argv) == 2 and argv[1].lower() == b"rewrite":
+            if self.config.requirepass and not conn.client.authenticated:
+                return errors.NOAUTH
+            error = self.config.rewrite()
+            return errors.err(error) if error else OK
+        reply = self.broker.execute(argv, conn.client, now_ms())
+        if (len(argv) == 4 and argv[1].lower() == b"set" and reply == OK
+                and hasattr(self.persistence, "config_changed")):
+            await self.persistence.config_changed(argv[2].decode("utf-8", "replace").lower())
+        return reply
+
+    # -- INFO -------------------------------------------------------------------------------
+
+    def _install_info(self) -> None:
+        b = self.broker
+        b.info_sources["server"] = self._info_server
+        b.info_sources["clients"] = lambda: [
+            ("connected_clients", len(self.connections)),
+            ("client_longest_output_list", 0),
+            ("client_biggest_input_buf", max((c.parser.buffered for c in self.connections), default=0)),
+            ("blocked_clients", b.blocked_clients),
+        ]
+        b.info_sources["memory"] = self._info_memory
+        b.info_sources["persistence"] = lambda: list(self.persistence.info())
+        b.info_sources["stats"] = lambda: [
+            ("total_connections_received", self.connections_received),
+            ("total_commands_processed", self.commands),
+            ("instantaneous_ops_per_sec", self.ops_per_sec),
+            ("total_net_input_bytes", self.stats_in),
+            ("total_net_output_bytes", self.stats_out),
+            ("instantaneous_input_kbps", "0.00"),
+            ("instantaneous_output_kbps", "0.00"),
+            ("rejected_connections", self.rejected),
+            ("latest_fork_usec", 0),
+        ]
+        b.info_sources["cpu"] = self._info_cpu
+        b.info_sources["__client_list__"] = lambda: [
+            ("", f"id={c.client.id} addr={c.client.addr} name={c.client.name.decode('utf-8', 'replace')} "
+                 f"age={(now_ms() - c.client.ctime_ms) // 1000} qbuf={c.parser.buffered} "
+                 f"cmd={'getjob' if c.client.waiter else 'NULL'} lib-name={c.client.lib_name.decode('utf-8', 'replace')} "
+                 f"lib-ver={c.client.lib_ver.decode('utf-8', 'replace')}")
+            for c in sorted(self.connections, key=lambda c: c.client.id)
+        ]
+
+    def _info_server(self) -> list[tuple[str, Any]]:
+        uptime = int(time.time() - self.start_time)
+        uname = os.uname()
+        return [
+            ("disque_version", VERSION), ("trisque_version", VERSION),
+            ("os", f"{uname.sysname} {uname.release} {uname.machine}"),
+            ("arch_bits", 64), ("multiplexing_api", "epoll"),
+            ("python_version", sys.version.split()[0]),
+            ("process_id", os.getpid()), ("run_id", self.node_id),
+            ("tcp_port", self.config.port), ("uptime_in_seconds", uptime),
+            ("uptime_in_days", uptime // 86400), ("hz", self.config.hz),
+            ("executable", sys.argv[0]), ("config_file", self.config.config_file or ""),
+        ]
+
+    def _info_memory(self) -> list[tuple[str, Any]]:
+        rss = read_rss()
+        self.peak_rss = max(self.peak_rss, rss)
+        return [
+            ("used_memory", rss), ("used_memory_human", human(rss)),
+            ("used_memory_rss", rss), ("used_memory_peak", self.peak_rss),
+            ("used_memory_peak_human", human(self.peak_rss)),
+            ("mem_fragmentation_ratio", "1.00"), ("mem_allocator", "pymalloc"),
+            ("maxmemory", self.config.maxmemory),
+        ]
+
+    def _info_cpu(self) -> list[tuple[str, Any]]:
+        t = os.times()
+        return [("used_cpu_sys", f"{t.system:.2f}"), ("used_cpu_user", f"{t.user:.2f}"),
+                ("used_cpu_sys_children", f"{t.children_system:.2f}"),
+                ("used_cpu_user_children", f"{t.children_user:.2f}")]
+
+    # -- tasks ------------------------------------------------------------------------------
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        self.connections_received += 1
+        if len(self.connections) >= self.config.maxclients:
+            self.rejected += 1
+            try:
+                await stream.send_all(b"-ERR max number of clients reached\r\n")
+            finally:
+                await stream.aclose()
+            return
+        self.next_client_id += 1
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            addr = f"{host}:{port}"
+        except OSError:
+            addr = "?"
+        client = Client(self.next_client_id, addr, now_ms())
+        conn = Connection(self, stream, client)
+        client.handle = conn
+        self.connections.add(conn)
+        await conn.serve()
+
+    async def timers(self) -> None:
+        broker = self.broker
+        interval = 1000 // max(1, self.config.hz)
+        while True:
+            now = now_ms()
+            deadline = broker.next_deadline()
+            wait = interval if deadline is None else max(0, min(deadline - now, interval))
+            await trio.sleep(wait / 1000)
+            now = now_ms()
+            self._sample(now)
+            broker.tick(now)
+            if broker.log:
+                await self.make_durable()
+            if broker.replies:
+                await self.flush_replies()
+
+    def _sample(self, now: int) -> None:
+        t, n = self._ops_sample
+        mono = time.monotonic()
+        if mono - t >= 1.0:
+            self.ops_per_sec = int((self.commands - n) / (mono - t))
+            self._ops_sample = (mono, self.commands)
+            self.broker.used_memory = read_rss()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        self.persistence.load(now_ms())
+        hosts = cfg.bind.split() if cfg.bind else [None]
+        listeners: list[trio.SocketListener] = []
+        for host in hosts:
+            try:
+                listeners += await trio.open_tcp_listeners(cfg.port, host=host, backlog=cfg.tcp_backlog)
+            except OSError as exc:
+                raise ServerError(f"Could not listen on {host or '*'}:{cfg.port}: {exc.strerror}") from None
+        self.listening = [ls.socket.getsockname()[:2] for ls in listeners]
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            await nursery.start(self.persistence.run)
+            nursery.start_soon(self.timers)
+            nursery.start_soon(trio.serve_listeners, self.handle, listeners)
+            nursery.start_soon(self._signals)
+            log.info("trisque %s node %s ready to accept connections on %s, data in %s",
+                     VERSION, self.node_id,
+                     ", ".join(f"{h}:{p}" for h, p in self.listening), os.path.abspath(cfg.dir))
+            task_status.started(self)
+            await self.shutdown_event.wait()
+            await self._finish()
+            nursery.cancel_scope.cancel()
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.warning("Received %s scheduling shutdown...", signal.Signals(signum).name)
+                self.shutdown_event.set()
+                return
+
+    async def _finish(self) -> None:
+        try:
+            with trio.fail_after(60):
+                await self.persistence.shutdown(self.shutdown_rewrite)
+        except Exception as exc:
+            log.error("Error while closing the append log: %s", exc)
+        log.warning("trisque is now ready to exit, bye bye...")
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def make_persistence(config: Config, broker: Broker) -> Any:
+    try:
+        from cli.persistence import Persistence
+    except ImportError:
+        if config.appendonly or config.aof_enqueue_jobs_once:
+            raise ServerError("appendonly yes needs the append log module (cli/persistence.py)") from None
+        return NullPersistence()
+    return Persistence(config, broker, log)
+
+
+def load_node_id(config: Config) -> str:
+    """The node keeps its ID across restarts in the cluster config file."""
+    path = os.path.join(config.dir, config.cluster_config_file)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 2 and "myself" in parts[2:] + parts[1:2] and len(parts[0]) == 40:
+                    return parts[0]
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise ServerError(f"Can't read {path}: {exc.strerror}") from None
+    node_id = os.urandom(20).hex()
+    try:
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(f"{node_id} :{config.port} myself 0 0 connected\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ServerError(f"Can't write {path}: {exc.strerror}") from None
+    return node_id
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def read_rss() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def human(n: int) -> str:
+    for unit in ("B", "K", "M", "G"):
+        if n < 1024 or unit == "G":
+            return f"{n:.2f}{unit}" if unit != "B" else f"{n}B"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def setup_logging(config: Config) -> None:
+    level = {"debug": logging.DEBUG, "verbose": logging.INFO, "notice": logging.INFO,
+             "warning": logging.WARNING}[config.loglevel]
+    fmt = logging.Formatter(f"{os.getpid()}:M %(asctime)s.%(msecs)03d %(levelchar)s %(message)s",
+                            "%d %b %Y %H:%M:%S")
+    handler: logging.Handler
+    handler = logging.FileHandler(config.logfile) if config.logfile else logging.StreamHandler(sys.stdout)
+    handler.setFormatter(fmt)
+    handler.addFilter(_LevelChar())
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False
+
+
+class _LevelChar(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.levelchar = {logging.DEBUG: ".", logging.INFO: "*", logging.WARNING: "#"}.get(record.levelno, "#")
+        return True
+
+
+USAGE = """\
+Usage: trisque-server [CONFIG_FILE] [--directive value ...]
+       trisque-server --version | --help
+
+Starts one trisque node. Directives are those of the config file (see conf/trisque.conf),
+given on the command line as --name value; they override the file. Examples:
+  trisque-server conf/trisque.conf
+  trisque-server --port 7777 --dir /var/lib/trisque --appendonly yes
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0
+    if args and args[0] in ("-v", "--version"):
+        print(f"trisque-server v={VERSION}")
+        return 0
+    try:
+        config = Config.from_argv(args)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    try:
+        os.makedirs(config.dir, exist_ok=True)
+        setup_logging(config)
+    except OSError as exc:
+        print(f"Can't use dir {config.dir!r}: {exc.strerror}", file=sys.stderr)
+        return 1
+    if config.pidfile:
+        with open(config.pidfile, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+    try:
+        trio.run(Server(config).run)
+    except ServerError as exc:
+        log.error("%s", exc)
+        print(f"trisque-server: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if config.pidfile:
+            try:
+                os.unlink(config.pidfile)
+            except OSError:
+                pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
