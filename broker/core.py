@@ -344,7 +344,6 @@ class Broker:
                 self._unregister(old)
             if job.etime <= now_ms:
                 return
-            job.awake = job.compute_awake()
             self.jobs[job.id] = job
             self.job_scan.add(job)
         elif kind in ("ack", "del"):
@@ -356,24 +355,34 @@ class Broker:
             self.job_scan.clear()
 
     def finish_load(self, now_ms: int, enqueue_jobs_once: bool) -> None:
-        """Schedule what was loaded. Queues are rebuilt only for a controlled restart; otherwise
-        jobs come back after their retry time, and at-most-once jobs never do (they may have
-        been delivered after the last record that mentions them)."""
+        """Schedule what was loaded.
+
+        After a crash, queues are not trusted: a job may have been delivered after the last
+        record that mentions it. So, as in Disque, jobs come back to their queue only after
+        their retry time (delay + retry from now), and at-most-once jobs never do. After a
+        controlled restart (``enqueue_jobs_once``: the log was written by SHUTDOWN REWRITE-AOF
+        with no client connected) the queues are restored exactly, at-most-once jobs included.
+        """
         for job in list(self.jobs.values()):
             if job.state is JobState.ACKED:
                 self._unregister(job)
                 continue
             was_queued = job.state is JobState.QUEUED
-            if job.state is not JobState.ACTIVE:
-                job.state = JobState.ACTIVE
+            job.state = JobState.ACTIVE
             if enqueue_jobs_once and was_queued:
-                self._enqueue(job, now_ms)
+                job.state = JobState.QUEUED
+                job.awake = job.compute_awake()
+                self.timers.schedule(job)
+                q = self._queue_for(job.queue, now_ms)
+                q.push(job)
+                q.jobs_in -= 1  # a restored job was counted when it first came in
+                continue
+            if job.retry:
+                job.qtime = self._requeue_time(job, now_ms) + job.delay * 1000
             else:
-                if job.retry and not job.flags & FLAG_DELAY_PENDING:
-                    job.qtime = self._requeue_time(job, now_ms)
-                elif not job.flags & FLAG_DELAY_PENDING:
-                    job.qtime = 0
-                self._reschedule(job)
+                job.qtime = 0
+            job.awake = job.compute_awake()
+            self.timers.schedule(job)
 
     def snapshot(self) -> Iterator[tuple[str, Any]]:
         for job in list(self.jobs.values()):

@@ -106,9 +106,17 @@ _ERRORS_BY_CODE: Final[dict[str, type[ResponseError]]] = {
 }
 
 
+# Disque answers ADDJOB on a leaving node with NOREPL and this reason, not with -LEAVING;
+# for a client it means the same thing: go to another node.
+_LEAVING_NOREPL = "I'm leaving the cluster"
+
+
 def error_from_reply(reply: Error | str) -> ResponseError:
     text = str(reply)
-    return _ERRORS_BY_CODE.get(text.split(" ", 1)[0], ResponseError)(text)
+    code = text.split(" ", 1)[0]
+    if code == "NOREPL" and text.endswith(_LEAVING_NOREPL):
+        return LeavingError(text)
+    return _ERRORS_BY_CODE.get(code, ResponseError)(text)
 
 
 # ---------------------------------------------------------------------------------------------
