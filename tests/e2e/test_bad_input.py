@@ -431,3 +431,21 @@ def test_blocked_client_times_out_with_null_array(srv: ServerProcess) -> None:
         assert c.raw_reply(timeout=3) == b"*-1\r\n"
         assert c.call("PING") == ("+", "PONG")
 
+
+
+def test_job_goes_to_the_waiter_still_connected(srv: ServerProcess) -> None:
+    # The first waiter leaves; the job must reach the second, not vanish into the first.
+    queue = "two-waiters"
+    with RawConnection(srv.port) as other, RawConnection(srv.port) as second:
+        first = RawConnection(srv.port)
+        first.send(encode_command("GETJOB", "TIMEOUT", "0", "FROM", queue))
+        wait_blocked(other, queue, 1)
+        second.send(encode_command("GETJOB", "TIMEOUT", "0", "FROM", queue))
+        wait_blocked(other, queue, 2)
+        first.close()
+        wait_blocked(other, queue, 1)
+        job = other.call("ADDJOB", queue, "for the second", "0")
+        assert isinstance(job, tuple) and job[0] == "+", job
+        assert second.reply(timeout=3) == [[queue.encode(), job[1].encode(), b"for the second"]]
+        assert other.call("QLEN", queue) == 0
+        assert other.call("FASTACK", job[1]) == 1
