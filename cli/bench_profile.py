@@ -21,18 +21,47 @@ from cli.bench import run_benchmark
 from cli.bench_load import Spec
 from cli.bench_servers import REPO, BenchServer
 
+# A sample is charged to the first rule that matches, walking from the sampled frame to the root:
+# so a lock taken inside Connection.send counts as "trio locks", the send syscall as "socket send".
+CATEGORIES = [
+    ("job ID generation", ("next_id", "(jobid.py")),
+    ("request parsing", ("RequestParser", "split_args", "_parse_int")),
+    ("reply encoding", ("encode_into", "_encode_into", "_encode (")),
+    ("trio locks", ("_LockImpl", "AsyncContextManagerMixin")),
+    ("append log", ("make_durable", "wait_durable", "(aof.py", "(persistence.py")),
+    ("socket send (trio stream)", ("send_all", "Connection.send")),
+    ("socket recv (trio stream)", ("receive_some",)),
+    ("broker: command execution", ("Broker.", "(core.py", "(job.py", "(queue.py", "(timers.py",
+                                   "(commands.py", "(scan.py")),
+    ("driver: Connection.process", ("Connection.process",)),
+    ("driver: serve/handle", ("Connection.serve", "Server.handle")),
+    ("trio scheduler + epoll", ("unrolled_run", "get_events", "_epoll", "reschedule", "outcome",
+                                "checkpoint", "wait_task_rescheduled")),
+]
+
+
+def categorize(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        for name, markers in CATEGORIES:
+            if any(m in frame for m in markers):
+                return name
+    return "other"
+
 
 def summarize(collapsed: str, top: int = 25) -> str:
     """Self and inclusive sample shares per function from py-spy's collapsed ("raw") output."""
     self_counts: Counter[str] = Counter()
     incl_counts: Counter[str] = Counter()
+    cat_counts: Counter[str] = Counter()
     total = 0
     for line in collapsed.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        frames = [_short(f) for f in stack.split(";")]
+        raw_frames = stack.split(";")
+        cat_counts[categorize(raw_frames)] += count
+        frames = [_short(f) for f in raw_frames]
         if frames and frames[0].startswith("process "):
             frames = frames[1:]  # py-spy --pid puts the process name first with some options
         if frames and frames[0].startswith("thread "):
@@ -45,7 +74,9 @@ def summarize(collapsed: str, top: int = 25) -> str:
             incl_counts[f] += count
     if not total:
         return "no samples"
-    lines = [f"{total} samples", "", "self %   function (file:line of the sampled frame)"]
+    lines = [f"{total} samples", "", "share %  where (first match from the sampled frame up)"]
+    lines += [f"{100 * c / total:6.1f}   {name}" for name, c in cat_counts.most_common()]
+    lines += ["", "self %   function (file of the sampled frame)"]
     lines += [f"{100 * c / total:6.1f}   {f}" for f, c in self_counts.most_common(top)]
     lines += ["", "incl %   function"]
     lines += [f"{100 * c / total:6.1f}   {f}" for f, c in incl_counts.most_common(top)]
@@ -67,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", type=int, default=1)
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--procs", type=int, default=1)
-    p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--nonblocking", action="store_true",
+                   help="do not pause the server to sample (less overhead, torn stacks)")
     p.add_argument("--server-arg", action="append", default=[], metavar="NAME=VALUE",
                    help="extra trisque-server directive, e.g. appendonly=yes")
     opts = p.parse_args(argv)
@@ -86,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         spy = subprocess.Popen([pyspy, "record", "--pid", str(server.pid), "--rate", str(opts.rate),
                                 "--duration", str(int(opts.duration + 1)), "--format", "raw",
-                                "--nonblocking", "-o", str(raw_path)],
+                                *(["--nonblocking"] if opts.nonblocking else []),
+                                "-o", str(raw_path)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(0.5)
         spec = Spec(workload=opts.workload, nodes=[("127.0.0.1", server.port)],
