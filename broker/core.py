@@ -134,7 +134,7 @@ class Broker:
         if t is JobsCommand:
             return self._jobs_command(cmd, now_ms)  # type: ignore[arg-type]
         if t is QueueCommand:
-            return self._qlen(cmd) if cmd.name == "QLEN" else self._qstat(cmd, now_ms)  # type: ignore[union-attr]
+            return self._qlen(cmd) if cmd.name == "QLEN" else self._qstat(cmd, now_ms)  # type: ignore[union-attr,arg-type]
         if t is QPeek:
             return self._qpeek(cmd)  # type: ignore[arg-type]
         if t is QScan:
@@ -156,6 +156,7 @@ class Broker:
 
     def tick(self, now_ms: int) -> None:
         timers = self.timers
+        item: Any
         for key, items in timers.pop_due(now_ms):
             for item in items:
                 if not timers.is_current(item, key):
@@ -168,12 +169,13 @@ class Broker:
                         else:
                             timers.schedule(item)
                     continue
-                if self.jobs.get(item.id) is not item:
+                job = self.jobs.get(item.id)
+                if job is not item or job is None:
                     continue
-                if item.awake > now_ms:
-                    timers.schedule(item)
+                if job.awake > now_ms:
+                    timers.schedule(job)
                 else:
-                    self._job_timer(item, now_ms)
+                    self._job_timer(job, now_ms)
         if now_ms >= self._next_evict_check:
             self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
             self._evict_idle_queues(now_ms)
@@ -448,7 +450,7 @@ class Broker:
         # Missing queues are created even with NOHANG: they hold the federation state.
         queues = [self._queue_for(name, now_ms) for name in dict.fromkeys(cmd.queues)]
         found: list[Job] = []
-        want = cmd.count
+        want = cmd.max_jobs
         # Round robin: one job per queue per pass, left to right, until COUNT or a dry pass.
         while len(found) < want:
             before = len(found)
@@ -623,7 +625,7 @@ class Broker:
         q = self.queues.get(cmd.queue)
         if q is None:
             return []
-        return [[j.queue, j.id, j.body] for j in q.peek(cmd.count)]
+        return [[j.queue, j.id, j.body] for j in q.peek(cmd.n)]
 
     def _qscan(self, cmd: QScan) -> Any:
         def keep(q: Queue) -> bool:
@@ -636,7 +638,7 @@ class Broker:
                 return False
             return cmd.importrate is None or q.import_rate >= cmd.importrate
 
-        cursor, found = self.queue_scan.scan(cmd.cursor, 0 if cmd.busyloop else cmd.count, keep)
+        cursor, found = self.queue_scan.scan(cmd.cursor, 0 if cmd.busyloop else cmd.hint, keep)
         return [str(cursor).encode(), [q.name for q in found]]
 
     def _jscan(self, cmd: JScan, now_ms: int) -> Any:
@@ -647,7 +649,7 @@ class Broker:
                 return False
             return not cmd.states or job.state.value in cmd.states
 
-        cursor, found = self.job_scan.scan(cmd.cursor, 0 if cmd.busyloop else cmd.count, keep)
+        cursor, found = self.job_scan.scan(cmd.cursor, 0 if cmd.busyloop else cmd.hint, keep)
         if cmd.reply_all:
             items: list[Any] = [self._show(j, now_ms) for j in found]
         else:

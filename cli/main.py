@@ -9,9 +9,9 @@ node (no cluster hopping: an operator talks to the node they named), and every r
 with ``protocol.typed_reply.TypedReplyParser`` so status, bulk and error replies print the way
 redis-cli prints them (``cli.reply_format``).
 
-Local tools never share the command namespace with the server: they are reached only through
-``--tool NAME`` (``trisque --tool check-log FILE --fix``), so ``trisque check-log`` is always a
-server command (the server will call it unknown, and we add a hint).
+Local tools never share the command namespace with the server: their names contain a hyphen
+(``check-log``) and no Disque or Redis command name does, so ``trisque check-log FILE --fix``
+can only mean the tool and is never sent to a node. ``--tool NAME`` is the explicit spelling.
 
 Exit status: 0 when every reply was a success, 1 when any reply was an error or the node could
 not be reached or went away, 2 for a usage error.
@@ -67,7 +67,7 @@ Without a command: an interactive prompt when stdin is a terminal (history in
 ~/.trisque_history, or $TRISQUE_HISTFILE; "help", "help COMMAND", "quit", "exit"), otherwise
 one command per line is read from stdin (quoting as in redis-cli: "a b", 'x', "\\x00").
 
-Local tools (never sent to the node; only reachable through --tool):
+Local tools (hyphenated names, never sent to a node; also reachable as --tool NAME):
   check-log FILE [--fix]   Check an append-only log file, optionally truncating a torn tail.
 The benchmark is a separate program: trisque-benchmark --help.
 
@@ -361,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if opts.tool is not None:
         return run_tool(opts.tool, opts.command)
+    if opts.command and opts.command[0] in TOOLS:
+        return run_tool(opts.command[0], opts.command[1:])
 
     interactive = not opts.command and sys.stdin.isatty()
     mode = opts.output

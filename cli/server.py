@@ -73,12 +73,24 @@ class Connection:
 
     async def serve(self) -> None:
         server = self.server
+        keepalive = server.config.tcp_keepalive
+        if keepalive:
+            _set_keepalive(self.stream, keepalive)
         try:
             while not self.closing:
+                idle = server.config.timeout
+                # A blocked GETJOB is waiting by request, not idle.
+                limit = idle if idle and self.client.waiter is None else float("inf")
                 try:
-                    data = await self.stream.receive_some(READ_SIZE)
+                    with trio.move_on_after(limit) as scope:
+                        data = await self.stream.receive_some(READ_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     break
+                if scope.cancelled_caught:
+                    if self.client.waiter is None:
+                        log.debug("Closing idle client %s", self.client.addr)
+                        break
+                    continue
                 if not data:
                     break
                 self.bytes_in += len(data)
@@ -138,6 +150,18 @@ class Connection:
             if close:
                 self.closing = True
                 await self.stream.aclose()
+
+
+def _set_keepalive(stream: trio.SocketStream, interval: int) -> None:
+    import socket
+
+    try:
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, interval)
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, interval // 3))
+    except OSError:
+        pass
 
 
 def _encode(value: Any, protover: int) -> bytes:

@@ -68,7 +68,7 @@ class AddJob(NamedTuple):
 class GetJob(NamedTuple):
     queues: tuple[bytes, ...]
     timeout_ms: int  # 0: wait forever
-    count: int
+    max_jobs: int
     nohang: bool
     withcounters: bool
 
@@ -89,12 +89,12 @@ class QueueCommand(NamedTuple):
 
 class QPeek(NamedTuple):
     queue: bytes
-    count: int
+    n: int  # negative: the newest jobs
 
 
 class QScan(NamedTuple):
     cursor: int
-    count: int
+    hint: int  # COUNT: how many slots to visit per call
     busyloop: bool
     minlen: int | None
     maxlen: int | None
@@ -103,7 +103,7 @@ class QScan(NamedTuple):
 
 class JScan(NamedTuple):
     cursor: int
-    count: int
+    hint: int
     busyloop: bool
     queue: bytes | None
     states: frozenset[str]

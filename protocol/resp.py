@@ -134,9 +134,9 @@ class RequestParser:
                     continue
                 self._argc = count
                 self._argv = []
-            cmd = self._bulks()
-            if cmd is not None:
-                return cmd
+            argv = self._bulks()
+            if argv is not None:
+                return argv
             return NEED_DATA
 
     def _bulks(self) -> list[bytes] | None:
@@ -154,9 +154,7 @@ class RequestParser:
                         raise ProtocolError("Protocol error: too big bulk count string")
                     break
                 if buf[pos] != 0x24:  # '$'
-                    raise ProtocolError(
-                        "Protocol error: expected '$', got '%s'" % chr(buf[pos])
-                    )
+                    raise ProtocolError(f"Protocol error: expected '$', got '{chr(buf[pos])}'")
                 n = _parse_int(buf, pos + 1, nl)
                 if n is None or n < 0 or n > MAX_BULK_LEN:
                     raise ProtocolError("Protocol error: invalid bulk length")
@@ -274,7 +272,9 @@ class ReplyReader:
 
     def __init__(self) -> None:
         self._reader = hiredis.Reader(
-            protocolError=ProtocolError, replyError=Error, notEnoughData=NEED_DATA
+            protocolError=ProtocolError,
+            replyError=Error,  # type: ignore[arg-type]  # a str subclass: callable with the text
+            notEnoughData=NEED_DATA,
         )
         # hiredis gives status replies and bulk strings the same type (bytes). A caller that
         # must tell them apart (redis-cli style printing) uses ``TypedReplyParser``.

@@ -38,7 +38,10 @@ def _node(directory: str, open_file=aof.OsLogFile, **kw: object):
     return broker, p
 
 
-async def _cmd(broker, p, *args: object, client=Client(1)):
+_CLIENT = Client(1)
+
+
+async def _cmd(broker, p, *args: object, client=_CLIENT):
     reply = broker.execute([a if isinstance(a, bytes) else str(a).encode() for a in args],
                            client, NOW)
     if broker.log:

@@ -188,11 +188,13 @@ def test_help_documents_options_tools_and_exit_status() -> None:
         assert word in text
 
 
-def test_tools_only_through_tool_option(node: FakeNode) -> None:
-    # A bare "check-log" is a server command: the node answers, we add a hint.
-    r = trisque("check-log", "file", port=node.port)
-    assert node.commands[-1] == [b"check-log", b"file"]
-    assert r.returncode == 1 and b"trisque --tool check-log" in r.stderr
+def test_hyphenated_tool_names_run_locally_and_never_reach_the_node(
+        node: FakeNode, tmp_path: Path) -> None:
+    before = list(node.commands)
+    r = trisque("check-log", str(tmp_path / "missing.aof"), port=node.port)
+    assert node.commands == before  # nothing was sent to the node
+    assert r.returncode != 0 and b"Traceback" not in r.stderr
+    assert b"missing.aof" in (r.stdout + r.stderr)
     r = trisque("--tool", "nope")
     assert r.returncode == 2 and b"unknown tool 'nope'" in r.stderr
 

@@ -1,0 +1,46 @@
+"""The shipped config file, the directive table and driver-level behaviour of a real node."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from pathlib import Path
+
+from broker.config import DIRECTIVES, Config
+from tests.support.server import ServerProcess
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_conf_file_documents_every_directive_and_loads() -> None:
+    text = (REPO / "conf" / "trisque.conf").read_text()
+    mentioned = set(re.findall(r"^#? ?([a-z][a-z0-9-]+) ", text, re.M))
+    missing = [name for name in DIRECTIVES if name not in mentioned]
+    assert not missing, f"conf/trisque.conf does not document: {missing}"
+    cfg = Config.from_argv([str(REPO / "conf" / "trisque.conf")])
+    assert cfg.appendonly is True and cfg.appendfsync in ("always", "everysec")
+    assert cfg.bind == "127.0.0.1"
+
+
+def test_idle_clients_are_closed_but_blocked_ones_are_not() -> None:
+    with ServerProcess(timeout=1) as node:
+        idle = socket.create_connection(("127.0.0.1", node.port), timeout=5)
+        blocked = socket.create_connection(("127.0.0.1", node.port), timeout=5)
+        blocked.sendall(b"GETJOB TIMEOUT 4000 FROM idleq\r\n")
+        time.sleep(2.5)
+        assert idle.recv(10) == b""  # closed by the server
+        blocked.settimeout(5)
+        assert blocked.recv(10) == b"*-1\r\n"  # answered at its own timeout, not dropped
+        idle.close()
+        blocked.close()
+
+
+def test_config_rewrite_persists_a_runtime_change(tmp_path: Path) -> None:
+    conf = tmp_path / "node.conf"
+    conf.write_text("# my node\nhz 10\n")
+    with ServerProcess(config_file=str(conf)) as node:
+        assert node.call("CONFIG", "SET", "hz", "20") == b"OK"
+        assert node.call("CONFIG", "REWRITE") == b"OK"
+    text = conf.read_text()
+    assert "# my node" in text and "hz 20" in text and "hz 10" not in text
