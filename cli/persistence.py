@@ -60,11 +60,11 @@ import trio
 
 from broker import aof
 
-REWRITE_SLICE = 2000  # jobs taken from the snapshot between two checkpoints
+REWRITE_SLICE = 500  # jobs taken from the snapshot between two checkpoints (~1-2 ms of work)
 REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per thread call
 # aof-rewrite-incremental-fsync: sync the new file every so often, so the final fsync (which the
 # group commit waits behind) has little left to flush and the disk sees no burst.
-REWRITE_FSYNC_EVERY = 32 * 1024 * 1024
+REWRITE_FSYNC_EVERY = 4 * 1024 * 1024
 
 
 class PersistenceError(Exception):
@@ -140,6 +140,9 @@ class Persistence:
         self.fsync_count = 0
         self.last_fsync_usec = 0
         self.loading = False
+        sources = getattr(broker, "info_sources", None)
+        if isinstance(sources, dict):
+            sources.setdefault("persistence", self.info)
 
     # Read at each use: CONFIG SET changes them at run time.
     @property
@@ -397,10 +400,13 @@ class Persistence:
             incremental = bool(getattr(self.config, "aof_rewrite_incremental_fsync", True))
             synced_at = 0
             while True:
-                chunk = list(islice(snapshot, REWRITE_SLICE))
-                if not chunk:
+                # Encoded as they come: each record is freed at once, so a rewrite of a big
+                # table does not promote garbage into the old GC generation (whose collection
+                # would stall the loop for as long as a full pass over every job takes).
+                data = aof.encode_records(islice(snapshot, REWRITE_SLICE))
+                if not data:
                     break
-                await trio.to_thread.run_sync(rw.write, aof.encode_records(chunk))
+                await trio.to_thread.run_sync(rw.write, data)
                 self._check_rewrite_cancel()
                 if incremental and rw.size - synced_at >= REWRITE_FSYNC_EVERY:
                     await trio.to_thread.run_sync(rw.sync)
