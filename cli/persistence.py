@@ -225,7 +225,7 @@ class Persistence:
         entries = self.broker.log
         if not entries:
             return self._open.ticket if self._open.entries else 0
-        if self.writer is None:  # log off (or shut down): nothing to make durable
+        if not self.enabled:  # log off (or shut down): nothing to make durable
             entries.clear()
             return 0
         batch = self._open
@@ -256,8 +256,7 @@ class Persistence:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            if self.enabled:
-                nursery.start_soon(self._everysec)
+            nursery.start_soon(self._everysec)  # idle unless the log is on under everysec
             task_status.started()
             while True:
                 await self._wakeup.wait()
@@ -367,10 +366,11 @@ class Persistence:
     # Rewrite
 
     async def bgrewrite(self) -> str:
+        """Start a rewrite; the Redis status text, or ``PersistenceError`` with the reason."""
         if self._rewrite_buf is not None:
-            return "ERR Background append only file rewriting already in progress"
+            raise PersistenceError("Background append only file rewriting already in progress")
         if self._nursery is None:
-            return "ERR the append only file writer is not running"
+            raise PersistenceError("the append only file writer is not running")
         self._nursery.start_soon(self._rewrite)
         self._rewrite_buf = bytearray()  # mark in progress before anyone can ask again
         return "Background append only file rewriting started"
@@ -458,6 +458,53 @@ class Persistence:
     def _check_rewrite_cancel(self) -> None:
         if self._rewrite_cancel:
             raise _RewriteCancelled("a write to the log failed during the rewrite")
+
+    # -----------------------------------------------------------------------------------------
+    # CONFIG SET appendonly
+
+    async def config_changed(self, name: str) -> None:
+        """Called by the server after a successful CONFIG SET. ``appendfsync`` and the rewrite
+        settings are read at each use; ``appendonly`` switches the log on (a full snapshot
+        becomes the new log, as Redis starts with a rewrite) or off (flush, fsync, close)."""
+        if name != "appendonly" or bool(self.config.appendonly) == self.enabled:
+            return
+        async with self._write_lock, self._sync_lock:
+            if self.config.appendonly:
+                # From now on changes are logged and wait in the open batch; the writer starts
+                # on them once the snapshot (which they follow) is in place.
+                self.enabled = True
+                self.broker.aof_enabled = True
+                records = list(self.broker.snapshot())  # consistent: one loop turn
+                try:
+                    await trio.to_thread.run_sync(lambda: aof.write_snapshot(self.path, records))
+                    f = await trio.to_thread.run_sync(self._open_file, self.path)
+                except OSError as exc:
+                    self.submit()
+                    self.enabled = self.broker.aof_enabled = False
+                    waiting, self._open = self._open, _Batch(self._next_ticket + 1)
+                    self._next_ticket += 1
+                    now_ms = int(self._clock() * 1000)
+                    for entry in reversed(waiting.entries):  # undo what waited for the log
+                        self._undo(entry, now_ms)
+                    self._finish(waiting, _os_error_text(exc))
+                    self.log.warning("Could not switch the append log on: %s", exc)
+                    return
+                self.writer = aof.LogWriter(f)
+                self.base_size = self._synced_size = self.writer.good_size
+                self._wakeup.set()
+            else:
+                self.submit()
+                if self.writer is not None:
+                    if self._open.entries:
+                        await self._write_batch()
+                    try:
+                        await trio.to_thread.run_sync(self.writer.sync)
+                    except OSError as exc:
+                        self.log.warning("fsync while switching the append log off: %s", exc)
+                    self.writer.close()
+                    self.writer = None
+                self.enabled = self.broker.aof_enabled = False
+        self.log.info("Append log switched %s", "on" if self.enabled else "off")
 
     # -----------------------------------------------------------------------------------------
     # INFO and shutdown

@@ -208,7 +208,8 @@ async def test_online_rewrite_while_clients_write(tmp_path, monkeypatch):
                     await p.wait_durable(p.submit())
 
             assert await p.bgrewrite() == "Background append only file rewriting started"
-            assert (await p.bgrewrite()).startswith("ERR Background append only file rewriting")
+            with pytest.raises(PersistenceError, match="rewriting already in progress"):
+                await p.bgrewrite()
             async with trio.open_nursery() as clients:
                 for k in range(8):
                     clients.start_soon(churn, k)
@@ -310,3 +311,24 @@ def test_newer_version_stops_the_start(tmp_path):
     (tmp_path / "appendonly.aof").write_bytes(aof.encode_header(version=99))
     with pytest.raises(StartupError, match="version 99"):
         _reload(tmp_path)
+
+
+async def test_config_set_appendonly_switches_the_log_on_and_off(tmp_path):
+    config = Config(str(tmp_path), appendonly=False)
+    broker = FakeBroker()
+    p = Persistence(config, broker)
+    p.load(0)
+    broker.addjob(b"D-before")  # log off: not logged
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            config.appendonly = True
+            await p.config_changed("appendonly")
+            assert broker.aof_enabled and dict(p.info())["aof_enabled"] == 1
+            await _client(p, broker, b"D-after")
+            config.appendonly = False
+            await p.config_changed("appendonly")
+            broker.addjob(b"D-off")
+            assert p.submit() == 0
+            n.cancel_scope.cancel()
+    assert _reload(tmp_path).jobs.keys() == {b"D-before", b"D-after"}
