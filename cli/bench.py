@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float,
                    help=f"seconds (default {DEFAULT_DURATION} if --jobs is not given)")
     p.add_argument("--queues", type=int, default=1, help="number of queues (default 1)")
-    p.add_argument("--queue-prefix", default="bench", help="queue names: PREFIX, or PREFIX-i")
+    p.add_argument("--queue-prefix",
+                   help="queue names: PREFIX, or PREFIX-i with --queues (default bench, and "
+                        "bench-cycle for cycle runs so that jobs left by other runs do not mix in)")
     p.add_argument("--replicate", type=int, help="ADDJOB ... REPLICATE N")
     p.add_argument("--retry", type=int, help="ADDJOB ... RETRY S")
     p.add_argument("--timeout", type=int, default=0, help="ADDJOB ms-timeout argument (default 0)")
@@ -108,10 +110,11 @@ def options_to_spec(opts: argparse.Namespace) -> Spec:
     else:
         jobs = opts.jobs if opts.jobs is not None else MAX_JOBS
         duration = opts.duration if opts.duration is not None else MAX_DURATION
+    prefix = opts.queue_prefix or ("bench-cycle" if workload in ("cycle", "lcycle") else "bench")
     if opts.queues <= 1:
-        queues = [opts.queue_prefix]
+        queues = [prefix]
     else:
-        queues = [f"{opts.queue_prefix}-{i}" for i in range(opts.queues)]
+        queues = [f"{prefix}-{i}" for i in range(opts.queues)]
     if workload in ("cycle", "lcycle") and opts.clients < 2:
         raise SystemExit("trisque-benchmark: cycle needs at least 2 clients (producers + consumers)")
     for name in ("clients", "pipeline", "count", "procs"):

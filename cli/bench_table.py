@@ -45,7 +45,7 @@ MEMORY_JOBS = 200_000
 
 @dataclass
 class Settings:
-    runs: int = 3
+    runs: int = 5
     duration: float = 2.0
     preload: int = 60_000
     procs: int = 2
@@ -301,7 +301,7 @@ def _fmt(v: float | str | None, unit: str, notes: list[str] | None = None) -> st
 
 
 def _ratio_text(ratio: float | None) -> str:
-    return f"{ratio:.2f}x" if ratio is not None else "-"
+    return f"{ratio:.3f}x" if ratio is not None else "-"
 
 
 def _verdict(key: str, value: float | None) -> str:
@@ -330,7 +330,7 @@ def render(rows: Sequence[Row], s: Settings) -> str:
         f"primary load generator: trisque-benchmark (Python/trio, {s.procs} client processes); "
         "'redis-benchmark' lines: the C generator driving both servers",
         "",
-        f"{'case':<{w}} {'trisque':>10} {'reference':>10} {'ratio':>6}  {'target':>8}  {'verdict':<7}"
+        f"{'case':<{w}} {'trisque':>10} {'reference':>10} {'ratio':>7}  {'target':>8}  {'verdict':<7}"
         f"  latency p50/p99 ms (trisque | ref)",
         "-" * (w + 86),
     ]
@@ -338,18 +338,18 @@ def render(rows: Sequence[Row], s: Settings) -> str:
         if row.key == "d":
             value = row.trisque if isinstance(row.trisque, float) else None
             out.append(f"{row.title:<{w}} {_fmt(row.trisque, row.unit, notes):>10} "
-                       f"{_fmt(row.redis, row.unit, notes):>10} {'':>6}  "
+                       f"{_fmt(row.redis, row.unit, notes):>10} {'':>7}  "
                        f"{'<= 600 B':>8}  {_verdict('d', value):<7}")
             continue
         op, bound = TARGETS[row.key]
         ratio = row.ratio()
         out.append(f"{row.title:<{w}} {_fmt(row.trisque, row.unit, notes):>10} "
-                   f"{_fmt(row.redis, row.unit, notes):>10} {_ratio_text(ratio):>6}  "
+                   f"{_fmt(row.redis, row.unit, notes):>10} {_ratio_text(ratio):>7}  "
                    f"{op + format(bound, '.2f') + 'x':>8}  {_verdict(row.key, ratio):<7}  "
                    f"{_lat(row, 'trisque_runs')} | {_lat(row, 'reference_runs')}")
         if row.trisque_rb is not None or row.redis_rb is not None:
             out.append(f"{'   redis-benchmark driving both':<{w}} {_fmt(row.trisque_rb, 'ops/s'):>10} "
-                       f"{_fmt(row.redis_rb, 'ops/s'):>10} {_ratio_text(row.rb_ratio()):>6}  "
+                       f"{_fmt(row.redis_rb, 'ops/s'):>10} {_ratio_text(row.rb_ratio()):>7}  "
                        f"{'':>8}  {_verdict(row.key, row.rb_ratio()):<7}")
     out += [
         "",
@@ -363,14 +363,14 @@ def render(rows: Sequence[Row], s: Settings) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_table", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="one short run per case (~1 minute)")
-    p.add_argument("--runs", type=int, help="runs per case (default 3, quick 1)")
+    p.add_argument("--runs", type=int, help="runs per case (default 5, quick 1)")
     p.add_argument("--duration", type=float, help="seconds per run (default 2, quick 1)")
     p.add_argument("--procs", type=int, default=2, help="client processes (default 2)")
     p.add_argument("--no-redis-benchmark", action="store_true", help="skip the C generator lines")
     p.add_argument("--only", help="comma-separated cases to run, e.g. a,b,d")
     p.add_argument("--out", default=str(REPO / "bench-results" / "latest.json"))
     opts = p.parse_args(argv)
-    s = Settings(runs=opts.runs or (1 if opts.quick else 3),
+    s = Settings(runs=opts.runs or (1 if opts.quick else 5),
                  duration=opts.duration or (1.0 if opts.quick else 2.0),
                  preload=30_000 if opts.quick else 60_000, procs=opts.procs,
                  redis_benchmark=not opts.no_redis_benchmark)
