@@ -25,14 +25,14 @@ from cli.bench_servers import REPO, BenchServer
 # so a lock taken inside Connection.send counts as "trio locks", the send syscall as "socket send".
 CATEGORIES = [
     ("job ID generation", ("next_id", "(jobid.py")),
-    ("request parsing", ("RequestParser", "split_args", "_parse_int")),
+    ("request parsing (RESP)", ("RequestParser", "split_args", "_parse_int")),
+    ("command parsing (argv -> command object)", ("(protocol/commands.py", "(commands.py")),
     ("reply encoding", ("encode_into", "_encode_into", "_encode (")),
     ("trio locks", ("_LockImpl", "AsyncContextManagerMixin")),
     ("append log", ("make_durable", "wait_durable", "(aof.py", "(persistence.py")),
     ("socket send (trio stream)", ("send_all", "Connection.send")),
     ("socket recv (trio stream)", ("receive_some",)),
-    ("broker: command execution", ("Broker.", "(core.py", "(job.py", "(queue.py", "(timers.py",
-                                   "(commands.py", "(scan.py")),
+    ("broker: command execution", ("Broker.", "(broker/",)),
     ("driver: Connection.process", ("Connection.process",)),
     ("driver: serve/handle", ("Connection.serve", "Server.handle")),
     ("trio scheduler + epoll", ("unrolled_run", "get_events", "_epoll", "reschedule", "outcome",
