@@ -323,17 +323,17 @@ class Broker:
             self._restore(Job.from_record(prev), now_ms)
 
     def _restore(self, job: Job, now_ms: int) -> None:
-        state = job.state
-        if state is JobState.QUEUED:
-            job.state = JobState.ACTIVE
-            job.awake = job.compute_awake()
-            self._register(job)
+        """Register a job again exactly as recorded (undo of a failed log write)."""
+        queued = job.state is JobState.QUEUED
+        job.awake = job.compute_awake()
+        self._register(job)
+        if queued:
             q = self._queue_for(job.queue, now_ms)
-            job.state = JobState.QUEUED
             q.push(job)
-        else:
-            job.awake = job.compute_awake()
-            self._register(job)
+            q.jobs_in -= 1  # the job is back, not new: QSTAT's jobs-in must not grow
+            if q.waiters:
+                # Someone may have blocked on this queue meanwhile; it gets the job now.
+                self._serve_waiters(q, now_ms)
 
     # -- replay and snapshot (the append log drives these) --------------------------------------
 
@@ -432,7 +432,8 @@ class Broker:
         if retry is None:
             retry = max(1, min(DEFAULT_RETRY, ttl // 10))
         job = Job(
-            self.ids.next_id(ttl, retry), cmd.queue, cmd.body,
+            # Jobs of one queue share its name object instead of holding a copy each.
+            self.ids.next_id(ttl, retry), q.name if q is not None else cmd.queue, cmd.body,
             repl=_intern(replicate), ttl=_intern(ttl), retry=_intern(retry),
             delay=_intern(cmd.delay), ctime=self._new_ctime(now_ms), delivered=self._myself,
         )
