@@ -60,11 +60,15 @@ import trio
 
 from broker import aof
 
-REWRITE_SLICE = 500  # jobs taken from the snapshot between two checkpoints (~1-2 ms of work)
+REWRITE_SLICE = 200  # jobs taken from the snapshot between two checkpoints (well under 1 ms)
 REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per thread call
 # aof-rewrite-incremental-fsync: sync the new file every so often, so the final fsync (which the
-# group commit waits behind) has little left to flush and the disk sees no burst.
-REWRITE_FSYNC_EVERY = 4 * 1024 * 1024
+# group commit waits behind) has little left to flush and the disk sees no burst. On ext4 a
+# client's fdatasync can also wait for the rewrite's dirty pages (ordered journal), so the
+# smaller this is, the less a rewrite adds to their latency: measured with 16 clients on
+# `always` during a 67 MB rewrite, p99 went from 4.7-6.4 ms without a rewrite to 15.8 ms with
+# 4 MB and 10 ms with 1 MB; 512 KB gained nothing more.
+REWRITE_FSYNC_EVERY = 1024 * 1024
 
 
 class PersistenceError(Exception):
