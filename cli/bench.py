@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import sys
 import time
 from array import array
@@ -387,10 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    if opts.json:
-        print(json.dumps(result))
-    else:
-        print(format_result(result))
+    try:
+        print(json.dumps(result) if opts.json else format_result(result), flush=True)
+    except BrokenPipeError:  # e.g. piped into head: exit quietly, also at interpreter shutdown
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     if result["errors"] and result["ops"] == 0:
         return 1
     return 0

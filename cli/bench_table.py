@@ -194,6 +194,19 @@ def _brief(r: dict[str, Any]) -> dict[str, Any]:
 # The cases
 
 
+def warm_up(trisque: BenchServer, redis: BenchServer, s: Settings) -> None:
+    """A short unmeasured run on each server: the first seconds of a fresh Python process
+    (imports, allocator and dict growth) should not land in the first measured run."""
+    quick = Settings(runs=1, duration=min(1.0, s.duration), procs=s.procs)
+    for server, workload in ((trisque, "produce"), (redis, "lpush")):
+        if server.ok:
+            try:
+                ours(server, workload, quick, queue="warmup", jobs=50_000)
+            except (BenchError, OSError) as exc:
+                log(f"  warm-up on {server.label}: {exc}")
+            server.flush()
+
+
 def produce_case(key: str, title: str, trisque: BenchServer, redis: BenchServer, s: Settings,
                  pipeline: int) -> Row:
     addjob = ["ADDJOB", "rbq", "x" * BODY, "0"]
@@ -380,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     with BenchServer("trisque", "trisque") as trisque, BenchServer("redis", "redis") as redis:
         for server in (trisque, redis):
             log(f"{server.label}: " + (f"port {server.port}" if server.ok else f"n/a: {server.failure}"))
+        warm_up(trisque, redis, s)
         if "a" in only:
             rows.append(produce_case("a", "(a) ADDJOB vs LPUSH, 50 conn, no pipeline", trisque, redis,
                                      s, 1))

@@ -133,3 +133,12 @@ def test_unreachable_node_fails_fast() -> None:
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "cannot connect" in proc.stderr
+
+
+def test_duration_bounds_a_run_with_a_large_job_count(redis: BenchServer) -> None:
+    r = bench(redis.port, "lpush", "-c", "4", "-n", "50000000", "--duration", "0.5",
+              "--queue-prefix", "rd")
+    assert r["errors"] == 0
+    assert 0 < r["ops"] < 50_000_000
+    assert r["elapsed_s"] < 3.0
+    assert command(redis.port, "LLEN", "rd") == r["ops"]
