@@ -49,6 +49,13 @@ from protocol.jobid import IdGenerator, is_at_most_once
 from protocol.resp import NULL_ARRAY, OK, Error, Status
 
 
+# Enum member lookups (JobState.X) cost ~10x a module global on the hot path.
+_WAIT_REPL: Final = JobState.WAIT_REPL
+_ACTIVE: Final = JobState.ACTIVE
+_QUEUED: Final = JobState.QUEUED
+_ACKED: Final = JobState.ACKED
+
+
 class _Blocked:
     __slots__ = ()
 
@@ -191,13 +198,14 @@ class Broker:
             self._ctime_seq += 1
         return self._last_ctime_ms * 1_000_000 + self._ctime_seq
 
-    def _register(self, job: Job) -> None:
+    def _register(self, job: Job, *, schedule: bool = True) -> None:
         self.jobs[job.id] = job
         self.job_scan.add(job)
-        self.timers.schedule(job)
+        if schedule:
+            self.timers.schedule(job)
 
     def _unregister(self, job: Job) -> None:
-        if job.state is JobState.QUEUED:
+        if job.state is _QUEUED:
             q = self.queues.get(job.queue)
             if q is not None:
                 q.remove(job)
@@ -234,11 +242,11 @@ class Broker:
         delivered. Every queueing after the first counts as an additional delivery, except
         NACK, which counts as a nack.
         """
-        if job.state is not JobState.ACTIVE and job.state is not JobState.WAIT_REPL:
+        if job.state is not _ACTIVE and job.state is not _WAIT_REPL:
             return False
         if not job.qtime or (not job.retry and job.flags & FLAG_DELIVERED):
             return False
-        job.transition(JobState.QUEUED)
+        job.transition(_QUEUED)
         if nack:
             job.nacks += 1
         elif job.flags & FLAG_QUEUED_BEFORE:
@@ -255,18 +263,18 @@ class Broker:
         return True
 
     def _dequeue(self, job: Job) -> bool:
-        if job.state is not JobState.QUEUED:
+        if job.state is not _QUEUED:
             return False
         q = self.queues.get(job.queue)
         if q is not None:
             q.remove(job)
-        job.transition(JobState.ACTIVE)
+        job.transition(_ACTIVE)
         return True
 
     def _deliver(self, job: Job, q: Queue, now_ms: int) -> None:
         """A job left its queue for a client (GETJOB). Its qtime stays as armed when it was
         queued: the retry period runs from queueing, as in Disque, not from delivery."""
-        job.transition(JobState.ACTIVE)
+        job.transition(_ACTIVE)
         job.flags |= FLAG_DELIVERED
         q.atime = now_ms
 
@@ -278,14 +286,14 @@ class Broker:
             if self.aof_enabled:
                 self.log.append(("del", job.id, prev))
             return
-        if job.state is JobState.ACKED:
+        if job.state is _ACKED:
             self._unregister(job)
             return
         if job.flags & FLAG_WILLQUEUE and job.qtime and now_ms >= job.qtime - 500:
             # The early wake-up: in a cluster this is when WILLQUEUE goes to the other holders.
             job.flags &= ~FLAG_WILLQUEUE
         if job.qtime and now_ms >= job.qtime:
-            if job.state is JobState.ACTIVE:
+            if job.state is _ACTIVE:
                 q = self.queues.get(job.queue)
                 if job.retry and q is not None and q.pause & PAUSE_IN:
                     job.qtime = self._requeue_time(job, now_ms)  # input paused: try later
@@ -295,7 +303,7 @@ class Broker:
                         self._log_job(job, prev)
                         return
                     job.qtime = 0
-            elif job.state is JobState.QUEUED and job.retry:
+            elif job.state is _QUEUED and job.retry:
                 # Still waiting for a consumer: nothing to redo, look again after RETRY.
                 job.qtime = self._requeue_time(job, now_ms)
         self._reschedule(job)
@@ -324,7 +332,7 @@ class Broker:
 
     def _restore(self, job: Job, now_ms: int) -> None:
         """Register a job again exactly as recorded (undo of a failed log write)."""
-        queued = job.state is JobState.QUEUED
+        queued = job.state is _QUEUED
         job.awake = job.compute_awake()
         self._register(job)
         if queued:
@@ -366,13 +374,13 @@ class Broker:
         with no client connected) the queues are restored exactly, at-most-once jobs included.
         """
         for job in list(self.jobs.values()):
-            if job.state is JobState.ACKED:
+            if job.state is _ACKED:
                 self._unregister(job)
                 continue
-            was_queued = job.state is JobState.QUEUED
-            job.state = JobState.ACTIVE
+            was_queued = job.state is _QUEUED
+            job.state = _ACTIVE
             if enqueue_jobs_once and was_queued:
-                job.state = JobState.QUEUED
+                job.state = _QUEUED
                 job.awake = job.compute_awake()
                 self.timers.schedule(job)
                 q = self._queue_for(job.queue, now_ms)
@@ -408,11 +416,11 @@ class Broker:
         level = self.memory_level()
         if level >= 3:
             return errors.OOM
-        replicate = cmd.replicate or min(3, 1 + self.reachable_nodes())
+        reachable = self.reachable_nodes()
+        replicate = cmd.replicate or min(3, 1 + reachable)
         # Leaving or short of memory, the node would replicate only to others and keep no copy.
         external = self.leaving or level > 0
         needed = replicate if external else replicate - 1
-        reachable = self.reachable_nodes()
         if needed > reachable:
             if external and needed - 1 == reachable:
                 why = "I'm leaving the cluster" if self.leaving else "I'm out of memory"
@@ -434,15 +442,17 @@ class Broker:
         job = Job(
             # Jobs of one queue share its name object instead of holding a copy each.
             self.ids.next_id(ttl, retry), q.name if q is not None else cmd.queue, cmd.body,
-            repl=_intern(replicate), ttl=_intern(ttl), retry=_intern(retry),
-            delay=_intern(cmd.delay), ctime=self._new_ctime(now_ms), delivered=self._myself,
+            repl=replicate, ttl=_intern(ttl), retry=_intern(retry),
+            delay=cmd.delay, ctime=self._new_ctime(now_ms), delivered=self._myself,
         )
         # qtime: when the job is first queued (after DELAY), or its first retry time; the
         # enqueue below re-arms it with the random error.
         job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000 or now_ms
-        job.awake = job.compute_awake()
-        self._register(job)
-        if not cmd.delay:
+        if cmd.delay:
+            job.awake = job.compute_awake()
+            self._register(job)
+        else:
+            self._register(job, schedule=False)  # the enqueue arms its timer
             self._enqueue(job, now_ms)
         self._log_job(job, None)
         return Status(job.id.decode("ascii"))
@@ -536,11 +546,11 @@ class Broker:
             if job is None:
                 continue
             if name == "ACKJOB":
-                if job.state is JobState.ACKED:
+                if job.state is _ACKED:
                     continue
                 prev = self._undo_record(job)
                 self._dequeue(job)
-                job.transition(JobState.ACKED)
+                job.transition(_ACKED)
                 # One node: nobody else may hold a copy, so the ACK can be collected at once.
                 self._unregister(job)
                 if self.aof_enabled:

@@ -42,6 +42,9 @@ _ALLOWED: Final = {
 }
 
 STATE_BY_NAME: Final = {s.value: s for s in JobState}
+# The allowed targets of each state, for a cheap check in transition().
+_NEXT: Final = {a: frozenset(b for (x, b) in _ALLOWED if x is a) for a in JobState}
+_ACKED: Final = JobState.ACKED
 
 # Flags (bit set in Job.flags)
 FLAG_DELIVERED: Final = 1  # handed to a client at least once (GETJOB)
@@ -85,7 +88,7 @@ class Job:
         return self.ctime // 1_000_000 + self.ttl * 1000
 
     def transition(self, new: JobState) -> None:
-        if (self.state, new) not in _ALLOWED:
+        if new not in _NEXT[self.state]:
             raise ValueError(f"job {self.id!r}: {self.state.value} -> {new.value} is not allowed")
         self.state = new
 
@@ -97,7 +100,7 @@ class Job:
         """The next time this job needs attention: requeue (a little early, see
         WILLQUEUE_ADVANCE_MS), the end of its delay, or expiry."""
         at = self.etime + 1000
-        if self.qtime and self.state is not JobState.ACKED:
+        if self.qtime and self.state is not _ACKED:
             due = self.qtime - WILLQUEUE_ADVANCE_MS if self.flags & FLAG_WILLQUEUE else self.qtime
             at = min(at, due)
         return at

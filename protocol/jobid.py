@@ -8,12 +8,13 @@ job can still tell whether an ACK for it needs to be remembered, and when to for
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import struct
 from typing import Final
 
 ID_LEN: Final = 40
+_COUNTER: Final = struct.Struct("<Q")
 
 
 def is_valid(job_id: bytes) -> bool:
@@ -53,18 +54,23 @@ def node_prefix(job_id: bytes) -> bytes:
 class IdGenerator:
     """Makes IDs from a random seed (injected, so tests are repeatable) and a counter."""
 
-    __slots__ = ("_prefix", "_seed", "_counter")
+    __slots__ = ("_prefix", "_seeded", "_counter", "_suffixes")
 
     def __init__(self, node_id: str, seed: bytes) -> None:
         self._prefix = b"D-" + node_id[:8].encode() + b"-"
-        self._seed = seed
+        # SHA1 state after the seed, copied for each ID: the seed is hashed once, not per ID.
+        self._seeded = hashlib.sha1(seed)
         self._counter = 0
+        self._suffixes: dict[tuple[int, bool], bytes] = {}
 
     def next_id(self, ttl_seconds: int, retry: int) -> bytes:
         self._counter += 1
-        digest = hashlib.sha1(self._seed + struct.pack("<Q", self._counter)).digest()
-        return b"%s%s-%04x" % (
-            self._prefix,
-            base64.b64encode(digest[:18]),
-            ttl_field(ttl_seconds, retry),
-        )
+        h = self._seeded.copy()
+        h.update(_COUNTER.pack(self._counter))
+        key = (ttl_seconds, retry > 0)
+        suffix = self._suffixes.get(key)
+        if suffix is None:
+            suffix = b"-%04x" % ttl_field(ttl_seconds, retry)
+            if len(self._suffixes) < 1024:
+                self._suffixes[key] = suffix
+        return self._prefix + binascii.b2a_base64(h.digest()[:18], newline=False) + suffix
