@@ -48,7 +48,6 @@ from protocol.commands import (
 from protocol.jobid import IdGenerator, is_at_most_once
 from protocol.resp import NULL_ARRAY, OK, Error, Status
 
-
 # Enum member lookups (JobState.X) cost ~10x a module global on the hot path.
 _WAIT_REPL: Final = JobState.WAIT_REPL
 _ACTIVE: Final = JobState.ACTIVE
