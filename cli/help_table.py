@@ -24,8 +24,8 @@ COMMANDS: tuple[CommandHelp, ...] = (
                 "ASYNC)", "jobs"),
     CommandHelp("GETJOB", "[NOHANG] [TIMEOUT ms] [COUNT count] [WITHCOUNTERS] FROM queue "
                 "[queue ...]",
-                "Take up to COUNT jobs from the first non-empty queue, waiting up to TIMEOUT "
-                "ms (0: forever)", "jobs"),
+                "Take up to COUNT jobs, one per queue in turn from left to right; with none "
+                "ready, wait up to TIMEOUT ms (0: forever) unless NOHANG", "jobs"),
     CommandHelp("ACKJOB", "id [id ...]",
                 "Acknowledge jobs as done; the cluster forgets them", "jobs"),
     CommandHelp("FASTACK", "id [id ...]",
