@@ -16,6 +16,7 @@ its connection is still read, so a disconnect is noticed and the broker forgets 
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
 import os
 import signal
@@ -272,6 +273,8 @@ class Server:
         self.connections: set[Connection] = set()
         self.next_client_id = 0
         self.start_time = time.time()
+        self.run_id = os.urandom(20).hex()  # new at every start, as Redis's run_id
+        self.build_id = hashlib.sha1(f"trisque {VERSION} {sys.version}".encode()).hexdigest()[:15]
         self.commands = 0
         self.connections_received = 0
         self.rejected = 0
@@ -385,17 +388,22 @@ class Server:
         ]
 
     def _info_server(self) -> list[tuple[str, Any]]:
+        """Disque's fields in Disque's order (tools parse them), then trisque's own."""
         uptime = int(time.time() - self.start_time)
         uname = os.uname()
         return [
-            ("disque_version", VERSION), ("trisque_version", VERSION),
+            ("disque_version", VERSION), ("disque_git_sha1", "00000000"),
+            ("disque_git_dirty", 0), ("disque_build_id", self.build_id),
             ("os", f"{uname.sysname} {uname.release} {uname.machine}"),
             ("arch_bits", 64), ("multiplexing_api", "epoll"),
-            ("python_version", sys.version.split()[0]),
-            ("process_id", os.getpid()), ("run_id", self.node_id),
+            ("gcc_version", "0.0.0"),  # not a C build; see python_version
+            ("process_id", os.getpid()), ("run_id", self.run_id),
             ("tcp_port", self.config.port), ("uptime_in_seconds", uptime),
             ("uptime_in_days", uptime // 86400), ("hz", self.config.hz),
-            ("executable", sys.argv[0]), ("config_file", self.config.config_file or ""),
+            ("executable", os.path.abspath(sys.argv[0])),
+            ("config_file", self.config.config_file or ""),
+            ("trisque_version", VERSION), ("python_version", sys.version.split()[0]),
+            ("node_id", self.node_id),
         ]
 
     def _info_memory(self) -> list[tuple[str, Any]]:

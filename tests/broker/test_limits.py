@@ -1,0 +1,81 @@
+"""Authentication and memory limits in the pure core: what a client is refused, and with what."""
+
+from __future__ import annotations
+
+import random
+
+from broker.clients import Client
+from broker.config import Config
+from broker.core import Broker
+from protocol.resp import Error, Status
+
+T0 = 1_795_315_892_054
+
+
+def _broker(**settings: object) -> Broker:
+    config = Config()
+    for name, value in settings.items():
+        setattr(config, name, value)
+    return Broker(config, "ab" * 20, b"seed" * 5, now_ms=T0, rng=random.Random(1))
+
+
+def _run(b: Broker, client: Client, *args: str) -> object:
+    return b.execute([a.encode() for a in args], client, T0)
+
+
+def test_requirepass_refuses_everything_but_auth_until_authenticated() -> None:
+    b = _broker(requirepass="s3cret")
+    c = Client(1)
+    for command in (("PING",), ("HELLO",), ("ADDJOB", "q", "x", "0"), ("QLEN", "q")):
+        assert _run(b, c, *command) == "NOAUTH Authentication required."
+    assert _run(b, c, "AUTH", "wrong") == "ERR invalid password"
+    assert _run(b, c, "AUTH", "s3cret") == "OK"
+    assert _run(b, c, "PING") == "PONG"
+    assert isinstance(_run(b, c, "ADDJOB", "q", "x", "0"), Status)
+    # A wrong password later takes the authentication away again, as in Disque.
+    assert _run(b, c, "AUTH", "nope") == "ERR invalid password"
+    assert _run(b, c, "QLEN", "q") == "NOAUTH Authentication required."
+
+
+def test_redis6_hello_handshake_authenticates() -> None:
+    b = _broker(requirepass="pw")
+    c = Client(7)
+    assert _run(b, c, "HELLO", "3", "AUTH", "default", "bad") == (
+        "WRONGPASS invalid username-password pair or user is disabled.")
+    reply = _run(b, c, "HELLO", "3", "AUTH", "default", "pw", "SETNAME", "worker-1")
+    assert isinstance(reply, dict) and reply[b"proto"] == 3 and reply[b"id"] == 7
+    assert c.protover == 3 and c.name == b"worker-1"
+    assert _run(b, c, "HELLO", "4") == "NOPROTO unsupported protocol version"
+
+
+def test_auth_without_requirepass_is_an_error() -> None:
+    assert _run(_broker(), Client(1), "AUTH", "x") == "ERR Client sent AUTH, but no password is set"
+
+
+def test_memory_levels_refuse_addjob_as_disque_does() -> None:
+    b = _broker(maxmemory=1000)
+    c = Client(1)
+    b.used_memory = 700
+    assert isinstance(_run(b, c, "ADDJOB", "q", "x", "0"), Status)
+    b.used_memory = 800  # above 75 %: a single node cannot keep a copy
+    reply = _run(b, c, "ADDJOB", "q", "x", "0")
+    assert isinstance(reply, Error) and reply.startswith("NOREPL ") and reply.endswith(
+        "for the following reason: I'm out of memory")
+    b.used_memory = 1000  # at the limit
+    assert _run(b, c, "ADDJOB", "q", "x", "0") == (
+        "OOM command not allowed when used memory > 'maxmemory'.")
+    assert _run(b, c, "INFO", "jobs") == b"# Jobs\r\nregistered_jobs:1\r\n"
+    # Reads still work.
+    assert _run(b, c, "QLEN", "q") == 1
+
+
+def test_idle_queues_go_sooner_under_memory_pressure() -> None:
+    b = _broker(maxmemory=1000)
+    c = Client(1)
+    _run(b, c, "GETJOB", "NOHANG", "FROM", "a")  # creates the empty queue "a"
+    assert b"a" in b.queues
+    b.used_memory = 800
+    b.tick(T0 + 5_000)
+    assert b"a" in b.queues  # 10 s at this level
+    b.tick(T0 + 11_000)
+    assert b"a" not in b.queues
