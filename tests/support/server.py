@@ -40,19 +40,9 @@ def free_port() -> int:
 
 def send_command(port: int, *args: bytes | str, timeout: float = 5.0) -> Any:
     """One command over a fresh connection; the parsed reply (errors as protocol.resp.Error)."""
-    from protocol.resp import NEED_DATA, ReplyReader, encode_command
+    from cli.bench_servers import command
 
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(encode_command(*args))
-        reader = ReplyReader()
-        while True:
-            reply = reader.next()
-            if reply is not NEED_DATA:
-                return reply
-            data = s.recv(65536)
-            if not data:
-                raise ConnectionError("server closed the connection")
-            reader.feed(data)
+    return command(port, *args, timeout=timeout)
 
 
 class ServerProcess:
