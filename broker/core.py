@@ -21,11 +21,11 @@ neither jobs, waiters nor pause flags is evicted after ``QUEUE_IDLE_EVICT_MS``.
 
 from __future__ import annotations
 
-import hmac
 import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
+from broker import admin
 from broker.clients import Client, Waiter
 from broker.config import Config
 from broker.job import FLAG_DELIVERED, FLAG_QUEUED_BEFORE, FLAG_WILLQUEUE, Job, JobState
@@ -46,7 +46,7 @@ from protocol.commands import (
     parse,
 )
 from protocol.jobid import IdGenerator, is_at_most_once
-from protocol.resp import NULL_ARRAY, OK, Error, Status
+from protocol.resp import NULL_ARRAY, Error, Status
 
 # Enum member lookups (JobState.X) cost ~10x a module global on the hot path.
 _WAIT_REPL: Final = JobState.WAIT_REPL
@@ -107,20 +107,6 @@ class Broker:
         self._last_ctime_ms = 0
         self._ctime_seq = 0
         self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
-        self._generic: dict[str, Callable[[Generic, Client, int], Any]] = {
-            "HELLO": self._hello,
-            "PING": self._ping,
-            "ECHO": lambda c, cl, now: c.args[0],
-            "TIME": self._time,
-            "INFO": self._info,
-            "CLUSTER": self._cluster,
-            "CONFIG": self._config,
-            "DEBUG": self._debug,
-            "AUTH": self._auth,
-            "CLIENT": self._client,
-            "COMMAND": self._command,
-            "SELECT": self._select,
-        }
 
     # =========================================================================================
     # Entry points
@@ -150,10 +136,10 @@ class Broker:
             return self._jscan(cmd, now_ms)  # type: ignore[arg-type]
         if t is Pause:
             return self._pause(cmd, now_ms)  # type: ignore[arg-type]
-        handler = self._generic.get(cmd.name)  # type: ignore[union-attr]
+        handler = admin.HANDLERS.get(cmd.name)  # type: ignore[union-attr]
         if handler is None:
             return errors.unknown_command(cmd.name)  # type: ignore[union-attr]
-        return handler(cmd, client, now_ms)  # type: ignore[arg-type]
+        return handler(self, cmd, client, now_ms)  # type: ignore[arg-type]
 
     def next_deadline(self) -> int | None:
         due = self.timers.next_due()
@@ -708,125 +694,14 @@ class Broker:
         priority = b"100" if self.leaving else b"1"
         return [[self.node_id.encode(), b"", str(self.config.port).encode(), priority]]
 
-    def _hello(self, cmd: Generic, client: Client, now_ms: int) -> Any:
-        if not cmd.args:
-            if self.config.requirepass and not client.authenticated:
-                return errors.NOAUTH
-            return [1, self.node_id.encode(), *self.hello_nodes()]
-        # Redis 6 handshake: HELLO protover [AUTH user pass] [SETNAME name]
-        from protocol.commands import parse_int
-
-        ver = parse_int(cmd.args[0])
-        if ver is None:
-            return Error("ERR Protocol version is not an integer or out of range")
-        if ver not in (2, 3):
-            return errors.NOPROTO
-        j = 1
-        args = cmd.args
-        while j < len(args):
-            opt = args[j].lower()
-            if opt == b"auth" and j + 2 < len(args):
-                if not self.config.requirepass or not hmac.compare_digest(
-                        args[j + 2], self.config.requirepass.encode()):
-                    return errors.WRONGPASS
-                client.authenticated = True
-                j += 3
-            elif opt == b"setname" and j + 1 < len(args):
-                client.name = args[j + 1]
-                j += 2
-            else:
-                return Error(f"ERR Syntax error in HELLO option '{args[j].decode('utf-8', 'replace')}'")
-        if self.config.requirepass and not client.authenticated:
-            return errors.NOAUTH
-        client.protover = ver
-        return {
-            b"server": b"trisque",
-            b"version": VERSION.encode(),
-            b"proto": ver,
-            b"id": client.id,
-            b"mode": b"cluster",
-            b"role": b"master",
-            b"modules": [],
-        }
-
-    def _ping(self, cmd: Generic, client: Client, now_ms: int) -> Any:
-        if len(cmd.args) > 1:
-            return errors.wrong_arity("ping")
-        return cmd.args[0] if cmd.args else Status("PONG")
-
-    def _time(self, cmd: Generic, client: Client, now_ms: int) -> Any:
-        return [str(now_ms // 1000).encode(), str((now_ms % 1000) * 1000).encode()]
-
-    def _info(self, cmd: Generic, client: Client, now_ms: int) -> Any:
-        from broker.info import render
-
-        section = cmd.args[0].decode("utf-8", "replace").lower() if cmd.args else "default"
-        if len(cmd.args) > 1:
-            return errors.SYNTAX
-        sources = dict(self.info_sources)
-        sources["jobs"] = lambda: [("registered_jobs", len(self.jobs))]
-        sources["queues"] = lambda: [("registered_queues", len(self.queues))]
-        return render(sources, section).encode()
-
-    def _cluster(self, cmd: Generic, client: Client, now_ms: int) -> Any:
-        sub = cmd.args[0].lower()
-        rest = cmd.args[1:]
-        if sub == b"leaving":
-            if not rest:
-                return Status("yes" if self.leaving else "no")
-            flag = rest[0].lower()
-            if len(rest) != 1 or flag not in (b"yes", b"no"):
-                return Error("ERR Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
-            self.leaving = flag == b"yes"
-            if self.leaving:
-                # Clients waiting here would wait for jobs a leaving node no longer gets.
-                for q in self.queues.values():
-                    for waiter in list(q.waiters):
-                        self._unblock(waiter)
-                        self.replies.append((waiter.client, errors.LEAVING))
-            return OK
-        if sub == b"info" and not rest:
-            n = 1 + self.reachable_nodes()
-            return (
-                "cluster_state:ok\r\n"
-                f"cluster_known_nodes:{n}\r\n"
-                f"cluster_reachable_nodes:{self.reachable_nodes()}\r\n"
-                f"cluster_size:{n}\r\n"
-                "cluster_stats_messages_sent:0\r\n"
-                "cluster_stats_messages_received:0\r\n"
-            ).encode()
-        if sub == b"nodes" and not rest:
-            return f"{self.node_id} :{self.config.port} myself 0 0 connected\n".encode()
-        if sub == b"myid" and not rest:
-            return self.node_id.encode()
-        if sub == b"meet":
-            return errors.err("CLUSTER MEET needs the cluster bus, which this node does not run yet")
-        if sub == b"leaving":
-            return Error("ERR Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
-        return Error("ERR Wrong CLUSTER subcommand or number of arguments")
-
-    def _config(self, cmd: Generic, client: Client, now_ms: int) -> Any:
-        sub = cmd.args[0].lower()
-        want = {b"get": 2, b"set": 3, b"resetstat": 1, b"rewrite": 1}.get(sub)
-        if want is not None and len(cmd.args) != want:
-            return Error("ERR Wrong number of arguments for CONFIG " + cmd.args[0].decode("utf-8", "replace"))
-        if sub == b"get" and len(cmd.args) == 2:
-            return self.config.config_get(cmd.args[1].decode("utf-8", "replace"))
-        if sub == b"set" and len(cmd.args) == 3:
-            error = self.config.config_set(cmd.args[1].decode("utf-8", "replace"),
-                                           cmd.args[2].decode("utf-8", "replace"))
-            return errors.err(error) if error else OK
-        if sub == b"resetstat" and len(cmd.args) == 1:
-            return OK
-        return Error("ERR CONFIG subcommand must be one of GET, SET, RESETSTAT, REWRITE")
-
-    def _debug(self, cmd: Generic, client: Client, now_ms: int) -> Any:
-        sub = cmd.args[0].lower()
-        if sub == b"flushall" and len(cmd.args) == 1:
-            self.flushall()
-            return OK
-        return Error("ERR Unknown DEBUG subcommand or wrong number of arguments for '"
-                     + cmd.args[0].decode("utf-8", "replace") + "'")
+    def set_leaving(self, leaving: bool) -> None:
+        self.leaving = leaving
+        if leaving:
+            # Clients waiting here would wait for jobs a leaving node no longer gets.
+            for q in self.queues.values():
+                for waiter in list(q.waiters):
+                    self._unblock(waiter)
+                    self.replies.append((waiter.client, errors.LEAVING))
 
     def flushall(self) -> None:
         """Forget every job and queue; blocked GETJOB clients get the timeout reply."""
@@ -842,61 +717,8 @@ class Broker:
         if self.aof_enabled:
             self.log.append(("flushall", None, None))
 
-    def _auth(self, cmd: Generic, client: Client, now_ms: int) -> Any:
-        # AUTH password (Disque), or AUTH default password (Redis 6 clients).
-        if len(cmd.args) > 2:
-            return errors.SYNTAX
-        if not self.config.requirepass:
-            return errors.NO_PASSWORD_SET
-        password = cmd.args[-1]
-        user_ok = len(cmd.args) == 1 or cmd.args[0] == b"default"
-        if user_ok and hmac.compare_digest(password, self.config.requirepass.encode()):
-            client.authenticated = True
-            return OK
-        client.authenticated = False
-        return errors.WRONGPASS if len(cmd.args) == 2 else errors.INVALID_PASSWORD
 
-    def _client(self, cmd: Generic, client: Client, now_ms: int) -> Any:
-        sub = cmd.args[0].lower()
-        args = cmd.args[1:]
-        if sub == b"setname" and len(args) == 1:
-            if any(c <= 32 or c >= 127 for c in args[0]):
-                return Error("ERR Client names cannot contain spaces, newlines or special characters.")
-            client.name = args[0]
-            return OK
-        if sub == b"getname" and not args:
-            return client.name or None
-        if sub == b"id" and not args:
-            return client.id
-        if sub == b"setinfo" and len(args) == 2:
-            field = args[0].lower()
-            if field == b"lib-name":
-                client.lib_name = args[1]
-            elif field == b"lib-ver":
-                client.lib_ver = args[1]
-            else:
-                return Error(f"ERR Unrecognized option '{args[0].decode('utf-8', 'replace')}'")
-            return OK
-        if sub == b"list" and not args:
-            lister = self.info_sources.get("__client_list__")
-            lines = lister() if lister else []
-            return "".join(f"{line}\n" for _, line in lines).encode()
-        return Error(f"ERR Unknown subcommand or wrong number of arguments for '{cmd.args[0].decode('utf-8', 'replace')}'")
-
-    def _command(self, cmd: Generic, client: Client, now_ms: int) -> Any:
-        from protocol.commands import COMMANDS
-
-        if cmd.args and cmd.args[0].lower() == b"count":
-            return len(COMMANDS)
-        if cmd.args and cmd.args[0].lower() == b"docs":
-            return []
-        return [[name, arity, [], 0, 0, 0] for name, (arity, _) in sorted(COMMANDS.items())]
-
-    def _select(self, cmd: Generic, client: Client, now_ms: int) -> Any:
-        return OK if cmd.args[0] == b"0" else Error("ERR DB index is out of range")
-
-
-VERSION: Final = "0.1.0"
+VERSION: Final = admin.VERSION
 
 
 def is_dummy_ack_candidate(job_id: bytes) -> bool:

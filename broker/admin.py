@@ -1,0 +1,206 @@
+"""Administrative commands: HELLO, PING, TIME, INFO, CLUSTER, CONFIG, DEBUG, AUTH, CLIENT,
+COMMAND, SELECT, ECHO.
+
+They read and set node-level state (configuration, the leaving flag, client attributes) and
+leave jobs and queues to ``broker.core``. Each handler takes the broker, the parsed command,
+the client and the time, and returns the reply, like the job commands do.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from broker.clients import Client
+from broker.info import render
+from protocol import errors
+from protocol.commands import COMMANDS, Generic, parse_int
+from protocol.resp import OK, Error, Status
+
+if TYPE_CHECKING:
+    from broker.core import Broker
+
+VERSION = "0.1.0"
+
+
+def hello(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    if not cmd.args:
+        if b.config.requirepass and not client.authenticated:
+            return errors.NOAUTH
+        return [1, b.node_id.encode(), *b.hello_nodes()]
+    # Redis 6 handshake: HELLO protover [AUTH user pass] [SETNAME name]
+    ver = parse_int(cmd.args[0])
+    if ver is None:
+        return Error("ERR Protocol version is not an integer or out of range")
+    if ver not in (2, 3):
+        return errors.NOPROTO
+    j = 1
+    args = cmd.args
+    while j < len(args):
+        opt = args[j].lower()
+        if opt == b"auth" and j + 2 < len(args):
+            if not b.config.requirepass or not hmac.compare_digest(
+                    args[j + 2], b.config.requirepass.encode()):
+                return errors.WRONGPASS
+            client.authenticated = True
+            j += 3
+        elif opt == b"setname" and j + 1 < len(args):
+            client.name = args[j + 1]
+            j += 2
+        else:
+            return Error(f"ERR Syntax error in HELLO option '{args[j].decode('utf-8', 'replace')}'")
+    if b.config.requirepass and not client.authenticated:
+        return errors.NOAUTH
+    client.protover = ver
+    return {
+        b"server": b"trisque",
+        b"version": VERSION.encode(),
+        b"proto": ver,
+        b"id": client.id,
+        b"mode": b"cluster",
+        b"role": b"master",
+        b"modules": [],
+    }
+
+def ping(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    if len(cmd.args) > 1:
+        return errors.wrong_arity("ping")
+    return cmd.args[0] if cmd.args else Status("PONG")
+
+def time(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    return [str(now_ms // 1000).encode(), str((now_ms % 1000) * 1000).encode()]
+
+def info(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    section = cmd.args[0].decode("utf-8", "replace").lower() if cmd.args else "default"
+    if len(cmd.args) > 1:
+        return errors.SYNTAX
+    sources = dict(b.info_sources)
+    sources["jobs"] = lambda: [("registered_jobs", len(b.jobs))]
+    sources["queues"] = lambda: [("registered_queues", len(b.queues))]
+    return render(sources, section).encode()
+
+def cluster(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    sub = cmd.args[0].lower()
+    rest = cmd.args[1:]
+    if sub == b"leaving":
+        if not rest:
+            return Status("yes" if b.leaving else "no")
+        flag = rest[0].lower()
+        if len(rest) != 1 or flag not in (b"yes", b"no"):
+            return Error("ERR Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
+        b.set_leaving(flag == b"yes")
+        return OK
+    if sub == b"info" and not rest:
+        n = 1 + b.reachable_nodes()
+        return (
+            "cluster_state:ok\r\n"
+            f"cluster_known_nodes:{n}\r\n"
+            f"cluster_reachable_nodes:{b.reachable_nodes()}\r\n"
+            f"cluster_size:{n}\r\n"
+            "cluster_stats_messages_sent:0\r\n"
+            "cluster_stats_messages_received:0\r\n"
+        ).encode()
+    if sub == b"nodes" and not rest:
+        return f"{b.node_id} :{b.config.port} myself 0 0 connected\n".encode()
+    if sub == b"myid" and not rest:
+        return b.node_id.encode()
+    if sub == b"meet":
+        return errors.err("CLUSTER MEET needs the cluster bus, which this node does not run yet")
+    if sub == b"leaving":
+        return Error("ERR Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
+    return Error("ERR Wrong CLUSTER subcommand or number of arguments")
+
+def config(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    sub = cmd.args[0].lower()
+    want = {b"get": 2, b"set": 3, b"resetstat": 1, b"rewrite": 1}.get(sub)
+    if want is not None and len(cmd.args) != want:
+        return Error("ERR Wrong number of arguments for CONFIG " + cmd.args[0].decode("utf-8", "replace"))
+    if sub == b"get" and len(cmd.args) == 2:
+        return b.config.config_get(cmd.args[1].decode("utf-8", "replace"))
+    if sub == b"set" and len(cmd.args) == 3:
+        error = b.config.config_set(cmd.args[1].decode("utf-8", "replace"),
+                                       cmd.args[2].decode("utf-8", "replace"))
+        return errors.err(error) if error else OK
+    if sub == b"resetstat" and len(cmd.args) == 1:
+        return OK
+    return Error("ERR CONFIG subcommand must be one of GET, SET, RESETSTAT, REWRITE")
+
+def debug(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    sub = cmd.args[0].lower()
+    if sub == b"flushall" and len(cmd.args) == 1:
+        b.flushall()
+        return OK
+    return Error("ERR Unknown DEBUG subcommand or wrong number of arguments for '"
+                 + cmd.args[0].decode("utf-8", "replace") + "'")
+
+def auth(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    # AUTH password (Disque), or AUTH default password (Redis 6 clients).
+    if len(cmd.args) > 2:
+        return errors.SYNTAX
+    if not b.config.requirepass:
+        return errors.NO_PASSWORD_SET
+    password = cmd.args[-1]
+    user_ok = len(cmd.args) == 1 or cmd.args[0] == b"default"
+    if user_ok and hmac.compare_digest(password, b.config.requirepass.encode()):
+        client.authenticated = True
+        return OK
+    client.authenticated = False
+    return errors.WRONGPASS if len(cmd.args) == 2 else errors.INVALID_PASSWORD
+
+def client_command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    sub = cmd.args[0].lower()
+    args = cmd.args[1:]
+    if sub == b"setname" and len(args) == 1:
+        if any(c <= 32 or c >= 127 for c in args[0]):
+            return Error("ERR Client names cannot contain spaces, newlines or special characters.")
+        client.name = args[0]
+        return OK
+    if sub == b"getname" and not args:
+        return client.name or None
+    if sub == b"id" and not args:
+        return client.id
+    if sub == b"setinfo" and len(args) == 2:
+        field = args[0].lower()
+        if field == b"lib-name":
+            client.lib_name = args[1]
+        elif field == b"lib-ver":
+            client.lib_ver = args[1]
+        else:
+            return Error(f"ERR Unrecognized option '{args[0].decode('utf-8', 'replace')}'")
+        return OK
+    if sub == b"list" and not args:
+        lister = b.info_sources.get("__client_list__")
+        lines = lister() if lister else []
+        return "".join(f"{line}\n" for _, line in lines).encode()
+    return Error(f"ERR Unknown subcommand or wrong number of arguments for '{cmd.args[0].decode('utf-8', 'replace')}'")
+
+def command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    if cmd.args and cmd.args[0].lower() == b"count":
+        return len(COMMANDS)
+    if cmd.args and cmd.args[0].lower() == b"docs":
+        return []
+    return [[name, arity, [], 0, 0, 0] for name, (arity, _) in sorted(COMMANDS.items())]
+
+def select(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    return OK if cmd.args[0] == b"0" else Error("ERR DB index is out of range")
+
+
+def echo(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    return cmd.args[0]
+
+
+HANDLERS: dict[str, Callable[[Broker, Generic, Client, int], Any]] = {
+    "HELLO": hello,
+    "PING": ping,
+    "ECHO": echo,
+    "TIME": time,
+    "INFO": info,
+    "CLUSTER": cluster,
+    "CONFIG": config,
+    "DEBUG": debug,
+    "AUTH": auth,
+    "CLIENT": client_command,
+    "COMMAND": command,
+    "SELECT": select,
+}
