@@ -99,7 +99,11 @@ class Connection:
                     view = memoryview(b"".join(self.pending))
                     self.pending.clear()
                     continue
-                await trio.lowlevel.wait_writable(sock)
+                try:
+                    await trio.lowlevel.wait_writable(sock)
+                except trio.ClosedResourceError:  # closed by another task meanwhile
+                    self.closing = True
+                    return
         finally:
             self.sending = False
 
@@ -109,38 +113,44 @@ class Connection:
         keepalive = server.config.tcp_keepalive
         if keepalive:
             _set_keepalive(sock, keepalive)
-        ready_streak = 0
         try:
-            while not self.closing:
-                try:
-                    data = sock.recv(READ_SIZE)
-                except BlockingIOError:
-                    ready_streak = 0
-                    idle = server.config.timeout
-                    if not idle or self.client.waiter is not None:
-                        # A blocked GETJOB is waiting by request, not idle.
-                        await trio.lowlevel.wait_readable(sock)
-                        continue
-                    with trio.move_on_after(idle) as scope:
-                        await trio.lowlevel.wait_readable(sock)
-                    if scope.cancelled_caught and self.client.waiter is None:
-                        log.debug("Closing idle client %s", self.client.addr)
-                        break
-                    continue
-                except OSError:
-                    break
-                if not data:
-                    break
-                server.stats_in += len(data)
-                self.parser.feed(data)
-                await self.process()
-                ready_streak += 1
-                if ready_streak >= 8:
-                    # A client that always has more to say must not starve the others.
-                    ready_streak = 0
-                    await trio.lowlevel.checkpoint()
+            await self._read_loop(sock)
+        except trio.ClosedResourceError:
+            pass  # closed by another task (a protocol error found while serving it)
         finally:
             self.close()
+
+    async def _read_loop(self, sock: socket.socket) -> None:
+        server = self.server
+        ready_streak = 0
+        while not self.closing:
+            try:
+                data = sock.recv(READ_SIZE)
+            except BlockingIOError:
+                ready_streak = 0
+                idle = server.config.timeout
+                if not idle or self.client.waiter is not None:
+                    # A blocked GETJOB is waiting by request, not idle.
+                    await trio.lowlevel.wait_readable(sock)
+                    continue
+                with trio.move_on_after(idle) as scope:
+                    await trio.lowlevel.wait_readable(sock)
+                if scope.cancelled_caught and self.client.waiter is None:
+                    log.debug("Closing idle client %s", self.client.addr)
+                    break
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            server.stats_in += len(data)
+            self.parser.feed(data)
+            await self.process()
+            ready_streak += 1
+            if ready_streak >= 8:
+                # A client that always has more to say must not starve the others.
+                ready_streak = 0
+                await trio.lowlevel.checkpoint()
 
     def close(self) -> None:
         if self.sock.fileno() < 0:
@@ -458,7 +468,13 @@ class Server:
         conn = Connection(self, sock, client)
         client.handle = conn
         self.connections.add(conn)
-        await conn.serve()
+        try:
+            await conn.serve()
+        except Exception:
+            # A bug met by one connection must not take the node down: say so loudly, drop
+            # that connection, keep serving the others.
+            log.exception("Unexpected error serving client %s; connection closed", addr)
+            conn.close()
 
     async def timers(self) -> None:
         broker = self.broker

@@ -44,3 +44,24 @@ def test_config_rewrite_persists_a_runtime_change(tmp_path: Path) -> None:
         assert node.call("CONFIG", "REWRITE") == b"OK"
     text = conf.read_text()
     assert "# my node" in text and "hz 20" in text and "hz 10" not in text
+
+
+def test_protocol_error_found_after_an_unblock_closes_only_that_client() -> None:
+    # The garbage waits in the buffer behind a blocked GETJOB; it is parsed by the task that
+    # unblocks the client, which then closes a socket its own task is waiting on.
+    with ServerProcess() as node:
+        a = socket.create_connection(("127.0.0.1", node.port), timeout=5)
+        a.sendall(b"GETJOB FROM crashq\r\n*x\r\n")
+        time.sleep(0.3)
+        assert node.call("ADDJOB", "crashq", "body", "0").startswith(b"D-")
+        got = b""
+        while not got.endswith(b"invalid multibulk length\r\n"):
+            chunk = a.recv(4096)
+            assert chunk, f"closed before the error reply; got {got!r}"
+            got += chunk
+        assert got.startswith(b"*1\r\n*3\r\n$6\r\ncrashq\r\n")
+        assert a.recv(10) == b""  # then closed
+        a.close()
+        assert node.call("PING") == b"PONG"
+        assert node.proc is not None and node.proc.poll() is None
+        assert "Traceback" not in node.log()
