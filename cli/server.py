@@ -76,36 +76,59 @@ class Connection:
         self.pending: list[bytes] = []
 
     async def send(self, data: bytes) -> None:
-        if self.sending:
+        """Send ``data`` after whatever is already queued, waiting while the client's socket
+        is full. Only the connection's own task waits here: other tasks use send_nowait."""
+        if data:
             self.pending.append(data)
-            return
+        if self.sending:
+            return  # the task already sending takes it along, in order
         self.sending = True
         sock = self.sock
-        view = memoryview(data)
         try:
-            while not self.closing:
-                try:
-                    sent = sock.send(view)
-                except BlockingIOError:
-                    sent = 0
-                except OSError:
-                    self.closing = True
-                    return
-                self.server.stats_out += sent
-                view = view[sent:]
-                if not view:
-                    if not self.pending:
+            while self.pending and not self.closing:
+                view = memoryview(b"".join(self.pending))
+                self.pending.clear()
+                while view:
+                    try:
+                        sent = sock.send(view)
+                    except BlockingIOError:
+                        sent = 0
+                    except OSError:
+                        self.closing = True
                         return
-                    view = memoryview(b"".join(self.pending))
-                    self.pending.clear()
-                    continue
-                try:
-                    await trio.lowlevel.wait_writable(sock)
-                except trio.ClosedResourceError:  # closed by another task meanwhile
-                    self.closing = True
-                    return
+                    self.server.stats_out += sent
+                    view = view[sent:]
+                    if view:
+                        try:
+                            await trio.lowlevel.wait_writable(sock)
+                        except trio.ClosedResourceError:  # closed by another task meanwhile
+                            self.closing = True
+                            return
         finally:
             self.sending = False
+
+    def send_nowait(self, data: bytes) -> None:
+        """Send from a task that is not this connection's (an unblocked GETJOB's reply): what
+        the socket does not take now is queued and sent by a background task, so a client
+        that stops reading never holds up the producer or the timers."""
+        if self.closing:
+            return
+        if self.sending or self.pending:
+            self.pending.append(data)
+            if not self.sending:
+                self.server.nursery.start_soon(self.send, b"")
+            return
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self.closing = True
+            return
+        self.server.stats_out += sent
+        if sent < len(data):
+            self.pending.append(data[sent:])
+            self.server.nursery.start_soon(self.send, b"")
 
     async def serve(self) -> None:
         server = self.server
@@ -221,7 +244,7 @@ class Connection:
         if out:
             await self.send(b"".join(out) if len(out) > 1 else out[0])
         if broker.replies:
-            await server.flush_replies()
+            server.flush_replies()
         if close:
             self.close()
 
@@ -315,14 +338,14 @@ class Server:
             return str(exc)
         return None
 
-    async def flush_replies(self) -> None:
+    def flush_replies(self) -> None:
         replies = self.broker.replies
         self.broker.replies = []
         for client, reply in replies:
             conn: Connection | None = client.handle
             if conn is None or conn.closing:
                 continue
-            await conn.send(_encode(reply, client.protover))
+            conn.send_nowait(_encode(reply, client.protover))
             if conn.parser.buffered and client.waiter is None:
                 # Pipelined commands waited behind the blocked GETJOB: run them now.
                 self.nursery.start_soon(conn.process)
@@ -490,7 +513,7 @@ class Server:
             if broker.log:
                 await self.make_durable()
             if broker.replies:
-                await self.flush_replies()
+                self.flush_replies()
 
     def _sample(self, now: int) -> None:
         t, n = self._ops_sample

@@ -65,3 +65,30 @@ def test_protocol_error_found_after_an_unblock_closes_only_that_client() -> None
         assert node.call("PING") == b"PONG"
         assert node.proc is not None and node.proc.poll() is None
         assert "Traceback" not in node.log()
+
+
+def test_a_consumer_that_stops_reading_does_not_hold_up_producers() -> None:
+    # The consumer pipelines many GETJOBs and never reads: each job it is handed (1 MB) fills
+    # its socket. The producer, whose ADDJOBs are what unblock it, must keep getting replies.
+    body = "x" * (1 << 20)
+    with ServerProcess() as node:
+        slow = socket.socket()
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.connect(("127.0.0.1", node.port))
+        slow.sendall(b"GETJOB FROM bigq\r\n" * 50)
+        time.sleep(0.3)
+        producer = socket.create_connection(("127.0.0.1", node.port), timeout=5)
+        started = time.monotonic()
+        for _ in range(30):
+            frame = f"*4\r\n$6\r\nADDJOB\r\n$4\r\nbigq\r\n${len(body)}\r\n{body}\r\n$1\r\n0\r\n"
+            producer.sendall(frame.encode())
+            reply = b""
+            while not reply.endswith(b"\r\n"):
+                chunk = producer.recv(100)
+                assert chunk, "producer connection closed"
+                reply += chunk
+            assert reply.startswith(b"+D-")
+        assert time.monotonic() - started < 20
+        assert node.call("PING") == b"PONG"
+        producer.close()
+        slow.close()
