@@ -511,7 +511,9 @@ class Server:
             self._sample(now)
             broker.tick(now)
             if broker.log:
-                await self.make_durable()
+                # Requeues and expiries gate no reply: hand them to the log and move on, so a
+                # slow disk never delays timeouts and requeues.
+                self.persistence.submit()
             if broker.replies:
                 self.flush_replies()
 
