@@ -486,7 +486,10 @@ class Server:
             sock.close()
             return
         self.next_client_id += 1
-        addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        host = peer[0] if isinstance(peer, tuple) else str(peer)
+        if host.startswith("::ffff:"):  # an IPv4 client of the dual-stack listener
+            host = host[7:]
+        addr = f"{host}:{peer[1]}" if isinstance(peer, tuple) else host
         client = Client(self.next_client_id, addr, now_ms())
         conn = Connection(self, sock, client)
         client.handle = conn

@@ -80,7 +80,9 @@ class ServerProcess:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"trisque-server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if send_command(self.port, "PING", timeout=1.0) == b"PONG":
+                reply = send_command(self.port, "PING", timeout=1.0)
+                # With requirepass, NOAUTH is the answer of a node that is up.
+                if reply == b"PONG" or str(reply).startswith("NOAUTH"):
                     return
             except OSError:
                 pass
