@@ -236,6 +236,9 @@ class Persistence:
         batch.data += aof.encode_records(entries)
         batch.entries.extend(entries)
         entries.clear()
+        # Even under everysec / no the write is left to the writer task: it joins the records
+        # of every connection served meanwhile into one write(2). Writing here, per batch,
+        # was measured at about half the ADDJOB throughput (12-13k vs 22-23k ops/s, 50 conns).
         self._wakeup.set()
         return batch.ticket
 
