@@ -69,6 +69,7 @@ DIRECTIVES: dict[str, Directive] = {
         _D("aof-load-truncated", "bool", True, True, "Load a log whose last record is torn (truncating it)."),
         _D("aof-enqueue-jobs-once", "bool", False, True, "Restore queues exactly at next start (set by a controlled restart)."),
         _D("aof-rewrite-incremental-fsync", "bool", True, True, "fsync the rewritten log every 32 MB while writing it."),
+        _D("aof-rewrite-on-shutdown", "bool", True, True, "On SIGTERM/SIGINT with appendonly yes, end with a snapshot that restores queues exactly at the next start, as SHUTDOWN REWRITE-AOF does (no: Disque's way, queued jobs come back after their retry time)."),
         _D("slowlog-log-slower-than", "int", 10000, True, "Accepted for compatibility."),
         _D("slowlog-max-len", "int", 128, True, "Accepted for compatibility."),
         _D("latency-monitor-threshold", "int", 0, True, "Accepted for compatibility."),

@@ -209,7 +209,7 @@ class Connection:
         close = False
         parser = self.parser
         driver_commands = server.driver_commands
-        while client.waiter is None:
+        while client.waiter is None and not server.stopping:
             try:
                 argv = parser.next()
             except ProtocolError as exc:
@@ -318,6 +318,9 @@ class Server:
         self.peak_rss = 0
         self.shutdown_event = trio.Event()
         self.shutdown_rewrite = False
+        # Set when the node starts shutting down: no command runs after it, so the final
+        # snapshot is the state the clients were last told about.
+        self.stopping = False
         self.listening: list[tuple[str, int]] = []
         self.driver_commands = {
             b"quit": self._quit,
@@ -558,10 +561,13 @@ class Server:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 log.warning("Received %s scheduling shutdown...", signal.Signals(signum).name)
+                cfg = self.config
+                self.shutdown_rewrite = bool(cfg.appendonly and cfg.aof_rewrite_on_shutdown)
                 self.shutdown_event.set()
                 return
 
     async def _finish(self) -> None:
+        self.stopping = True
         try:
             with trio.fail_after(60):
                 await self.persistence.shutdown(self.shutdown_rewrite)

@@ -92,3 +92,23 @@ def test_a_consumer_that_stops_reading_does_not_hold_up_producers() -> None:
         assert node.call("PING") == b"PONG"
         producer.close()
         slow.close()
+
+
+def _restart_keeps_queue(tmp_path: Path, **directives: object) -> tuple[int, int]:
+    with ServerProcess(directory=str(tmp_path), appendonly="yes", **directives) as node:
+        for i in range(3):
+            node.call("ADDJOB", "rq", f"job-{i}", "0")
+        delivered = node.call("GETJOB", "FROM", "rq")
+        assert delivered[0][2] == b"job-0"
+        node.restart()  # SIGTERM, then start again on the same directory
+        return node.call("QLEN", "rq"), node.call("INFO", "jobs").count(b"registered_jobs:3")
+
+
+def test_a_signalled_restart_keeps_queues_exactly(tmp_path: Path) -> None:
+    qlen, all_jobs_back = _restart_keeps_queue(tmp_path)
+    assert (qlen, all_jobs_back) == (2, 1)  # the two undelivered jobs are queued at once
+
+
+def test_without_rewrite_on_shutdown_queues_come_back_after_retry(tmp_path: Path) -> None:
+    qlen, all_jobs_back = _restart_keeps_queue(tmp_path, aof_rewrite_on_shutdown="no")
+    assert (qlen, all_jobs_back) == (0, 1)  # Disque's way: known, queued after RETRY
