@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,19 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def free_port() -> int:
     """A port p such that p and p + 10000 (the cluster bus) are both free."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 10000 > 65535:
-            continue
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", port + 10000))
-        except OSError:
-            continue
-        return int(port)
-    raise RuntimeError("no free port pair found")
+    from cli.bench_servers import free_port as pick
+
+    return pick()
 
 
 def send_command(port: int, *args: bytes | str, timeout: float = 5.0) -> Any:
