@@ -45,7 +45,7 @@ from protocol.commands import (
     QueueCommand,
     parse,
 )
-from protocol.jobid import IdGenerator, is_at_most_once
+from protocol.jobid import IdGenerator
 from protocol.resp import NULL_ARRAY, Error, Status
 
 # Enum member lookups (JobState.X) cost ~10x a module global on the hot path.
@@ -719,8 +719,3 @@ class Broker:
 
 
 VERSION: Final = admin.VERSION
-
-
-def is_dummy_ack_candidate(job_id: bytes) -> bool:
-    """Only at-least-once jobs need an ACK remembered for a job this node does not hold."""
-    return not is_at_most_once(job_id)

@@ -29,7 +29,7 @@ CATEGORIES = [
     ("command parsing (argv -> command object)", ("(protocol/commands.py", "(commands.py")),
     ("reply encoding", ("encode_into", "_encode_into", "_encode (")),
     ("trio locks", ("_LockImpl", "AsyncContextManagerMixin")),
-    ("append log", ("make_durable", "wait_durable", "(aof.py", "(persistence.py")),
+    ("append log", ("Persistence.submit", "wait_durable", "(aof.py", "(persistence.py")),
     ("socket send (trio stream)", ("send_all", "Connection.send")),
     ("socket recv (trio stream)", ("receive_some",)),
     ("broker: command execution", ("Broker.", "(broker/",)),

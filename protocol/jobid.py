@@ -46,11 +46,6 @@ def is_at_most_once(job_id: bytes) -> bool:
     return ttl_minutes(job_id) & 1 == 0
 
 
-def node_prefix(job_id: bytes) -> bytes:
-    """The first 8 hex characters of the ID of the node that created the job."""
-    return job_id[2:10]
-
-
 class IdGenerator:
     """Makes IDs from a random seed (injected, so tests are repeatable) and a counter."""
 
