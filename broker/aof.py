@@ -182,8 +182,16 @@ def _rest_is_zero(f: BinaryIO, start: int) -> bool:
     return True
 
 
-def read_log(path: str, end: ReadEnd | None = None) -> Iterator[Record]:
+Validator = Callable[[str, Any], "str | None"]
+
+
+def read_log(path: str, end: ReadEnd | None = None,
+             validate: Validator | None = None) -> Iterator[Record]:
     """Yield ``(kind, data)`` for every whole record; fill ``end`` with how the file ends.
+
+    ``validate(kind, data)`` (the record format's owner, ``broker.job.validate_record``) says
+    why a decodable record is still not one a node could have written; such a record is
+    damage at its offset, like a checksum mismatch, so replay never applies it.
 
     Raises ``LogError``/``LogVersionError`` for a file that is not a log we can read (bad
     magic, newer version, damaged header); damage after the header is reported in ``end``.
@@ -243,8 +251,10 @@ def read_log(path: str, end: ReadEnd | None = None) -> Iterator[Record]:
                 except Exception as exc:  # noqa: BLE001 - any decoding failure is damage
                     reason = f"undecodable record ({exc.__class__.__name__})"
                 else:
-                    if kind not in counts:
-                        reason = f"unknown record kind {kind!r}"
+                    if not isinstance(kind, str) or kind not in counts:
+                        reason = f"unknown record kind {kind!r:.60}"
+                    elif validate is not None:
+                        reason = validate(kind, data) or ""
             if reason:
                 _classify(f, end, base + pos, base + start + n, reason)
                 return
@@ -260,16 +270,18 @@ def _classify(f: BinaryIO, end: ReadEnd, offset: int, frame_end: int | None, rea
     end.state = "torn" if _rest_is_zero(f, tail_from) else "corrupt"
 
 
-def scan(path: str) -> ReadEnd:
+def scan(path: str, validate: Validator | None = None) -> ReadEnd:
     """Read a whole log without applying it (for ``check-log``)."""
     end = ReadEnd()
-    for _ in read_log(path, end):
+    for _ in read_log(path, end, validate):
         pass
     return end
 
 
 class Loadable(Protocol):
     def load_record(self, record: Record, now_ms: int) -> None: ...
+
+    def validate_record(self, kind: str, data: Any) -> str | None: ...
 
 
 def load_into(
@@ -281,7 +293,7 @@ def load_into(
     ``load_truncated`` is off. The caller calls ``broker.finish_load`` afterwards."""
     end = ReadEnd()
     load = broker.load_record
-    for rec in read_log(path, end):
+    for rec in read_log(path, end, broker.validate_record):
         load(rec, now_ms)
     if end.state == "corrupt":
         raise LogCorrupt(path, end.offset, end.reason)

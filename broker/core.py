@@ -28,7 +28,14 @@ from typing import Any, Final
 from broker import admin
 from broker.clients import Client, Waiter
 from broker.config import Config
-from broker.job import FLAG_DELIVERED, FLAG_QUEUED_BEFORE, FLAG_WILLQUEUE, Job, JobState
+from broker.job import (
+    FLAG_DELIVERED,
+    FLAG_QUEUED_BEFORE,
+    FLAG_WILLQUEUE,
+    Job,
+    JobState,
+    validate_record,
+)
 from broker.queue import PAUSE_ALL, PAUSE_IN, PAUSE_NAMES, PAUSE_NONE, PAUSE_OUT, Queue
 from broker.scan import ScanList
 from broker.timers import TimerWheel
@@ -330,6 +337,10 @@ class Broker:
                 self._serve_waiters(q, now_ms)
 
     # -- replay and snapshot (the append log drives these) --------------------------------------
+
+    @staticmethod
+    def validate_record(kind: str, data: Any) -> str | None:
+        return validate_record(kind, data)
 
     def load_record(self, record: tuple[Any, ...], now_ms: int) -> None:
         kind, payload = record[0], record[1]

@@ -23,6 +23,9 @@ from __future__ import annotations
 import enum
 from typing import Any, Final
 
+from protocol.commands import MAX_JOB_SECONDS
+from protocol.jobid import is_valid
+
 
 class JobState(enum.Enum):
     WAIT_REPL = "wait-repl"  # created, waiting to be replicated to enough nodes
@@ -54,6 +57,53 @@ FLAG_QUEUED_BEFORE: Final = 4  # queued at least once: a later queueing is an ad
 # A job is re-queued WILLQUEUE_ADVANCE ms after it wakes up: in a cluster the wake-up tells
 # the other holders first, so they can object if they already queued it.
 WILLQUEUE_ADVANCE_MS: Final = 500
+
+
+_INT64_MAX: Final = (1 << 63) - 1
+# Range of each integer field of a job record (index in ``Job.to_record()`` -> (min, max)):
+# what the command parsers let in, so a record outside them was not written by a sane node.
+_RECORD_INTS: Final = {
+    4: ("repl", 1, 65535), 5: ("ttl", 1, MAX_JOB_SECONDS), 6: ("retry", 0, MAX_JOB_SECONDS),
+    7: ("delay", 0, MAX_JOB_SECONDS), 8: ("ctime", 0, _INT64_MAX), 9: ("qtime", 0, _INT64_MAX),
+    10: ("nacks", 0, _INT64_MAX), 11: ("deliveries", 0, _INT64_MAX), 14: ("flags", 0, 255),
+}
+RECORD_FIELDS: Final = 15
+
+
+def record_problem(rec: Any) -> str | None:
+    """Why ``rec`` is not a job record this node could have written, or None if it is one.
+
+    The append log checks every record with this before replay applies it, so a damaged or
+    foreign record is reported as damage at its offset instead of failing later (when its
+    delay ends, at a rewrite, at shutdown)."""
+    if not isinstance(rec, list) or len(rec) != RECORD_FIELDS:
+        return "job record is not a list of 15 fields"
+    job_id, queue, body, state = rec[0], rec[1], rec[2], rec[3]
+    if not isinstance(job_id, bytes) or not is_valid(job_id):
+        return "job record with an invalid job ID"
+    if not isinstance(queue, bytes) or not isinstance(body, bytes):
+        return "job record whose queue or body is not bytes"
+    if state not in STATE_BY_NAME:
+        return f"job record with an unknown state {state!r}"
+    for index, (name, low, high) in _RECORD_INTS.items():
+        value = rec[index]
+        if type(value) is not int or not low <= value <= high:
+            return f"job record with {name} {value!r} outside [{low}, {high}]"
+    for index in (12, 13):
+        nodes = rec[index]
+        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+            return "job record whose node lists are not lists of node IDs"
+    return None
+
+
+def validate_record(kind: str, data: Any) -> str | None:
+    """Why an append-log record ``(kind, data)`` is not one a node could have written, or
+    None. ``broker/aof.py`` calls it for every record it reads."""
+    if kind == "job":
+        return record_problem(data)
+    if kind in ("ack", "del") and not (isinstance(data, bytes) and is_valid(data)):
+        return f"{kind} record with an invalid job ID {data!r:.60}"
+    return None
 
 
 class Job:

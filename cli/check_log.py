@@ -16,6 +16,7 @@ import os
 import sys
 
 from broker import aof
+from broker.job import validate_record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     path: str = args.file
     try:
         size = os.path.getsize(path)
-        end = aof.scan(path)
+        end = aof.scan(path, validate_record)
     except aof.LogError as exc:
         print(f"error: {exc}")
         return 2

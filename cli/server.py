@@ -30,6 +30,7 @@ import trio
 from broker.clients import Client
 from broker.config import Config, ConfigError
 from broker.core import BLOCKED, VERSION, Broker
+from cli.persistence import Persistence, StartupError
 from protocol import errors
 from protocol.resp import NEED_DATA, OK, Error, ProtocolError, RequestParser, Status, encode_into
 
@@ -267,34 +268,6 @@ def _encode(value: Any, protover: int) -> bytes:
 
 # ---------------------------------------------------------------------------------------------
 # The node
-
-
-class NullPersistence:
-    """Stand-in when the append log is off and not needed."""
-
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-
-    def load(self, now: int) -> None:
-        pass
-
-    def submit(self) -> int:
-        return 0
-
-    async def wait_durable(self, ticket: int) -> None:
-        return None
-
-    async def bgrewrite(self) -> str:
-        raise RuntimeError("the append log is not available in this build")
-
-    def info(self) -> list[tuple[str, Any]]:
-        return [("loading", 0), ("aof_enabled", 0), ("aof_state", "off"),
-                ("aof_rewrite_in_progress", 0), ("aof_rewrite_scheduled", 0),
-                ("aof_last_rewrite_time_sec", -1), ("aof_current_rewrite_time_sec", -1),
-                ("aof_last_bgrewrite_status", "ok"), ("aof_last_write_status", "ok")]
-
-    async def shutdown(self, rewrite: bool) -> None:
-        pass
 
 
 class Server:
@@ -607,13 +580,7 @@ def open_listeners(cfg: Config) -> list[socket.socket]:
     return listeners
 
 
-def make_persistence(config: Config, broker: Broker) -> Any:
-    try:
-        from cli.persistence import Persistence
-    except ImportError:
-        if config.appendonly or config.aof_enqueue_jobs_once:
-            raise ServerError("appendonly yes needs the append log module (cli/persistence.py)") from None
-        return NullPersistence()
+def make_persistence(config: Config, broker: Broker) -> Persistence:
     return Persistence(config, broker, log)
 
 
@@ -717,7 +684,9 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(f"{os.getpid()}\n")
     try:
         trio.run(Server(config).run)
-    except ServerError as exc:
+    except (ServerError, StartupError) as exc:
+        # One clear line where the operator looks (the log file and the terminal), no
+        # traceback: these are problems with the data or the setup, not bugs.
         log.error("%s", exc)
         print(f"trisque-server: {exc}", file=sys.stderr)
         return 1

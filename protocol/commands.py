@@ -48,6 +48,8 @@ def _timeout(raw: bytes) -> int | Error:
 
 
 DEFAULT_TTL = 24 * 3600  # seconds, when ADDJOB gives no TTL
+# The largest DELAY, RETRY and TTL (seconds): what Disque's job structure can hold (uint32).
+MAX_JOB_SECONDS = (1 << 32) - 1
 
 # ---------------------------------------------------------------------------------------------
 # Command objects
@@ -148,27 +150,34 @@ def _addjob(argv: list[bytes]) -> AddJob | Error:
         if last or opt not in (b"replicate", b"delay", b"retry", b"ttl", b"maxlen"):
             return errors.SYNTAX
         value = parse_int(argv[j + 1])
-        if value is None:
-            return errors.NOT_INTEGER
+        # As in Disque, a value that is not a number gets the option's own error text. Disque
+        # keeps DELAY, RETRY and TTL in 32-bit fields and silently truncates larger values;
+        # trisque refuses them, so nothing out of range reaches the queues or the log.
         if opt == b"replicate":
-            if value <= 0 or value > 65535:
-                return Error("ERR REPLICATE must be between 1 and 65535")
+            if value is None or value <= 0 or value > 65535:
+                return errors.BAD_REPLICATE
             replicate = value
         elif opt == b"delay":
-            if value < 0:
-                return Error("ERR DELAY time must be a non negative number")
+            if value is None or value < 0:
+                return errors.BAD_DELAY
+            if value > MAX_JOB_SECONDS:
+                return errors.too_big("DELAY", MAX_JOB_SECONDS)
             delay = value
         elif opt == b"retry":
-            if value < 0:
-                return Error("ERR RETRY time must be a non negative number")
+            if value is None or value < 0:
+                return errors.BAD_RETRY
+            if value > MAX_JOB_SECONDS:
+                return errors.too_big("RETRY", MAX_JOB_SECONDS)
             retry = value
         elif opt == b"ttl":
-            if value <= 0:
-                return Error("ERR TTL must be a number > 0")
+            if value is None or value <= 0:
+                return errors.BAD_TTL
+            if value > MAX_JOB_SECONDS:
+                return errors.too_big("TTL", MAX_JOB_SECONDS)
             ttl = value
         else:
-            if value <= 0:
-                return Error("ERR MAXLEN must be a positive number")
+            if value is None or value <= 0:
+                return errors.BAD_MAXLEN
             maxlen = value
         j += 2
     timeout = _timeout(argv[3])
@@ -202,9 +211,7 @@ def _getjob(argv: list[bytes]) -> GetJob | Error:
             j += 1
         elif opt == b"count" and not last:
             c = parse_int(argv[j + 1])
-            if c is None:
-                return errors.NOT_INTEGER
-            if c <= 0:
+            if c is None or c <= 0:
                 return errors.COUNT_POSITIVE
             count = c
             j += 1
@@ -253,7 +260,7 @@ class _CursorSlot:
             return errors.SYNTAX
         value = parse_int(raw)
         if value is None or value < 0:
-            return Error("ERR invalid cursor")
+            return errors.BAD_CURSOR
         self.value = value
         return None
 

@@ -30,6 +30,12 @@ DELAY_GT_TTL: Final = Error(
     "ERR The specified DELAY is greater than TTL. Job refused since would never be delivered"
 )
 COUNT_POSITIVE: Final = Error("ERR COUNT must be a number greater than zero")
+BAD_REPLICATE: Final = Error("ERR REPLICATE must be between 1 and 65535")
+BAD_DELAY: Final = Error("ERR DELAY time must be a non negative number")
+BAD_RETRY: Final = Error("ERR RETRY time must be a non negative number")
+BAD_TTL: Final = Error("ERR TTL must be a number > 0")
+BAD_MAXLEN: Final = Error("ERR MAXLEN must be a positive number")
+BAD_CURSOR: Final = Error("ERR invalid cursor or option name")
 NOAUTH: Final = Error("NOAUTH Authentication required.")
 INVALID_PASSWORD: Final = Error("ERR invalid password")
 NO_PASSWORD_SET: Final = Error("ERR Client sent AUTH, but no password is set")
@@ -38,6 +44,10 @@ NOPROTO: Final = Error("NOPROTO unsupported protocol version")
 OOM: Final = Error("OOM command not allowed when used memory > 'maxmemory'.")
 MAX_CLIENTS: Final = Error("ERR max number of clients reached")
 LOADING: Final = Error("LOADING Disque is loading the dataset in memory")
+
+
+def too_big(option: str, limit: int) -> Error:
+    return Error(f"ERR {option} must be at most {limit}")
 
 
 def wrong_arity(name: str) -> Error:

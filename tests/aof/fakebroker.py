@@ -46,6 +46,9 @@ class FakeBroker:
         else:
             self.jobs[job_id] = list(before)
 
+    def validate_record(self, kind: str, data: Any) -> str | None:
+        return None  # the fake's records are opaque lists
+
     def load_record(self, record: tuple[Any, ...], now_ms: int) -> None:
         kind, data = record[0], record[1]
         if kind == "job":

@@ -7,17 +7,27 @@ import subprocess
 import sys
 
 from broker import aof
+from broker.job import Job
 from cli import check_log
 from tests.support.server import REPO
+
+
+def _id(n: int) -> bytes:
+    return b"D-00000000-%024d-05a1" % n
+
+
+def _record(n: int) -> list:
+    return Job(_id(n), b"q", b"x", repl=1, ttl=3600, retry=60, delay=0, ctime=1,
+              delivered=("a" * 40,)).to_record()
 
 
 def _log(path, n=10):
     with open(path, "wb") as f:
         f.write(aof.encode_header())
         for i in range(n):
-            f.write(aof.encode_frame("job", [b"D-%d" % i, b"q", b"x", True, 0]))
-        f.write(aof.encode_frame("ack", b"D-0"))
-        f.write(aof.encode_frame("del", b"D-1"))
+            f.write(aof.encode_frame("job", _record(i)))
+        f.write(aof.encode_frame("ack", _id(0)))
+        f.write(aof.encode_frame("del", _id(1)))
     return os.path.getsize(path)
 
 
@@ -33,7 +43,7 @@ def test_torn_tail_reported_then_fixed(tmp_path, capsys):
     path = str(tmp_path / "a.aof")
     size = _log(path)
     os.truncate(path, size - 4)
-    whole = size - len(aof.encode_frame("del", b"D-1"))
+    whole = size - len(aof.encode_frame("del", _id(1)))
     assert check_log.main([path]) == 1
     out = capsys.readouterr().out
     assert f"torn tail at offset {whole}" in out and "--fix" in out
@@ -68,3 +78,19 @@ def test_runs_as_a_module(tmp_path):
     out = subprocess.run([sys.executable, "-m", "cli.check_log", path], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "status: OK" in out.stdout
+
+
+def test_record_a_node_could_not_have_written_is_damage(tmp_path, capsys):
+    """A well-framed record with a RETRY past what ADDJOB accepts (the value that killed a
+    node in issue 15) is reported at its offset, not applied."""
+    path = str(tmp_path / "a.aof")
+    _log(path, n=2)
+    bad = _record(5)
+    bad[6] = 9223372036854775807  # retry
+    offset = os.path.getsize(path)
+    with open(path, "ab") as f:
+        f.write(aof.encode_frame("job", bad))
+        f.write(aof.encode_frame("job", _record(6)))
+    assert check_log.main([path]) == 1
+    out = capsys.readouterr().out
+    assert f"offset {offset}" in out and "retry" in out

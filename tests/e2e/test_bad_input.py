@@ -189,6 +189,23 @@ def test_unknown_command(srv: ServerProcess, argv: tuple[str, ...], text: str) -
         (("GETJOB", "NOHANG", "COUNT", "-3", "FROM", "bq"), "ERR COUNT must be a number greater than zero"),
         (("QPEEK", "stable", "abc"), "ERR value is not an integer or out of range"),
         (("QPEEK", "stable", "1e3"), "ERR value is not an integer or out of range"),
+        # Disque's addjobCommand: a value that is not a number gets the option's own text.
+        (("ADDJOB", "bq", "b", "0", "RETRY", "x"), "ERR RETRY time must be a non negative number"),
+        (("ADDJOB", "bq", "b", "0", "DELAY", "1.5"), "ERR DELAY time must be a non negative number"),
+        (("ADDJOB", "bq", "b", "0", "TTL", "x"), "ERR TTL must be a number > 0"),
+        (("ADDJOB", "bq", "b", "0", "MAXLEN", "x"), "ERR MAXLEN must be a positive number"),
+        (("ADDJOB", "bq", "b", "0", "REPLICATE", "x"), "ERR REPLICATE must be between 1 and 65535"),
+        (("GETJOB", "COUNT", "x", "FROM", "bq"), "ERR COUNT must be a number greater than zero"),
+        # Past what Disque's 32-bit job fields hold: refused (Disque would truncate them).
+        (("ADDJOB", "bq", "b", "0", "RETRY", "9223372036854775807"), "ERR RETRY must be at most 4294967295"),
+        (("ADDJOB", "bq", "b", "0", "RETRY", "4294967296"), "ERR RETRY must be at most 4294967295"),
+        (("ADDJOB", "bq", "b", "0", "DELAY", "4294967296"), "ERR DELAY must be at most 4294967295"),
+        (("ADDJOB", "bq", "b", "0", "TTL", "4294967296"), "ERR TTL must be at most 4294967295"),
+        (("ADDJOB", "bq", "b", "0", "RETRY", "99999999999999999999"), "ERR RETRY time must be a non negative number"),
+        # Disque's parseScanCursorOrReply.
+        (("QSCAN", "abc"), "ERR invalid cursor or option name"),
+        (("QSCAN", "-1"), "ERR invalid cursor or option name"),
+        (("JSCAN", "1x"), "ERR invalid cursor or option name"),
     ],
 )
 def test_bad_numbers(srv: ServerProcess, argv: tuple[str, ...], text: str) -> None:
