@@ -83,6 +83,29 @@ DIRECTIVES: dict[str, Directive] = {
 }
 
 
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+HZ_MIN, HZ_MAX = 1, 500
+# The accepted range of every numeric directive, checked before a value is applied (from a
+# file, the command line or CONFIG SET), so no value can break the node later: a keepalive
+# past what the kernel takes, maxclients 0, a timeout trio cannot represent. Others: 0 to
+# INT32_MAX ("int") or INT64_MAX ("memory").
+RANGES: dict[str, tuple[int, int]] = {
+    "tcp-backlog": (0, 65535),
+    "tcp-keepalive": (0, 32767),  # Linux's largest TCP_KEEPIDLE
+    "unixsocketperm": (0, 0o777),
+    "databases": (1, INT32_MAX),
+    "maxclients": (1, INT32_MAX),
+    "maxmemory-samples": (1, INT32_MAX),
+    "slowlog-log-slower-than": (-1, INT64_MAX),
+    "cluster-node-timeout": (1, INT32_MAX),
+}
+
+
+def value_range(d: Directive) -> tuple[int, int]:
+    return RANGES.get(d.name, (0, INT64_MAX if d.kind == "memory" else INT32_MAX))
+
+
 def attr(name: str) -> str:
     return name.replace("-", "_")
 
@@ -109,16 +132,18 @@ def _parse_value(d: Directive, args: list[str]) -> Any:
                 if low.endswith(unit):
                     mult, low = _UNITS[unit], low[: -len(unit)]
                     break
-        try:
-            value = int(low) * mult
-        except ValueError:
-            raise ConfigError("argument must be a number") from None
-        if value < 0 and d.name not in ("slowlog-log-slower-than",):
-            raise ConfigError("argument must be positive")
+        if not low.lstrip("-").isdigit() or len(low) > 20:
+            raise ConfigError("argument must be a number")
+        value = int(low) * mult
         if d.name == "port" and not 0 < value < 55536:
             raise ConfigError("Invalid port (the cluster bus needs port + 10000 < 65536)")
-        if d.name == "hz" and value <= 0:
-            raise ConfigError("hz must be > 0")
+        if d.name == "hz":
+            # As in Disque, hz is a hint: out-of-range values are capped, not refused (above
+            # 500 the timer task would spin).
+            return min(max(value, HZ_MIN), HZ_MAX)
+        least, most = value_range(d)
+        if not least <= value <= most:
+            raise ConfigError(f"argument must be between {least} and {most}")
         return value
     if d.kind.startswith("enum:"):
         allowed = d.kind[5:].split(",")

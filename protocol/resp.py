@@ -201,8 +201,11 @@ class RequestParser:
 
 def _parse_int(buf: bytearray, start: int, end: int) -> int | None:
     text = buf[start:end]
-    # int() accepts spaces, '+' and '_' which Redis's string2ll refuses.
-    if not text or len(text) > 20 or not (text.isdigit() or (text[0] == 0x2D and text[1:].isdigit())):
+    # int() accepts spaces, '+', '_' and leading zeros, which Redis's string2ll refuses.
+    if not text or len(text) > 20:
+        return None
+    digits = text[1:] if text[0] == 0x2D else text
+    if not digits.isdigit() or (digits[0] == 0x30 and (len(digits) > 1 or digits is not text)):
         return None
     return int(text)
 
@@ -309,6 +312,16 @@ _BULK_HEADERS: Final = [b"$%d\r\n" % i for i in range(1024)]
 _ARRAY_HEADERS: Final = [b"*%d\r\n" % i for i in range(256)]
 
 
+def _one_line(text: str) -> bytes:
+    """A status or error line as bytes. Errors often echo client input (an unknown command's
+    name, a CONFIG value); a CR or LF in it would end the line early and let the client forge
+    the next reply, so both become spaces, as Disque's addReplyErrorFormat does."""
+    data = text.encode()
+    if b"\r" in data or b"\n" in data:
+        data = data.replace(b"\r", b" ").replace(b"\n", b" ")
+    return data
+
+
 def encode(value: Any, protover: int = 2) -> bytes:
     out: list[bytes] = []
     _encode_into(value, out, protover)
@@ -328,7 +341,7 @@ def _encode_into(value: Any, out: list[bytes], protover: int) -> None:
         out.append(value)
         out.append(_CRLF)
     elif t is Status:
-        out.append(b"+" + value.encode() + _CRLF)
+        out.append(b"+" + _one_line(value) + _CRLF)
     elif t is int:
         out.append(_SMALL_INTS[value] if 0 <= value < 1024 else b":%d\r\n" % value)
     elif t is list or t is tuple:
@@ -339,7 +352,7 @@ def _encode_into(value: Any, out: list[bytes], protover: int) -> None:
     elif value is None:
         out.append(_NULL3 if protover == 3 else _NULL_BULK)
     elif t is Error:
-        out.append(b"-" + value.encode() + _CRLF)
+        out.append(b"-" + _one_line(value) + _CRLF)
     elif value is NULL_ARRAY:
         out.append(_NULL3 if protover == 3 else _NULL_ARRAY2)
     elif t is dict:
