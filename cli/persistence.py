@@ -469,33 +469,36 @@ class Persistence:
     # -----------------------------------------------------------------------------------------
     # CONFIG SET appendonly
 
-    async def config_changed(self, name: str) -> None:
-        """Called by the server after a successful CONFIG SET. ``appendfsync`` and the rewrite
-        settings are read at each use; ``appendonly`` switches the log on (a full snapshot
-        becomes the new log, as Redis starts with a rewrite) or off (flush, fsync, close)."""
+    async def config_changed(self, name: str) -> str | None:
+        """Called by the server after a successful CONFIG SET; the error text if the change
+        could not be carried out (then it is undone). ``appendfsync`` and the rewrite settings
+        are read at each use; ``appendonly`` switches the log on (a full snapshot becomes the
+        new log, as Redis starts with a rewrite) or off (flush, fsync, close).
+
+        Switching on is all-or-nothing: whatever fails (the disk, or a bug while taking the
+        snapshot), the log stays off, ``appendonly`` reads ``no`` again, and the changes made
+        meanwhile, which waited for the log, are undone and answered with the error."""
         if name != "appendonly" or bool(self.config.appendonly) == self.enabled:
-            return
+            return None
+        error: str | None = None
         async with self._write_lock, self._sync_lock:
             if self.config.appendonly:
                 # From now on changes are logged and wait in the open batch; the writer starts
                 # on them once the snapshot (which they follow) is in place.
                 self.enabled = True
                 self.broker.aof_enabled = True
-                records = list(self.broker.snapshot())  # consistent: one loop turn
                 try:
+                    records = list(self.broker.snapshot())  # consistent: one loop turn
                     await trio.to_thread.run_sync(lambda: aof.write_snapshot(self.path, records))
                     f = await trio.to_thread.run_sync(self._open_file, self.path)
-                except OSError as exc:
-                    self.submit()
-                    self.enabled = self.broker.aof_enabled = False
-                    waiting, self._open = self._open, _Batch(self._next_ticket + 1)
-                    self._next_ticket += 1
-                    now_ms = int(self._clock() * 1000)
-                    for entry in reversed(waiting.entries):  # undo what waited for the log
-                        self._undo(entry, now_ms)
-                    self._finish(waiting, _os_error_text(exc))
-                    self.log.warning("Could not switch the append log on: %s", exc)
-                    return
+                except Exception as exc:  # noqa: BLE001 - any failure leaves the log off
+                    error = _os_error_text(exc) if isinstance(exc, OSError) else repr(exc)
+                    self._abandon_enable(error)
+                    if isinstance(exc, OSError):
+                        self.log.warning("Could not switch the append log on: %s", exc)
+                    else:
+                        self.log.exception("Could not switch the append log on")
+                    return f"Could not switch the append log on: {error}"
                 self.writer = aof.LogWriter(f)
                 self.base_size = self._synced_size = self.writer.good_size
                 self._wakeup.set()
@@ -512,6 +515,20 @@ class Persistence:
                     self.writer = None
                 self.enabled = self.broker.aof_enabled = False
         self.log.info("Append log switched %s", "on" if self.enabled else "off")
+        return error
+
+    def _abandon_enable(self, error: str) -> None:
+        """Undo a failed switch-on: log off, ``appendonly no``, and the changes that waited for
+        the log undone and answered with ``error``."""
+        self.submit()
+        self.enabled = self.broker.aof_enabled = False
+        self.config.appendonly = False
+        waiting, self._open = self._open, _Batch(self._next_ticket + 1)
+        self._next_ticket += 1
+        now_ms = int(self._clock() * 1000)
+        for entry in reversed(waiting.entries):
+            self._undo(entry, now_ms)
+        self._finish(waiting, error)
 
     # -----------------------------------------------------------------------------------------
     # INFO and shutdown

@@ -358,9 +358,10 @@ class Server:
             error = self.config.rewrite()
             return errors.err(error) if error else OK
         reply = self.broker.execute(argv, conn.client, now_ms())
-        if (len(argv) == 4 and argv[1].lower() == b"set" and reply == OK
-                and hasattr(self.persistence, "config_changed")):
-            await self.persistence.config_changed(argv[2].decode("utf-8", "replace").lower())
+        if len(argv) == 4 and argv[1].lower() == b"set" and reply == OK:
+            error = await self.persistence.config_changed(argv[2].decode("utf-8", "replace").lower())
+            if error is not None:
+                return errors.err(error)
         return reply
 
     # -- INFO -------------------------------------------------------------------------------

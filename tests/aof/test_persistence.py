@@ -332,3 +332,32 @@ async def test_config_set_appendonly_switches_the_log_on_and_off(tmp_path):
             assert p.submit() == 0
             n.cancel_scope.cancel()
     assert _reload(tmp_path).jobs.keys() == {b"D-before", b"D-after"}
+
+
+@pytest.mark.parametrize("failure", [OverflowError("int too big to convert"),
+                                     OSError(28, "No space left on device")])
+async def test_switching_the_log_on_is_all_or_nothing(tmp_path, failure):
+    """Issue 15 case 3: before, a failure other than OSError while switching on left INFO
+    saying ``aof_state:on`` with no writer, and every later write waited forever."""
+    config = Config(str(tmp_path), appendonly=False)
+    broker = FakeBroker()
+    p = Persistence(config, broker)
+    p.load(0)
+    broker.addjob(b"D-before")
+
+    def failing_snapshot():
+        raise failure
+        yield  # a generator, like the real one
+
+    broker.snapshot = failing_snapshot
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            config.appendonly = True
+            error = await p.config_changed("appendonly")
+            assert error is not None and "Could not switch the append log on" in error
+            assert not config.appendonly and not broker.aof_enabled
+            assert dict(p.info())["aof_state"] == "off"
+            broker.addjob(b"D-after")  # not logged, and nothing waits
+            assert p.submit() == 0
+            n.cancel_scope.cancel()
