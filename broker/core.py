@@ -157,23 +157,24 @@ class Broker:
     def tick(self, now_ms: int) -> None:
         timers = self.timers
         item: Any
+        jobs = self.jobs
         for key, items in timers.pop_due(now_ms):
             for item in items:
-                if not timers.is_current(item, key):
-                    continue
                 if type(item) is Waiter:
-                    if item.active:
-                        if item.awake <= now_ms:
-                            self._unblock(item)
-                            self.replies.append((item.client, NULL_ARRAY))
-                        else:
-                            timers.schedule(item)
+                    if not item.active or not timers.in_bucket(item.awake, key):
+                        continue
+                    if item.awake <= now_ms:
+                        client = item.client
+                        self._unblock(item)
+                        self.replies.append((client, NULL_ARRAY))
+                    else:
+                        timers.schedule(item, item.awake)
                     continue
-                job = self.jobs.get(item.id)
-                if job is not item or job is None:
+                job = jobs.get(item)  # jobs are scheduled by ID (see broker/timers.py)
+                if job is None or not timers.in_bucket(job.awake, key):
                     continue
                 if job.awake > now_ms:
-                    timers.schedule(job)
+                    timers.schedule(item, job.awake)
                 else:
                     self._job_timer(job, now_ms)
         if now_ms >= self._next_evict_check:
@@ -195,7 +196,7 @@ class Broker:
         self.jobs[job.id] = job
         self.job_scan.add(job)
         if schedule:
-            self.timers.schedule(job)
+            self.timers.schedule(job.id, job.awake)
 
     def _unregister(self, job: Job) -> None:
         if job.state is _QUEUED:
@@ -204,13 +205,15 @@ class Broker:
                 q.remove(job)
         del self.jobs[job.id]
         self.job_scan.discard(self._job_alive)
+        # The scan list may keep the object until it compacts; its body goes now.
+        job.body = b""
 
     def _job_alive(self, job: Job) -> bool:
         return self.jobs.get(job.id) is job
 
     def _reschedule(self, job: Job) -> None:
         job.awake = job.compute_awake()
-        self.timers.schedule(job)
+        self.timers.schedule(job.id, job.awake)
 
     def _queue_for(self, name: bytes, now_ms: int) -> Queue:
         q = self.queues.get(name)
@@ -379,7 +382,7 @@ class Broker:
             if enqueue_jobs_once and was_queued:
                 job.state = _QUEUED
                 job.awake = job.compute_awake()
-                self.timers.schedule(job)
+                self.timers.schedule(job.id, job.awake)
                 q = self._queue_for(job.queue, now_ms)
                 q.push(job)
                 q.jobs_in -= 1  # a restored job was counted when it first came in
@@ -389,7 +392,7 @@ class Broker:
             else:
                 job.qtime = 0
             job.awake = job.compute_awake()
-            self.timers.schedule(job)
+            self.timers.schedule(job.id, job.awake)
 
     def snapshot(self) -> Iterator[tuple[str, Any]]:
         for job in list(self.jobs.values()):
@@ -488,7 +491,7 @@ class Broker:
         self.blocked_clients += 1
         if cmd.timeout_ms:
             waiter.awake = now_ms + cmd.timeout_ms
-            self.timers.schedule(waiter)
+            self.timers.schedule(waiter, waiter.awake)
         return BLOCKED
 
     @staticmethod

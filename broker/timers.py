@@ -2,12 +2,16 @@
 
 Theory of operation
 -------------------
-Items (jobs, blocked clients) carry their due time in ``item.awake``. ``schedule(item)`` puts
-the item in the bucket ``awake // resolution``; a heap of bucket keys makes "what is due now"
-one query (``pop_due``). An item is never removed from a bucket when its due time changes:
-the caller just schedules it again and, when an old bucket comes due, skips entries whose
-``awake`` no longer points at that bucket (``is_current``). This keeps every change O(1) and
-costs one pointer per pending timer, which matters at hundreds of thousands of jobs.
+``schedule(item, due_ms)`` puts ``item`` in the bucket ``due_ms // resolution``; a heap of
+bucket keys makes "what is due now" one query (``pop_due``). An item is never removed from a
+bucket when its due time changes: the caller schedules it again and, when an old bucket comes
+due, skips entries whose current due time no longer falls in that bucket (``in_bucket``). This
+keeps every change O(1) and costs one pointer per pending timer, which matters at hundreds of
+thousands of jobs.
+
+Jobs are scheduled by ID, not by object: the ID is the key of ``Broker.jobs`` and already in
+memory, and a job deleted before its timer comes due (acknowledged, say) is freed at once
+instead of being kept alive, body and all, until its retry time or TTL.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ class TimerWheel:
         self._buckets: dict[int, list[Any]] = {}
         self._keys: list[int] = []
 
-    def schedule(self, item: Any) -> None:
-        key = item.awake // self.resolution
+    def schedule(self, item: Any, due_ms: int) -> None:
+        key = due_ms // self.resolution
         bucket = self._buckets.get(key)
         if bucket is None:
             self._buckets[key] = [item]
@@ -35,8 +39,10 @@ class TimerWheel:
         else:
             bucket.append(item)
 
-    def is_current(self, item: Any, key: int) -> bool:
-        return bool(item.awake // self.resolution == key)
+    def in_bucket(self, due_ms: int, key: int) -> bool:
+        """Whether an item now due at ``due_ms`` belongs to bucket ``key`` (else it is a stale
+        entry left behind when the item was rescheduled)."""
+        return due_ms // self.resolution == key
 
     def next_due(self) -> int | None:
         """The start of the earliest non-empty bucket (ms), or None."""
