@@ -29,7 +29,7 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class Directive:
     name: str
-    kind: str  # bool | int | memory | enum:a,b,c | string | list
+    kind: str  # bool | int | memory | enum:a,b,c | string | list | obuf
     default: Any
     runtime: bool  # may CONFIG SET change it?
     help: str
@@ -76,7 +76,8 @@ DIRECTIVES: dict[str, Directive] = {
         _D("hz", "int", 10, True, "Background task frequency (timers, eviction) per second."),
         _D("watchdog-period", "int", 0, True, "Accepted for compatibility."),
         _D("activerehashing", "bool", True, True, "Accepted for compatibility."),
-        _D("client-output-buffer-limit", "string", "normal 0 0 0", True, "Accepted for compatibility."),
+        _D("client-output-buffer-limit", "obuf", "normal 0 0 0", True, "Output buffer limits of clients as Redis's normal class: 'normal <hard> <soft> <soft-seconds>' (units: kb mb gb; 0: no limit). A client whose unsent replies pass the hard limit, or stay past the soft limit that many seconds, is closed."),
+        _D("client-query-buffer-limit", "memory", 1073741824, True, "Largest input a client may have pending (unparsed bytes plus a command read in part); past it the client is closed, as Redis does. At least 1mb."),
         _D("cluster-node-timeout", "int", 15000, True, "Milliseconds after which an unreachable node is failing."),
         _D("cluster-config-file", "string", "nodes.conf", False, "File in dir where the node keeps its ID and peers."),
     ]
@@ -99,6 +100,7 @@ RANGES: dict[str, tuple[int, int]] = {
     "maxmemory-samples": (1, INT32_MAX),
     "slowlog-log-slower-than": (-1, INT64_MAX),
     "cluster-node-timeout": (1, INT32_MAX),
+    "client-query-buffer-limit": (1024 * 1024, INT64_MAX),
 }
 
 
@@ -145,12 +147,35 @@ def _parse_value(d: Directive, args: list[str]) -> Any:
         if not least <= value <= most:
             raise ConfigError(f"argument must be between {least} and {most}")
         return value
+    if d.kind == "obuf":
+        return _parse_obuf(" ".join(args))
     if d.kind.startswith("enum:"):
         allowed = d.kind[5:].split(",")
         if raw.lower() not in allowed:
             raise ConfigError(f"argument must be one of: {', '.join(allowed)}")
         return raw.lower()
     return raw
+
+
+def _parse_obuf(text: str) -> str:
+    """``normal <hard> <soft> <seconds>``: only Redis's normal class exists here (trisque has
+    no replicas nor pub/sub clients). Returned normalised, sizes in bytes."""
+    parts = text.split()
+    if len(parts) != 4 or parts[0].lower() != "normal":
+        raise ConfigError("Unrecognized client limit class: use 'normal <hard> <soft> <seconds>'")
+    memory = DIRECTIVES["maxmemory"]
+    hard = _parse_value(memory, [parts[1]])
+    soft = _parse_value(memory, [parts[2]])
+    seconds = parts[3]
+    if not seconds.isdigit() or len(seconds) > 9:
+        raise ConfigError("Negative number of seconds in soft limit is invalid")
+    return f"normal {hard} {soft} {int(seconds)}"
+
+
+def output_limits(value: str) -> tuple[int, int, int]:
+    """(hard bytes, soft bytes, soft seconds) of a ``client-output-buffer-limit`` value."""
+    _, hard, soft, seconds = value.split()
+    return int(hard), int(soft), int(seconds)
 
 
 def _show(d: Directive, value: Any) -> str:

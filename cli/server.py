@@ -19,6 +19,7 @@ import gc
 import hashlib
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -28,7 +29,7 @@ from typing import Any
 import trio
 
 from broker.clients import Client
-from broker.config import Config, ConfigError
+from broker.config import Config, ConfigError, output_limits
 from broker.core import BLOCKED, VERSION, Broker
 from cli.persistence import Persistence, StartupError
 from protocol import errors
@@ -37,6 +38,11 @@ from protocol.resp import NEED_DATA, OK, Error, ProtocolError, RequestParser, St
 log = logging.getLogger("trisque")
 
 READ_SIZE = 65536
+# How long a connection closing after QUIT or a protocol error may take to write the replies
+# before it; past that a client that does not read is closed anyway.
+CLOSE_FLUSH_TIMEOUT_S = 10.0
+# An ADDJOB body this big refreshes the memory sample before it is judged.
+_BIG_ARGUMENT = 1 << 20
 
 
 def now_ms() -> int:
@@ -63,7 +69,7 @@ class Connection:
     """
 
     __slots__ = ("server", "sock", "client", "parser", "closing", "processing", "reprocess",
-                 "sending", "pending")
+                 "sending", "pending", "soft_since")
 
     def __init__(self, server: Server, sock: socket.socket, client: Client) -> None:
         self.server = server
@@ -75,6 +81,28 @@ class Connection:
         self.reprocess = False
         self.sending = False
         self.pending: list[bytes] = []
+        self.soft_since = 0.0  # when unsent replies went past the soft output limit
+
+    def over_output_limit(self, unsent: int) -> bool:
+        """Apply ``client-output-buffer-limit`` to ``unsent`` bytes; True when the client must
+        be closed (Redis's rule: past the hard limit, or past the soft one for too long)."""
+        hard, soft, seconds = output_limits(self.server.config.client_output_buffer_limit)
+        if hard and unsent > hard:
+            return True
+        if soft and unsent > soft:
+            now = time.monotonic()
+            if not self.soft_since:
+                self.soft_since = now
+            elif now - self.soft_since > seconds:
+                return True
+        else:
+            self.soft_since = 0.0
+        return False
+
+    def close_for_output(self, unsent: int) -> None:
+        log.warning("Client id=%d addr=%s closed for overcoming of output buffer limits "
+                    "(%d bytes unsent).", self.client.id, self.client.addr, unsent)
+        self.close()
 
     async def send(self, data: bytes) -> None:
         """Send ``data`` after whatever is already queued, waiting while the client's socket
@@ -100,6 +128,10 @@ class Connection:
                     self.server.stats_out += sent
                     view = view[sent:]
                     if view:
+                        unsent = len(view) + sum(map(len, self.pending))
+                        if self.over_output_limit(unsent):
+                            self.close_for_output(unsent)
+                            return
                         try:
                             await trio.lowlevel.wait_writable(sock)
                         except trio.ClosedResourceError:  # closed by another task meanwhile
@@ -116,6 +148,10 @@ class Connection:
             return
         if self.sending or self.pending:
             self.pending.append(data)
+            unsent = sum(map(len, self.pending))
+            if self.over_output_limit(unsent):
+                self.close_for_output(unsent)
+                return
             if not self.sending:
                 self.server.nursery.start_soon(self.send, b"")
             return
@@ -169,6 +205,13 @@ class Connection:
                 break
             server.stats_in += len(data)
             self.parser.feed(data)
+            held = self.parser.held
+            if held > server.config.client_query_buffer_limit:
+                # Redis's rule and wording: a client that sends more than it lets us execute
+                # (a blocked GETJOB with a pipeline behind it, one huge command) is closed.
+                log.warning("Closing client that reached max query buffer length: id=%d "
+                            "addr=%s qbuf=%d", self.client.id, self.client.addr, held)
+                break
             await self.process()
             ready_streak += 1
             if ready_streak >= 8:
@@ -184,6 +227,10 @@ class Connection:
         self.server.connections.discard(self)
         trio.lowlevel.notify_closing(self.sock)
         self.sock.close()
+        # Whoever still holds this object (a timer entry of a blocked GETJOB) must not keep
+        # the client's buffers alive.
+        self.parser.clear()
+        self.pending.clear()
 
     async def process(self) -> None:
         """Run the complete commands in the buffer; reply once for the whole batch."""
@@ -227,6 +274,9 @@ class Connection:
                 if name == b"quit":
                     close = True
             else:
+                if len(argv) > 2 and len(argv[2]) >= _BIG_ARGUMENT and name == b"addjob":  # type: ignore[index]
+                    # A big body: judge it against the memory in use now, not a second ago.
+                    broker.used_memory = read_rss()
                 reply = broker.execute(argv, client, now)  # type: ignore[arg-type]
             if reply is BLOCKED:
                 break
@@ -247,7 +297,19 @@ class Connection:
         if broker.replies:
             server.flush_replies()
         if close:
+            await self._drain()
             self.close()
+
+    async def _drain(self) -> None:
+        """Before closing after QUIT or a protocol error, write every reply that came before
+        it, including one another task is still sending (an unblocked GETJOB's job: cutting
+        it off would lose a job counted as delivered). Bounded: a client that stops reading
+        is closed after CLOSE_FLUSH_TIMEOUT_S all the same."""
+        with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
+            while self.sending and not self.closing:
+                await trio.sleep(0.005)
+            if self.pending and not self.closing:
+                await self.send(b"")
 
 
 def _set_keepalive(sock: socket.socket, interval: int) -> None:
@@ -295,6 +357,7 @@ class Server:
         # snapshot is the state the clients were last told about.
         self.stopping = False
         self.listening: list[tuple[str, int]] = []
+        self._accept_error_logged = 0.0
         self.driver_commands = {
             b"quit": self._quit,
             b"shutdown": self._shutdown,
@@ -357,7 +420,14 @@ class Server:
                 return errors.NOAUTH
             error = self.config.rewrite()
             return errors.err(error) if error else OK
+        before = self.config.maxclients
         reply = self.broker.execute(argv, conn.client, now_ms())
+        if self.config.maxclients != before and not fit_open_files_limit(self.config.maxclients):
+            # Redis's answer when the kernel cannot give the descriptors the value needs.
+            wanted, self.config.maxclients = self.config.maxclients, before
+            return errors.err("The operating system is not able to handle the specified "
+                              f"number of clients, try with {max_clients_for_limit()} "
+                              f"(asked for {wanted})")
         if len(argv) == 4 and argv[1].lower() == b"set" and reply == OK:
             error = await self.persistence.config_changed(argv[2].decode("utf-8", "replace").lower())
             if error is not None:
@@ -443,8 +513,14 @@ class Server:
                 await trio.lowlevel.wait_readable(listener)
                 continue
             except OSError as exc:
-                # Out of file descriptors and the like: say so, back off, keep serving.
-                log.warning("Accepting client connection: %s", exc.strerror)
+                # Out of file descriptors and the like: back off and keep serving; say so once
+                # per episode, not ten times a second.
+                now = time.monotonic()
+                if now - self._accept_error_logged > 10:
+                    self._accept_error_logged = now
+                    log.warning("Accepting client connection: %s (maxclients %d, open files "
+                                "limit %d)", exc.strerror, self.config.maxclients,
+                                open_files_limit())
                 await trio.sleep(0.1)
                 continue
             self.nursery.start_soon(self.handle, sock, peer)
@@ -611,6 +687,51 @@ def load_node_id(config: Config) -> str:
     return node_id
 
 
+# Descriptors kept for the node itself (listeners, the append log, the log file, the cluster
+# bus, threads) on top of one per client, as Redis's CONFIG_MIN_RESERVED_FDS.
+RESERVED_FDS = 32
+
+
+def open_files_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def max_clients_for_limit() -> int:
+    return max(1, open_files_limit() - RESERVED_FDS)
+
+
+def fit_open_files_limit(maxclients: int) -> bool:
+    """Raise the soft open-files limit, within the hard one, so that ``maxclients`` clients
+    fit; True if they do."""
+    need = maxclients + RESERVED_FDS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= need:
+        return True
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("Server can't set maximum open files to %d because of OS error: %s.",
+                    need, exc)
+        return False
+    return target >= need
+
+
+def adjust_max_clients(config: Config) -> None:
+    """At start: make room for ``maxclients``, or lower it to what the limit allows (past it a
+    client gets ``-ERR max number of clients reached`` instead of an accept that never
+    comes), and say so as Redis does."""
+    if fit_open_files_limit(config.maxclients):
+        return
+    wanted = config.maxclients
+    config.maxclients = max_clients_for_limit()
+    log.warning("You requested maxclients of %d requiring at least %d max file descriptors. "
+                "Current maximum open files is %d. maxclients has been reduced to %d to "
+                "compensate for low ulimit. If you need higher maxclients increase "
+                "'ulimit -n'.", wanted, wanted + RESERVED_FDS, open_files_limit(),
+                config.maxclients)
+
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -680,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"Can't use dir {config.dir!r}: {exc.strerror}", file=sys.stderr)
         return 1
+    adjust_max_clients(config)
     if config.pidfile:
         with open(config.pidfile, "w") as fh:
             fh.write(f"{os.getpid()}\n")

@@ -85,7 +85,7 @@ class RequestParser:
     Empty commands (``*0``, ``*-1``, blank inline lines) are skipped, as Redis does.
     """
 
-    __slots__ = ("_buf", "_pos", "_argv", "_argc", "_bulklen")
+    __slots__ = ("_buf", "_pos", "_argv", "_argc", "_bulklen", "_argv_bytes")
 
     def __init__(self) -> None:
         self._buf = bytearray()
@@ -95,6 +95,7 @@ class RequestParser:
         self._argv: list[bytes] = []
         self._argc = 0
         self._bulklen = -1
+        self._argv_bytes = 0  # size of the arguments in _argv
 
     def feed(self, data: bytes) -> None:
         buf = self._buf
@@ -108,6 +109,19 @@ class RequestParser:
     def buffered(self) -> int:
         """Bytes received and not yet turned into a command."""
         return len(self._buf) - self._pos
+
+    @property
+    def held(self) -> int:
+        """Bytes this parser holds for its client: the unparsed input and the arguments of a
+        command read in part (what ``client-query-buffer-limit`` is checked against)."""
+        return len(self._buf) - self._pos + self._argv_bytes
+
+    def clear(self) -> None:
+        """Drop everything held (the client is gone)."""
+        self._buf = bytearray()
+        self._pos = self._argc = self._argv_bytes = 0
+        self._argv = []
+        self._bulklen = -1
 
     def next(self) -> list[bytes] | _NeedData:
         while True:
@@ -150,6 +164,7 @@ class RequestParser:
         end = len(buf)
         find = buf.find
         view = memoryview(buf)
+        got = 0  # bytes of arguments taken in this call
         try:
             while len(argv) < need:
                 if bulklen < 0:
@@ -172,6 +187,7 @@ class RequestParser:
                 if end < stop + 2:
                     break
                 argv.append(bytes(view[pos:stop]))
+                got += bulklen
                 pos = stop + 2
                 bulklen = -1
         finally:
@@ -179,9 +195,11 @@ class RequestParser:
         self._pos = pos
         self._bulklen = bulklen
         if len(argv) < need:
+            self._argv_bytes += got
             return None
         self._argc = 0
         self._argv = []
+        self._argv_bytes = 0
         return argv
 
     def _inline(self) -> list[bytes] | _NeedData:

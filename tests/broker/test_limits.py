@@ -53,20 +53,41 @@ def test_auth_without_requirepass_is_an_error() -> None:
 
 
 def test_memory_levels_refuse_addjob_as_disque_does() -> None:
-    b = _broker(maxmemory=1000)
+    b = _broker(maxmemory=100_000)
     c = Client(1)
-    b.used_memory = 700
+    b.used_memory = 70_000
     assert isinstance(_run(b, c, "ADDJOB", "q", "x", "0"), Status)
-    b.used_memory = 800  # above 75 %: a single node cannot keep a copy
+    b.used_memory = 80_000  # above 75 %: a single node cannot keep a copy
     reply = _run(b, c, "ADDJOB", "q", "x", "0")
     assert isinstance(reply, Error) and reply.startswith("NOREPL ") and reply.endswith(
         "for the following reason: I'm out of memory")
-    b.used_memory = 1000  # at the limit
+    b.used_memory = 100_000  # at the limit
     assert _run(b, c, "ADDJOB", "q", "x", "0") == (
         "OOM command not allowed when used memory > 'maxmemory'.")
     assert _run(b, c, "INFO", "jobs") == b"# Jobs\r\nregistered_jobs:1\r\n"
     # Reads still work.
     assert _run(b, c, "QLEN", "q") == 1
+
+
+def test_a_body_is_judged_before_it_is_accepted() -> None:
+    """Issue 15 case 11: memory was judged only on the RSS sampled once a second, so a 400 MB
+    body on a node with 1 GB maxmemory was accepted, and bursts overshot the limit."""
+    b = _broker(maxmemory=1_000_000)
+    c = Client(1)
+    b.used_memory = 100_000
+    reply = _run(b, c, "ADDJOB", "q", "x" * 700_000, "0")  # would pass 75 %
+    assert isinstance(reply, Error) and reply.endswith("I'm out of memory")
+    # A burst of small jobs between two samples counts too: the 75 % level is reached before
+    # the next sample, after about (750,000 - 100,000) / (body + overhead) jobs.
+    accepted = 0
+    while isinstance(_run(b, c, "ADDJOB", "q", "y" * 1000, "0"), Status):
+        accepted += 1
+        assert accepted < 1000
+    assert 400 <= accepted <= 440
+    # Freed jobs give the room back before the next sample.
+    for job_id in list(b.jobs):
+        _run(b, c, "FASTACK", job_id.decode())
+    assert isinstance(_run(b, c, "ADDJOB", "q", "y" * 1000, "0"), Status)
 
 
 def test_idle_queues_go_sooner_under_memory_pressure() -> None:

@@ -9,6 +9,7 @@ the node answers PING. It is a context manager; ``kill()`` sends SIGKILL (crash 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -36,7 +37,8 @@ def send_command(port: int, *args: bytes | str, timeout: float = 5.0) -> Any:
 
 class ServerProcess:
     def __init__(self, *, port: int | None = None, directory: str | None = None,
-                 config_file: str | None = None, **directives: Any) -> None:
+                 config_file: str | None = None, open_files: int | None = None,
+                 **directives: Any) -> None:
         self.port = port or free_port()
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="trisque-test-")
         self.dir = directory or self._tmp.name  # type: ignore[union-attr]
@@ -44,6 +46,7 @@ class ServerProcess:
         self.directives = {k.replace("_", "-"): v for k, v in directives.items()}
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = os.path.join(self.dir, "server.log")
+        self.open_files = open_files  # RLIMIT_NOFILE (soft and hard) for the process
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "cli.server"]
@@ -58,10 +61,14 @@ class ServerProcess:
     def start(self, wait: bool = True) -> ServerProcess:
         self._logfile = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.argv(), cwd=REPO, stdout=self._logfile,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=self._limits)
         if wait:
             self.wait_ready()
         return self
+
+    def _limits(self) -> None:
+        if self.open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
