@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,13 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The property tests of tests/property/ with 1,000,000 examples each (hours); Hypothesis
+# prints any failing example with the decorator that replays it. FUZZ_ARGS narrows it, e.g.
+# make fuzz FUZZ_ARGS="-k resp".
+fuzz: $(STAMP)
+	TRISQUE_HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider --timeout 0 \
+		-o addopts="" tests/property $(FUZZ_ARGS) --hypothesis-show-statistics
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check protocol broker cluster cli tests

@@ -1,0 +1,73 @@
+"""Every command on any arguments: the parser gives a command object or an error reply from
+the error table, and the broker core executing it never raises and never puts a record in the
+append log that replay would refuse."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.clients import Client
+from broker.config import Config
+from broker.core import BLOCKED, Broker
+from broker.job import validate_record
+from protocol.commands import COMMANDS, MAX_JOB_SECONDS, AddJob, parse
+from protocol.resp import Error, encode
+
+# Codes an error reply may start with (protocol/errors.py).
+CODES = {"ERR", "BADID", "NOJOB", "NOREPL", "PAUSED", "MAXLEN", "LEAVING", "TOOLATE", "NOAUTH",
+         "WRONGPASS", "NOPROTO", "OOM", "LOADING"}
+# Commands the runtime carries out itself (they stop the node or touch files).
+RUNTIME = {b"shutdown", b"bgrewriteaof", b"quit", b"debug"}
+
+_NUMBERS = st.one_of(
+    st.integers(min_value=-5, max_value=70_000),
+    st.sampled_from([MAX_JOB_SECONDS, MAX_JOB_SECONDS + 1, 2**63 - 1, 2**63, -(2**63), 10**30]),
+).map(lambda n: str(n).encode())
+_WORDS = st.sampled_from([
+    b"REPLICATE", b"DELAY", b"RETRY", b"TTL", b"MAXLEN", b"ASYNC", b"NOHANG", b"TIMEOUT",
+    b"COUNT", b"WITHCOUNTERS", b"FROM", b"q", b"q2", b"BUSYLOOP", b"MINLEN", b"IMPORTRATE",
+    b"QUEUE", b"STATE", b"REPLY", b"all", b"id", b"queued", b"in", b"out", b"bcast", b"none",
+    b"D-00000000-000000000000000000000000-05a1", b"GET", b"SET", b"maxmemory", b"*",
+    b"hz", b"LEAVING", b"yes", b"no", b"INFO", b"MYID", b"NODES", b"SETNAME", b"LIST", b"3",
+])
+_ARG = st.one_of(_NUMBERS, _WORDS, st.binary(max_size=10))
+_NAMES = st.sampled_from(sorted(COMMANDS))
+
+
+@given(_NAMES, st.lists(_ARG, max_size=10))
+def test_parse_gives_a_command_or_a_table_error(name: bytes, args: list[bytes]) -> None:
+    result = parse([name, *args])
+    if isinstance(result, Error):
+        assert result.code in CODES, result
+        return
+    if isinstance(result, AddJob):
+        assert 0 <= result.delay <= MAX_JOB_SECONDS
+        for value in (result.retry, result.ttl):
+            assert value is None or 0 <= value <= MAX_JOB_SECONDS
+        assert result.replicate is None or 1 <= result.replicate <= 65535
+
+
+_STEP = st.tuples(_NAMES.filter(lambda n: n not in RUNTIME), st.lists(_ARG, max_size=8),
+                  st.integers(min_value=0, max_value=400_000))
+
+
+@given(st.lists(_STEP, min_size=1, max_size=25))
+def test_the_core_survives_any_command_sequence(steps) -> None:
+    now = 1_700_000_000_000
+    b = Broker(Config(), "ab" * 20, b"seed", now_ms=now, rng=random.Random(0))
+    b.aof_enabled = True
+    client = Client(1)
+    for name, args, advance in steps:
+        reply = b.execute([name, *args], client, now)
+        if reply is not BLOCKED:
+            encode(reply, 2)  # every reply is encodable
+            encode(reply, 3)
+        now += advance
+        b.tick(now)
+        for kind, data, _undo in b.log:
+            assert validate_record(kind, data) is None, (kind, data)
+        b.log.clear()
+        b.replies.clear()
