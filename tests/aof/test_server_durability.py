@@ -11,13 +11,8 @@ import threading
 import time
 from typing import Any
 
-import pytest
-
 from protocol.resp import NEED_DATA, Error, ReplyReader, encode_command
-from tests.support.server import REPO, ServerProcess
-
-pytestmark = pytest.mark.skipif(not (REPO / "cli" / "server.py").exists(),
-                                reason="cli/server.py has not landed yet")
+from tests.support.server import ServerProcess
 
 
 class Conn:

@@ -1,0 +1,261 @@
+"""Throw fuzzed RESP at a node over many connections, then check it is still whole.
+
+Usage: python -m tools.fuzz_resp [--count 200000] [--connections 8] [--seed N] [--seconds 300]
+                                 [--port P]   (without --port a node is started and checked)
+
+Inputs are valid Disque commands with mutated arguments (huge, negative, non-numeric numbers,
+random options, random bytes), raw garbage, truncated and split frames, inline commands and
+pipelines; connections are closed abruptly, sometimes mid-frame. Before the storm a set of
+sentinel jobs is added on a queue the fuzzer never names; after it the node must answer PING on
+a fresh connection, still hold every sentinel, and (when this program started it) restart from
+its log with them. Every random choice comes from ``--seed``, printed first, so a failure
+replays. Bounded by ``--count`` inputs and ``--seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import select
+import socket
+import sys
+import time
+from typing import Any
+
+from protocol.resp import encode_command
+
+SENTINEL_QUEUE = "fuzz-sentinel-queue"
+SENTINELS = 50
+# Commands that would legitimately end the run or wipe the sentinels: never sent.
+FORBIDDEN = {b"shutdown", b"debug", b"flushall", b"config set", b"cluster reset"}
+QUEUES = [b"f1", b"f2", b"f3", b""]
+JOB_ID = b"D-00000000-000000000000000000000000-05a1"
+NUMBERS = [b"0", b"1", b"-1", b"4294967295", b"4294967296", b"9223372036854775807",
+           b"9223372036854775808", b"-9223372036854775808", b"99999999999999999999", b"1.5",
+           b"0x10", b" 1", b"01", b"", b"abc", b"100"]
+OPTIONS = [b"REPLICATE", b"DELAY", b"RETRY", b"TTL", b"MAXLEN", b"ASYNC", b"NOHANG",
+           b"TIMEOUT", b"COUNT", b"WITHCOUNTERS", b"FROM", b"BUSYLOOP", b"MINLEN", b"MAXLEN",
+           b"IMPORTRATE", b"QUEUE", b"STATE", b"REPLY", b"all", b"in", b"out", b"bcast"]
+TEMPLATES: list[list[bytes]] = [
+    [b"ADDJOB", b"Q", b"body", b"N"], [b"ADDJOB", b"Q", b"body", b"0", b"O", b"N"],
+    [b"GETJOB", b"NOHANG", b"COUNT", b"N", b"FROM", b"Q"], [b"GETJOB", b"TIMEOUT", b"N", b"FROM", b"Q"],
+    [b"ACKJOB", b"ID"], [b"FASTACK", b"ID"], [b"NACK", b"ID"], [b"WORKING", b"ID"],
+    [b"ENQUEUE", b"ID"], [b"DEQUEUE", b"ID"], [b"DELJOB", b"ID"], [b"SHOW", b"ID"],
+    [b"QLEN", b"Q"], [b"QSTAT", b"Q"], [b"QPEEK", b"Q", b"N"], [b"QSCAN", b"N", b"O", b"N"],
+    [b"JSCAN", b"N", b"O", b"N"], [b"PAUSE", b"Q", b"O"], [b"HELLO"], [b"HELLO", b"N"],
+    [b"INFO"], [b"INFO", b"O"], [b"PING"], [b"TIME"], [b"CLIENT", b"LIST"],
+    [b"CLIENT", b"SETNAME", b"body"], [b"CONFIG", b"GET", b"*"], [b"CLUSTER", b"INFO"],
+    [b"CLUSTER", b"NODES"], [b"COMMAND"], [b"BGREWRITEAOF"], [b"ECHO", b"body"], [b"SELECT", b"N"],
+]
+
+
+class Fuzzer:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def _arg(self, slot: bytes) -> bytes:
+        rng = self.rng
+        if rng.random() < 0.1:
+            return rng.randbytes(rng.randint(0, 12))
+        if slot == b"Q":
+            return rng.choice(QUEUES)
+        if slot == b"N":
+            return rng.choice(NUMBERS)
+        if slot == b"O":
+            return rng.choice(OPTIONS)
+        if slot == b"ID":
+            return JOB_ID if rng.random() < 0.7 else rng.randbytes(40)
+        if slot == b"body":
+            return rng.randbytes(rng.choice((0, 3, 100, 5000)))
+        return slot
+
+    def command(self) -> list[bytes]:
+        rng = self.rng
+        argv = [self._arg(a) if i else a for i, a in enumerate(rng.choice(TEMPLATES))]
+        for _ in range(rng.choice((0, 0, 1, 2, 4))):
+            argv.insert(rng.randint(1, len(argv)), self._arg(rng.choice((b"O", b"N", b"Q"))))
+        if rng.random() < 0.05:
+            argv[0] = argv[0].lower()
+        return argv
+
+    def input(self) -> bytes:
+        """One fuzzed command: a frame with mutated arguments, or the same as an inline line."""
+        argv = self.command()
+        name = b" ".join(argv[:2]).lower()
+        if any(name.startswith(f) for f in FORBIDDEN):
+            argv = [b"PING"]
+        if self.rng.random() < 0.1:
+            words = [a for a in argv if a and not any(c in a for c in b" \r\n'\"\\")]
+            return b" ".join(words) + b"\r\n"
+        return encode_command(*argv)
+
+    def ending(self) -> bytes:
+        """How a connection ends: cleanly, mid-frame, in a damaged frame or in garbage. The
+        node closes the connection after a protocol error, so this comes last."""
+        rng = self.rng
+        frame = self.input()
+        r = rng.random()
+        if r < 0.3:
+            return b""
+        if r < 0.6:
+            return frame[: rng.randint(0, len(frame))]
+        if r < 0.8:
+            data = bytearray(frame)
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            return bytes(data)
+        return rng.randbytes(rng.randint(1, 64))
+
+
+def _send_reading(sock: socket.socket, data: bytes, timeout: float = 2.0) -> bool:
+    """Send ``data`` while reading the replies, so neither side waits on a full buffer; False
+    if the node closed the connection or took longer than ``timeout``."""
+    view = memoryview(data)
+    deadline = time.monotonic() + timeout
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        readable, writable, _ = select.select([sock], [sock], [], left)
+        if readable:
+            _drain(sock)
+        if writable:
+            try:
+                sent = sock.send(view)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return False
+            view = view[sent:]
+    return True
+
+
+def _drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except OSError:
+        pass
+
+
+def storm(port: int, count: int, connections: int, seed: int, seconds: float,
+          progress: bool = False) -> dict[str, int]:
+    """Send ``count`` inputs in batches over rotating connections, never waiting for replies
+    (a blocked GETJOB must not stall the storm); what was done."""
+    fuzz = Fuzzer(seed)
+    deadline = time.monotonic() + seconds
+    socks: list[socket.socket | None] = [None] * connections
+    stats = {"inputs": 0, "connections": 0, "abrupt_closes": 0}
+    next_report = 10_000
+    while stats["inputs"] < count and time.monotonic() < deadline:
+        slot = fuzz.rng.randrange(connections)
+        sock = socks[slot]
+        if sock is None:
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            except OSError as exc:
+                stats["refused"] = 1
+                print(f"  the node stopped accepting after {stats['inputs']} inputs: {exc}",
+                      flush=True)
+                break
+            sock.setblocking(False)  # with a timeout, recv would wait despite MSG_DONTWAIT
+            socks[slot] = sock
+            stats["connections"] += 1
+        n = min(fuzz.rng.randint(1, 20), count - stats["inputs"])
+        batch = b"".join(fuzz.input() for _ in range(n))
+        stats["inputs"] += n
+        end = fuzz.rng.random() < 0.15
+        if end:
+            batch += fuzz.ending()
+        if not _send_reading(sock, batch):
+            end = True  # closed by the node (a protocol error) or too slow to take it
+        _drain(sock)
+        if end:
+            stats["abrupt_closes"] += 1
+            sock.close()
+            socks[slot] = None
+        if progress and stats["inputs"] >= next_report:
+            next_report += 10_000
+            print(f"  {stats['inputs']} inputs over {stats['connections']} connections",
+                  flush=True)
+    for sock in socks:
+        if sock is not None:
+            sock.close()
+    return stats
+
+
+def call(port: int, *args: Any) -> Any:
+    from cli.bench_servers import command
+
+    return command(port, *args, timeout=10)
+
+
+def add_sentinels(port: int) -> list[bytes]:
+    ids = [call(port, "ADDJOB", SENTINEL_QUEUE, f"sentinel-{i}", 0, "RETRY", 3600)
+           for i in range(SENTINELS)]
+    assert all(isinstance(i, bytes) for i in ids), ids
+    return ids
+
+
+def commands_processed(port: int) -> int:
+    text = call(port, "INFO", "stats").decode()
+    return int(text.split("total_commands_processed:")[1].split("\r\n")[0])
+
+
+def check_whole(port: int, sentinels: list[bytes]) -> list[str]:
+    """What is wrong with the node after the storm (empty: nothing)."""
+    problems = []
+    try:
+        call(port, "PING")
+    except OSError as exc:
+        return [f"the node is unreachable: {exc}"]
+    if call(port, "PING") != b"PONG":
+        problems.append("no PONG on a fresh connection")
+    missing = [i for i in sentinels if call(port, "SHOW", i) is None]
+    if missing:
+        problems.append(f"{len(missing)} sentinel jobs lost, e.g. {missing[0]!r}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=int, default=200_000)
+    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--seconds", type=float, default=300.0)
+    ap.add_argument("--port", type=int, default=None, help="fuzz a running node instead")
+    args = ap.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
+    print(f"seed {seed}", flush=True)
+    if args.port is not None:
+        sentinels = add_sentinels(args.port)
+        before = commands_processed(args.port)
+        stats = storm(args.port, args.count, args.connections, seed, args.seconds, True)
+        problems = check_whole(args.port, sentinels)
+        stats["executed"] = -1 if problems else commands_processed(args.port) - before
+    else:
+        from tests.support.server import ServerProcess
+
+        with ServerProcess(appendonly="yes", appendfsync="always") as srv:
+            sentinels = add_sentinels(srv.port)
+            before = commands_processed(srv.port)
+            stats = storm(srv.port, args.count, args.connections, seed, args.seconds, True)
+            problems = check_whole(srv.port, sentinels)
+            if problems:
+                stats["executed"] = -1
+                print(srv.log()[-3000:], flush=True)
+            else:
+                stats["executed"] = commands_processed(srv.port) - before
+                srv.kill()
+                srv.start()
+                problems += [f"after restart: {p}" for p in check_whole(srv.port, sentinels)]
+    print(f"{stats['inputs']} inputs, {stats['executed']} commands executed by the node, "
+          f"{stats['connections']} connections, {stats['abrupt_closes']} closed abruptly",
+          flush=True)
+    for p in problems:
+        print(f"PROBLEM: {p}", flush=True)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
