@@ -1,6 +1,6 @@
 """Hypothesis profiles: ``ci`` (the default, a few seconds for the whole package, in `make
 test`) and ``fuzz`` (`make fuzz`: 1,000,000 examples per property, for hours). Chosen with
-TRISQUE_HYPOTHESIS_PROFILE."""
+TRISQUE_HYPOTHESIS_PROFILE; TRISQUE_FUZZ_EXAMPLES changes the fuzz profile's count."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
-    "fuzz", max_examples=1_000_000, deadline=None, print_blob=True,
+    "fuzz", max_examples=int(os.environ.get("TRISQUE_FUZZ_EXAMPLES", 1_000_000)), deadline=None,
+    print_blob=True,
     suppress_health_check=list(HealthCheck),
 )
 settings.load_profile(os.environ.get("TRISQUE_HYPOTHESIS_PROFILE", "ci"))
