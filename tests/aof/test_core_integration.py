@@ -8,13 +8,11 @@ import os
 import pytest
 import trio
 
-from broker import aof
+from broker import aof, core
+from broker.clients import Client
+from broker.config import Config
 from cli.persistence import Persistence, PersistenceError
 from tests.aof.test_persistence import RecordingFile
-
-core = pytest.importorskip("broker.core")
-from broker.clients import Client  # noqa: E402
-from broker.config import Config  # noqa: E402
 
 NOW = 1_700_000_000_000
 NODE = "abcdef01" * 5

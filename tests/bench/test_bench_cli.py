@@ -21,8 +21,6 @@ from cli.bench_servers import BenchServer, command
 from tests.support.server import REPO, ServerProcess
 
 JOBS = 2000
-needs_server = pytest.mark.skipif(importlib.util.find_spec("cli.server") is None,
-                                  reason="cli/server.py is not in this tree yet")
 
 
 def bench(port: int, *args: str) -> dict[str, Any]:
@@ -62,7 +60,6 @@ def redis() -> Iterator[BenchServer]:
         yield server
 
 
-@needs_server
 def test_produce_counts_every_job_and_they_are_queued(trisque: ServerProcess) -> None:
     r = bench(trisque.port, "produce", "-c", "4", "-P", "8", "-n", str(JOBS), "--queue-prefix", "tp")
     check_sane(r, JOBS)
@@ -70,7 +67,6 @@ def test_produce_counts_every_job_and_they_are_queued(trisque: ServerProcess) ->
     assert trisque.call("QLEN", "tp") == JOBS
 
 
-@needs_server
 def test_produce_split_over_processes_and_queues_is_exact(trisque: ServerProcess) -> None:
     r = bench(trisque.port, "produce", "-c", "6", "--procs", "2", "--queues", "3",
               "-n", str(JOBS), "--queue-prefix", "tm")
@@ -79,7 +75,6 @@ def test_produce_split_over_processes_and_queues_is_exact(trisque: ServerProcess
     assert sum(trisque.call("QLEN", f"tm-{i}") for i in range(3)) == JOBS
 
 
-@needs_server
 def test_consume_preloads_then_takes_and_acks_every_job(trisque: ServerProcess) -> None:
     r = bench(trisque.port, "consume", "-c", "4", "-P", "4", "--count", "5", "-n", str(JOBS),
               "--queue-prefix", "tc")
@@ -89,7 +84,6 @@ def test_consume_preloads_then_takes_and_acks_every_job(trisque: ServerProcess) 
     assert trisque.call("QLEN", "tc") == 0
 
 
-@needs_server
 def test_cycle_delivers_every_produced_job_with_end_to_end_latency(trisque: ServerProcess) -> None:
     r = bench(trisque.port, "cycle", "-c", "4", "-n", "1000", "--queue-prefix", "ty")
     check_sane(r, 1000)

@@ -25,9 +25,6 @@ from protocol.client import (
 )
 from tests.support.server import REPO, ServerProcess, free_port
 
-pytestmark = pytest.mark.skipif(not (REPO / "cli" / "server.py").exists(),
-                                reason="cli/server.py not written yet")
-
 BINARY = bytes(range(256)) + b"\xff\xfe\x00\r\n"
 
 

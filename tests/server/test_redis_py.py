@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
-redis = pytest.importorskip("redis", reason="redis-py is part of the dev extra")
-
-from tests.support.server import ServerProcess  # noqa: E402
+from tests.support.server import ServerProcess
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
