@@ -400,9 +400,10 @@ class Broker:
                 self._unregister(job)
                 continue
             was_queued = job.state is _QUEUED
-            job.state = _ACTIVE
+            if job.state is not _ACTIVE:
+                job.transition(_ACTIVE)  # nothing is in a queue until it is put back below
             if enqueue_jobs_once and was_queued:
-                job.state = _QUEUED
+                job.transition(_QUEUED)
                 job.awake = job.compute_awake()
                 self.timers.schedule(job.id, job.awake)
                 q = self._queue_for(job.queue, now_ms)
