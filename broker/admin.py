@@ -16,7 +16,7 @@ from broker.clients import Client
 from broker.info import render
 from protocol import errors
 from protocol.commands import COMMANDS, Generic, parse_int
-from protocol.resp import OK, Error, Status
+from protocol.resp import OK, Status
 
 if TYPE_CHECKING:
     from broker.core import Broker
@@ -32,7 +32,7 @@ def hello(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     # Redis 6 handshake: HELLO protover [AUTH user pass] [SETNAME name]
     ver = parse_int(cmd.args[0])
     if ver is None:
-        return Error("ERR Protocol version is not an integer or out of range")
+        return errors.BAD_PROTOVER
     if ver not in (2, 3):
         return errors.NOPROTO
     j = 1
@@ -49,7 +49,7 @@ def hello(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
             client.name = args[j + 1]
             j += 2
         else:
-            return Error(f"ERR Syntax error in HELLO option '{args[j].decode('utf-8', 'replace')}'")
+            return errors.hello_syntax(args[j].decode("utf-8", "replace"))
     if b.config.requirepass and not client.authenticated:
         return errors.NOAUTH
     client.protover = ver
@@ -88,7 +88,7 @@ def cluster(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
             return Status("yes" if b.leaving else "no")
         flag = rest[0].lower()
         if len(rest) != 1 or flag not in (b"yes", b"no"):
-            return Error("ERR Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
+            return errors.BAD_LEAVING_ARG
         b.set_leaving(flag == b"yes")
         return OK
     if sub == b"info" and not rest:
@@ -106,16 +106,14 @@ def cluster(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     if sub == b"myid" and not rest:
         return b.node_id.encode()
     if sub == b"meet":
-        return errors.err("CLUSTER MEET needs the cluster bus, which this node does not run yet")
-    if sub == b"leaving":
-        return Error("ERR Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
-    return Error("ERR Wrong CLUSTER subcommand or number of arguments")
+        return errors.NO_CLUSTER_BUS
+    return errors.BAD_CLUSTER_SUB
 
 def config(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     sub = cmd.args[0].lower()
     want = {b"get": 2, b"set": 3, b"resetstat": 1, b"rewrite": 1}.get(sub)
     if want is not None and len(cmd.args) != want:
-        return Error("ERR Wrong number of arguments for CONFIG " + cmd.args[0].decode("utf-8", "replace"))
+        return errors.config_arity(cmd.args[0].decode("utf-8", "replace"))
     if sub == b"get" and len(cmd.args) == 2:
         return b.config.config_get(cmd.args[1].decode("utf-8", "replace"))
     if sub == b"set" and len(cmd.args) == 3:
@@ -124,15 +122,14 @@ def config(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         return errors.err(error) if error else OK
     if sub == b"resetstat" and len(cmd.args) == 1:
         return OK
-    return Error("ERR CONFIG subcommand must be one of GET, SET, RESETSTAT, REWRITE")
+    return errors.BAD_CONFIG_SUB
 
 def debug(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     sub = cmd.args[0].lower()
     if sub == b"flushall" and len(cmd.args) == 1:
         b.flushall()
         return OK
-    return Error("ERR Unknown DEBUG subcommand or wrong number of arguments for '"
-                 + cmd.args[0].decode("utf-8", "replace") + "'")
+    return errors.debug_unknown(cmd.args[0].decode("utf-8", "replace"))
 
 def auth(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     # AUTH password (Disque), or AUTH default password (Redis 6 clients).
@@ -153,7 +150,7 @@ def client_command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     args = cmd.args[1:]
     if sub == b"setname" and len(args) == 1:
         if any(c <= 32 or c >= 127 for c in args[0]):
-            return Error("ERR Client names cannot contain spaces, newlines or special characters.")
+            return errors.BAD_CLIENT_NAME
         client.name = args[0]
         return OK
     if sub == b"getname" and not args:
@@ -167,13 +164,13 @@ def client_command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         elif field == b"lib-ver":
             client.lib_ver = args[1]
         else:
-            return Error(f"ERR Unrecognized option '{args[0].decode('utf-8', 'replace')}'")
+            return errors.unrecognized_option(args[0].decode("utf-8", "replace"))
         return OK
     if sub == b"list" and not args:
         lister = b.info_sources.get("__client_list__")
         lines = lister() if lister else []
         return "".join(f"{line}\n" for _, line in lines).encode()
-    return Error(f"ERR Unknown subcommand or wrong number of arguments for '{cmd.args[0].decode('utf-8', 'replace')}'")
+    return errors.client_unknown(cmd.args[0].decode("utf-8", "replace"))
 
 def command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     if cmd.args and cmd.args[0].lower() == b"count":
@@ -183,7 +180,7 @@ def command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     return [[name, arity, [], 0, 0, 0] for name, (arity, _) in sorted(COMMANDS.items())]
 
 def select(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
-    return OK if cmd.args[0] == b"0" else Error("ERR DB index is out of range")
+    return OK if cmd.args[0] == b"0" else errors.BAD_DB_INDEX
 
 
 def echo(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 
 class Client:
     __slots__ = ("id", "addr", "name", "authenticated", "protover", "waiter", "lib_name",
-                 "lib_ver", "ctime_ms", "handle")
+                 "lib_ver", "ctime_ms", "handle", "last_cmd")
 
     def __init__(self, client_id: int, addr: str = "", now_ms: int = 0, handle: Any = None) -> None:
         self.id = client_id
@@ -24,6 +24,7 @@ class Client:
         self.lib_ver = b""
         self.ctime_ms = now_ms
         self.handle = handle  # the driver's connection object
+        self.last_cmd = b"NULL"  # the command running or last run (CLIENT LIST's cmd=)
 
 
 class Waiter:

@@ -58,7 +58,7 @@ DIRECTIVES: dict[str, Directive] = {
         _D("requirepass", "string", "", True, "Password clients must give with AUTH (empty: none)."),
         _D("maxclients", "int", 10000, True, "Maximum number of connected clients."),
         _D("maxmemory", "memory", 1073741824, True, "Memory limit in bytes (units: kb mb gb)."),
-        _D("maxmemory-policy", "enum:acks", "acks", True, "What is evicted under memory pressure (acknowledged jobs)."),
+        _D("maxmemory-policy", "enum:acks,noeviction", "acks", True, "Disque's values: acks (acknowledged jobs are collected first under memory pressure) or noeviction."),
         _D("maxmemory-samples", "int", 5, True, "Accepted for compatibility."),
         _D("appendonly", "bool", False, True, "Keep an append log of jobs so they survive restarts."),
         _D("appendfilename", "string", "trisque.aof", False, "Name of the append log in dir."),

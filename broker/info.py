@@ -11,16 +11,24 @@ from collections.abc import Callable
 from typing import Any
 
 ORDER = ("server", "clients", "memory", "jobs", "queues", "persistence", "stats", "cpu")
+# ``INFO all`` adds these (as Redis and Disque do); ``INFO`` alone leaves them out.
+EXTRA = ("commandstats",)
+HEADERS = {"cpu": "CPU"}  # where Disque's header is not the capitalized name
 
 
 def render(sources: dict[str, Callable[[], list[tuple[str, Any]]]], section: str) -> str:
-    names = ORDER if section in ("default", "all", "everything") else (section,)
+    if section in ("all", "everything"):
+        names: tuple[str, ...] = ORDER + EXTRA
+    elif section == "default":
+        names = ORDER
+    else:
+        names = (section,)
     parts = []
     for name in names:
         source = sources.get(name)
         if source is None:
             continue
-        lines = [f"# {name.capitalize()}"]
+        lines = [f"# {HEADERS.get(name, name.capitalize())}"]
         lines += [f"{k}:{v}" for k, v in source()]
         parts.append("\r\n".join(lines) + "\r\n")
     return "\r\n".join(parts)

@@ -24,6 +24,7 @@ import signal
 import socket
 import sys
 import time
+from time import perf_counter_ns
 from typing import Any
 
 import trio
@@ -33,6 +34,7 @@ from broker.config import Config, ConfigError, output_limits
 from broker.core import BLOCKED, VERSION, Broker
 from cli.persistence import Persistence, StartupError
 from protocol import errors
+from protocol.commands import COMMANDS, parse_int
 from protocol.resp import NEED_DATA, OK, Error, ProtocolError, RequestParser, Status, encode_into
 
 log = logging.getLogger("trisque")
@@ -69,7 +71,7 @@ class Connection:
     """
 
     __slots__ = ("server", "sock", "client", "parser", "closing", "processing", "reprocess",
-                 "sending", "pending", "soft_since")
+                 "sending", "pending", "soft_since", "close_after_reply")
 
     def __init__(self, server: Server, sock: socket.socket, client: Client) -> None:
         self.server = server
@@ -82,6 +84,7 @@ class Connection:
         self.sending = False
         self.pending: list[bytes] = []
         self.soft_since = 0.0  # when unsent replies went past the soft output limit
+        self.close_after_reply = False  # CLIENT KILL of its own connection
 
     def over_output_limit(self, unsent: int) -> bool:
         """Apply ``client-output-buffer-limit`` to ``unsent`` bytes; True when the client must
@@ -225,6 +228,7 @@ class Connection:
         self.closing = True
         self.server.broker.client_gone(self.client)
         self.server.connections.discard(self)
+        self.server.monitors.discard(self)
         trio.lowlevel.notify_closing(self.sock)
         self.sock.close()
         # Whoever still holds this object (a timer entry of a blocked GETJOB) must not keep
@@ -257,11 +261,12 @@ class Connection:
         close = False
         parser = self.parser
         driver_commands = server.driver_commands
+        cmdstats = server.cmdstats
         while client.waiter is None and not server.stopping:
             try:
                 argv = parser.next()
             except ProtocolError as exc:
-                encode_into(Error("ERR " + str(exc)), out)
+                encode_into(errors.protocol_error(str(exc)), out)
                 close = True
                 break
             if argv is NEED_DATA:
@@ -269,15 +274,23 @@ class Connection:
             server.commands += 1
             log_before = len(broker.log)
             name = argv[0].lower()  # type: ignore[index]
+            client.last_cmd = name
+            if server.monitors:
+                server.feed_monitors(client, argv)  # type: ignore[arg-type]
             if name in driver_commands:
                 reply = await driver_commands[name](self, argv)  # type: ignore[arg-type]
-                if name == b"quit":
+                if name == b"quit" or self.close_after_reply:
                     close = True
             else:
                 if len(argv) > 2 and len(argv[2]) >= _BIG_ARGUMENT and name == b"addjob":  # type: ignore[index]
                     # A big body: judge it against the memory in use now, not a second ago.
                     broker.used_memory = read_rss()
+                started = perf_counter_ns()
                 reply = broker.execute(argv, client, now)  # type: ignore[arg-type]
+                stat = cmdstats.get(name)
+                if stat is not None:
+                    stat[0] += 1
+                    stat[1] += perf_counter_ns() - started
             if reply is BLOCKED:
                 break
             if len(broker.log) != log_before:
@@ -291,7 +304,7 @@ class Connection:
                 # The log write failed and the broker undid those changes: the commands that
                 # made them must not report success.
                 for index in logged:
-                    out[index] = _encode(Error("ERR " + failure), client.protover)
+                    out[index] = _encode(errors.err(failure), client.protover)
         if out:
             await self.send(b"".join(out) if len(out) > 1 else out[0])
         if broker.replies:
@@ -320,6 +333,25 @@ def _set_keepalive(sock: socket.socket, interval: int) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, interval // 3))
     except OSError:
         pass
+
+
+_REPR_ESCAPES = {0x5C: b"\\\\", 0x22: b'\\"', 0x0A: b"\\n", 0x0D: b"\\r", 0x09: b"\\t",
+                 0x07: b"\\a", 0x08: b"\\b"}
+
+
+def _repr_arg(arg: bytes) -> bytes:
+    """An argument quoted as Redis's sdscatrepr does (MONITOR's format)."""
+    out = bytearray(b'"')
+    for c in arg:
+        escape = _REPR_ESCAPES.get(c)
+        if escape is not None:
+            out += escape
+        elif 0x20 <= c < 0x7F:
+            out.append(c)
+        else:
+            out += b"\\x%02x" % c
+    out += b'"'
+    return bytes(out)
 
 
 def _encode(value: Any, protover: int) -> bytes:
@@ -363,7 +395,12 @@ class Server:
             b"shutdown": self._shutdown,
             b"bgrewriteaof": self._bgrewriteaof,
             b"config": self._config,
+            b"client": self._client,
+            b"monitor": self._monitor,
         }
+        # INFO commandstats: [calls, nanoseconds] per command the node knows.
+        self.cmdstats: dict[bytes, list[int]] = {name: [0, 0] for name in COMMANDS}
+        self.monitors: set[Connection] = set()
         self._install_info()
 
     # -- durability and replies -----------------------------------------------------------
@@ -422,6 +459,9 @@ class Server:
             return errors.err(error) if error else OK
         before = self.config.maxclients
         reply = self.broker.execute(argv, conn.client, now_ms())
+        if len(argv) == 2 and argv[1].lower() == b"resetstat" and reply == OK:
+            for stat in self.cmdstats.values():
+                stat[0] = stat[1] = 0
         if self.config.maxclients != before and not fit_open_files_limit(self.config.maxclients):
             # Redis's answer when the kernel cannot give the descriptors the value needs.
             wanted, self.config.maxclients = self.config.maxclients, before
@@ -433,6 +473,81 @@ class Server:
             if error is not None:
                 return errors.err(error)
         return reply
+
+    async def _client(self, conn: Connection, argv: list[bytes]) -> Any:
+        if len(argv) < 3 or argv[1].lower() != b"kill":
+            return self.broker.execute(argv, conn.client, now_ms())
+        if self.config.requirepass and not conn.client.authenticated:
+            return errors.NOAUTH
+        victims = self._kill_filter(conn, argv[2:])
+        if isinstance(victims, Error):
+            return victims
+        for victim in victims:
+            log.info("Client id=%d addr=%s killed by CLIENT KILL from id=%d",
+                     victim.client.id, victim.client.addr, conn.client.id)
+            if victim is conn:
+                conn.close_after_reply = True  # its own connection: closed after the reply
+            else:
+                victim.close()
+        if len(argv) == 3:  # the old form: CLIENT KILL addr:port
+            return OK if victims else errors.NO_SUCH_CLIENT
+        return len(victims)
+
+    def _kill_filter(self, conn: Connection, args: list[bytes]) -> list[Connection] | Error:
+        """Redis's CLIENT KILL: ``addr:port``, or filters ID, ADDR, TYPE, SKIPME."""
+        if len(args) == 1:
+            addr = args[0].decode("utf-8", "replace")
+            return [c for c in self.connections if c.client.addr == addr]
+        if len(args) % 2:
+            return errors.SYNTAX
+        client_id: int | None = None
+        addr_filter: str | None = None
+        skipme = True
+        for opt, value in zip(args[::2], args[1::2], strict=True):
+            opt = opt.lower()
+            if opt == b"id":
+                client_id = parse_int(value)
+                if client_id is None:
+                    return errors.SYNTAX
+            elif opt == b"addr":
+                addr_filter = value.decode("utf-8", "replace")
+            elif opt == b"type":
+                kind = value.lower()
+                if kind not in (b"normal", b"master", b"slave", b"replica", b"pubsub"):
+                    return errors.unknown_client_type(value.decode("utf-8", "replace"))
+                if kind != b"normal":
+                    return []  # a node has only normal clients
+            elif opt == b"skipme":
+                if value.lower() not in (b"yes", b"no"):
+                    return errors.SYNTAX
+                skipme = value.lower() == b"yes"
+            else:
+                return errors.SYNTAX
+        return [c for c in self.connections
+                if (client_id is None or c.client.id == client_id)
+                and (addr_filter is None or c.client.addr == addr_filter)
+                and not (skipme and c is conn)]
+
+    async def _monitor(self, conn: Connection, argv: list[bytes]) -> Any:
+        if self.config.requirepass and not conn.client.authenticated:
+            return errors.NOAUTH
+        self.monitors.add(conn)
+        return OK
+
+    def feed_monitors(self, client: Client, argv: list[bytes]) -> None:
+        """Redis's MONITOR line for a command about to run. AUTH and HELLO are not shown: they
+        may carry the password."""
+        name = argv[0].lower()
+        if name in (b"auth", b"hello"):
+            return
+        now = time.time()
+        line = (f"+{now:.6f} [0 {client.addr}] ".encode()
+                + b" ".join(_repr_arg(a) for a in argv) + b"\r\n")
+        for monitor in list(self.monitors):
+            if monitor.closing:
+                self.monitors.discard(monitor)
+            elif monitor.client is not client:
+                monitor.send_nowait(line)
 
     # -- INFO -------------------------------------------------------------------------------
 
@@ -459,10 +574,15 @@ class Server:
             ("latest_fork_usec", 0),
         ]
         b.info_sources["cpu"] = self._info_cpu
+        b.info_sources["commandstats"] = lambda: [
+            (f"cmdstat_{name.decode()}",
+             f"calls={calls},usec={ns // 1000},usec_per_call={ns / 1000 / calls:.2f}")
+            for name, (calls, ns) in sorted(self.cmdstats.items()) if calls
+        ]
         b.info_sources["__client_list__"] = lambda: [
             ("", f"id={c.client.id} addr={c.client.addr} name={c.client.name.decode('utf-8', 'replace')} "
                  f"age={(now_ms() - c.client.ctime_ms) // 1000} qbuf={c.parser.buffered} "
-                 f"cmd={'getjob' if c.client.waiter else 'NULL'} lib-name={c.client.lib_name.decode('utf-8', 'replace')} "
+                 f"cmd={c.client.last_cmd.decode('utf-8', 'replace')} lib-name={c.client.lib_name.decode('utf-8', 'replace')} "
                  f"lib-ver={c.client.lib_ver.decode('utf-8', 'replace')}")
             for c in sorted(self.connections, key=lambda c: c.client.id)
         ]

@@ -378,6 +378,7 @@ COMMANDS: dict[bytes, tuple[int, Callable[[list[bytes]], Any]]] = {
     b"select": (2, _generic),
     b"quit": (-1, _generic),
     b"echo": (2, _generic),
+    b"monitor": (1, _generic),
 }
 
 

@@ -46,6 +46,46 @@ MAX_CLIENTS: Final = Error("ERR max number of clients reached")
 LOADING: Final = Error("LOADING Disque is loading the dataset in memory")
 
 
+BAD_PROTOVER: Final = Error("ERR Protocol version is not an integer or out of range")
+BAD_LEAVING_ARG: Final = Error("ERR Wrong argument for CLUSTER LEAVING. Use 'yes' or 'no'")
+BAD_CLUSTER_SUB: Final = Error("ERR Wrong CLUSTER subcommand or number of arguments")
+NO_CLUSTER_BUS: Final = Error("ERR CLUSTER MEET needs the cluster bus, which this node does not run yet")
+BAD_CONFIG_SUB: Final = Error("ERR CONFIG subcommand must be one of GET, SET, RESETSTAT, REWRITE")
+BAD_CLIENT_NAME: Final = Error(
+    "ERR Client names cannot contain spaces, newlines or special characters.")
+BAD_DB_INDEX: Final = Error("ERR DB index is out of range")
+NO_SUCH_CLIENT: Final = Error("ERR No such client")
+
+
+def hello_syntax(option: str) -> Error:
+    return Error(f"ERR Syntax error in HELLO option '{option}'")
+
+
+def config_arity(sub: str) -> Error:
+    return Error("ERR Wrong number of arguments for CONFIG " + sub)
+
+
+def debug_unknown(sub: str) -> Error:
+    return Error(f"ERR Unknown DEBUG subcommand or wrong number of arguments for '{sub}'")
+
+
+def unrecognized_option(option: str) -> Error:
+    return Error(f"ERR Unrecognized option '{option}'")
+
+
+def client_unknown(sub: str) -> Error:
+    return Error(f"ERR Unknown subcommand or wrong number of arguments for '{sub}'")
+
+
+def unknown_client_type(name: str) -> Error:
+    return Error(f"ERR Unknown client type '{name}'")
+
+
+def protocol_error(text: str) -> Error:
+    """The reply to malformed input (the text is ``Protocol error: ...``)."""
+    return Error("ERR " + text)
+
+
 def too_big(option: str, limit: int) -> Error:
     return Error(f"ERR {option} must be at most {limit}")
 
