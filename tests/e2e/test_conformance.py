@@ -54,7 +54,7 @@ def test_client_kill_by_address_and_by_filter(srv: ServerProcess) -> None:
         victim = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
         victim.sendall(b"CLIENT ID\r\n")
         victim_id = int(victim.recv(100)[1:-2])
-        addr = "127.0.0.1:%d" % victim.getsockname()[1]
+        addr = f"127.0.0.1:{victim.getsockname()[1]}"
         assert killer.call("CLIENT", "KILL", addr) == ("+", "OK")
         assert victim.recv(100) == b""  # closed by the node
         assert killer.call("CLIENT", "KILL", addr) == ("-", "ERR No such client")
