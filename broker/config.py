@@ -134,7 +134,9 @@ def _parse_value(d: Directive, args: list[str]) -> Any:
                 if low.endswith(unit):
                     mult, low = _UNITS[unit], low[: -len(unit)]
                     break
-        if not low.lstrip("-").isdigit() or len(low) > 20:
+        digits = low[1:] if low.startswith("-") else low
+        # isascii: str.isdigit() also accepts digits int() refuses, such as '²'.
+        if not (digits.isascii() and digits.isdigit()) or len(low) > 20:
             raise ConfigError("argument must be a number")
         value = int(low) * mult
         if d.name == "port" and not 0 < value < 55536:
@@ -167,7 +169,7 @@ def _parse_obuf(text: str) -> str:
     hard = _parse_value(memory, [parts[1]])
     soft = _parse_value(memory, [parts[2]])
     seconds = parts[3]
-    if not seconds.isdigit() or len(seconds) > 9:
+    if not (seconds.isascii() and seconds.isdigit()) or len(seconds) > 9:
         raise ConfigError("Negative number of seconds in soft limit is invalid")
     return f"normal {hard} {soft} {int(seconds)}"
 

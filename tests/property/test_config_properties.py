@@ -3,7 +3,7 @@ Disque's text; nothing raises, and a refused value changes nothing."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from broker.config import DIRECTIVES, Config, value_range
@@ -17,6 +17,9 @@ _VALUES = st.one_of(
 
 
 @given(st.sampled_from(sorted(DIRECTIVES)), _VALUES)
+@example("maxclients", "\u00b2")  # found by `make fuzz`: isdigit() but not int()
+@example("maxmemory", "--5")
+@example("client-output-buffer-limit", "normal 0 0 \u00b2")
 def test_config_set_applies_within_range_or_refuses(name: str, value: str) -> None:
     cfg = Config()
     before = cfg.get(name)
