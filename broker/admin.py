@@ -1,9 +1,11 @@
 """Administrative commands: HELLO, PING, TIME, INFO, CLUSTER, CONFIG, DEBUG, AUTH, CLIENT,
-COMMAND, SELECT, ECHO.
+COMMAND, SELECT, ECHO, and the ones the runtime finishes (QUIT, SHUTDOWN, BGREWRITEAOF,
+MONITOR, CONFIG REWRITE/RESETSTAT, CLIENT KILL).
 
 They read and set node-level state (configuration, the leaving flag, client attributes) and
 leave jobs and queues to ``broker.core``. Each handler takes the broker, the parsed command,
-the client and the time, and returns the reply, like the job commands do.
+the client and the time, and returns the reply, like the job commands do, or an intent
+(``broker/intents.py``) for the runtime to carry out.
 """
 
 from __future__ import annotations
@@ -12,16 +14,19 @@ import hmac
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from broker import intents
 from broker.clients import Client
 from broker.info import render
+from broker.version import VERSION
 from protocol import errors
 from protocol.commands import COMMANDS, Generic, parse_int
-from protocol.resp import OK, Status
+from protocol.resp import OK, Error, Status
 
 if TYPE_CHECKING:
     from broker.core import Broker
 
-VERSION = "0.1.0"
+# CONFIG SET of these needs the runtime: switching the log, checking the open-files limit.
+_RUNTIME_DIRECTIVES = frozenset(("appendonly", "maxclients"))
 
 
 def hello(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
@@ -117,11 +122,16 @@ def config(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     if sub == b"get" and len(cmd.args) == 2:
         return b.config.config_get(cmd.args[1].decode("utf-8", "replace"))
     if sub == b"set" and len(cmd.args) == 3:
-        error = b.config.config_set(cmd.args[1].decode("utf-8", "replace"),
-                                       cmd.args[2].decode("utf-8", "replace"))
-        return errors.err(error) if error else OK
+        name = cmd.args[1].decode("utf-8", "replace").lower()
+        previous = getattr(b.config, name.replace("-", "_"), None)
+        error = b.config.config_set(name, cmd.args[2].decode("utf-8", "replace"))
+        if error:
+            return errors.err(error)
+        return intents.ConfigApplied(name, previous) if name in _RUNTIME_DIRECTIVES else OK
     if sub == b"resetstat" and len(cmd.args) == 1:
-        return OK
+        return intents.ResetStats()
+    if sub == b"rewrite" and len(cmd.args) == 1:
+        return intents.RewriteConfig()
     return errors.BAD_CONFIG_SUB
 
 def debug(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
@@ -166,18 +176,70 @@ def client_command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         else:
             return errors.unrecognized_option(args[0].decode("utf-8", "replace"))
         return OK
+    if sub == b"kill" and args:
+        return _client_kill(args, client)
     if sub == b"list" and not args:
         lister = b.info_sources.get("__client_list__")
         lines = lister() if lister else []
         return "".join(f"{line}\n" for _, line in lines).encode()
     return errors.client_unknown(cmd.args[0].decode("utf-8", "replace"))
 
+def _client_kill(args: tuple[bytes, ...], client: Client) -> intents.KillClients | Error:
+    """Redis's CLIENT KILL: ``addr:port``, or the filters ID, ADDR, TYPE and SKIPME."""
+    if len(args) == 1:
+        return intents.KillClients(args[0].decode("utf-8", "replace"), None, False, True)
+    if len(args) % 2:
+        return errors.SYNTAX
+    addr: str | None = None
+    client_id: int | None = None
+    skip_me, normal = True, True
+    for opt, value in zip(args[::2], args[1::2], strict=True):
+        opt = opt.lower()
+        if opt == b"id":
+            client_id = parse_int(value)
+            if client_id is None:
+                return errors.SYNTAX
+        elif opt == b"addr":
+            addr = value.decode("utf-8", "replace")
+        elif opt == b"type":
+            kind = value.lower()
+            if kind not in (b"normal", b"master", b"slave", b"replica", b"pubsub"):
+                return errors.unknown_client_type(value.decode("utf-8", "replace"))
+            normal = kind == b"normal"  # a node has only normal clients
+        elif opt == b"skipme":
+            if value.lower() not in (b"yes", b"no"):
+                return errors.SYNTAX
+            skip_me = value.lower() == b"yes"
+        else:
+            return errors.SYNTAX
+    return intents.KillClients(addr, client_id, skip_me, False, normal)
+
+
+def quit_(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    return intents.Quit()
+
+
+def shutdown(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    if len(cmd.args) > 1 or (cmd.args and cmd.args[0].lower() != b"rewrite-aof"):
+        return errors.SYNTAX
+    return intents.Shutdown(rewrite=bool(cmd.args))
+
+
+def bgrewriteaof(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    return intents.RewriteLog()
+
+
+def monitor(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
+    return intents.Monitor()
+
+
 def command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     if cmd.args and cmd.args[0].lower() == b"count":
         return len(COMMANDS)
     if cmd.args and cmd.args[0].lower() == b"docs":
         return []
-    return [[name, arity, [], 0, 0, 0] for name, (arity, _) in sorted(COMMANDS.items())]
+    return [[name, spec.arity, sorted(f.encode() for f in spec.flags), 0, 0, 0]
+            for name, spec in sorted(COMMANDS.items())]
 
 def select(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     return OK if cmd.args[0] == b"0" else errors.BAD_DB_INDEX
@@ -200,4 +262,8 @@ HANDLERS: dict[str, Callable[[Broker, Generic, Client, int], Any]] = {
     "CLIENT": client_command,
     "COMMAND": command,
     "SELECT": select,
+    "QUIT": quit_,
+    "SHUTDOWN": shutdown,
+    "BGREWRITEAOF": bgrewriteaof,
+    "MONITOR": monitor,
 }

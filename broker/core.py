@@ -39,10 +39,11 @@ from broker.job import (
 from broker.queue import PAUSE_ALL, PAUSE_IN, PAUSE_NAMES, PAUSE_NONE, PAUSE_OUT, Queue
 from broker.scan import ScanList
 from broker.timers import TimerWheel
+from broker.version import VERSION as _VERSION
 from protocol import errors
 from protocol.commands import (
+    NO_AUTH,
     AddJob,
-    Generic,
     GetJob,
     JobsCommand,
     JScan,
@@ -50,6 +51,7 @@ from protocol.commands import (
     QPeek,
     QScan,
     QueueCommand,
+    lookup,
     parse,
 )
 from protocol.jobid import IdGenerator
@@ -81,9 +83,6 @@ QUEUE_IDLE_EVICT_MS: Final = 300_000
 # 520 bytes measured at 200,000 small jobs (README, Limits).
 JOB_OVERHEAD_BYTES: Final = 500
 QUEUE_EVICT_CHECK_MS: Final = 1_000
-# Commands a client may send before AUTH when requirepass is set (HELLO only as the Redis 6
-# handshake, which carries its own AUTH; Disque's bare HELLO needs the password).
-_PRE_AUTH: Final = frozenset(("AUTH", "HELLO", "QUIT"))
 
 # Small ints are shared by the interpreter; interning the common option values too keeps one
 # int object per distinct value instead of one per job.
@@ -127,14 +126,18 @@ class Broker:
     # Entry points
 
     def execute(self, argv: list[bytes], client: Client, now_ms: int) -> Any:
+        if self.config.requirepass and not client.authenticated:
+            # As Disque's processCommand: unknown command and arity first, then NOAUTH (the
+            # table's no-auth flag), and only then the command's own argument checks.
+            spec = lookup(argv)
+            if isinstance(spec, Error):
+                return spec
+            if NO_AUTH not in spec.flags:
+                return errors.NOAUTH
         cmd = parse(argv)
         t = type(cmd)
         if t is Error:
             return cmd
-        if self.config.requirepass and not client.authenticated:
-            name = cmd.name if t is Generic else ""  # type: ignore[union-attr]
-            if name not in _PRE_AUTH:
-                return errors.NOAUTH
         if t is AddJob:
             return self._addjob(cmd, now_ms)  # type: ignore[arg-type]
         if t is GetJob:
@@ -757,4 +760,4 @@ class Broker:
             self.log.append(("flushall", None, None))
 
 
-VERSION: Final = admin.VERSION
+VERSION: Final = _VERSION

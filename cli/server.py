@@ -32,10 +32,21 @@ import trio
 from broker.clients import Client
 from broker.config import Config, ConfigError, output_limits
 from broker.core import BLOCKED, VERSION, Broker
+from broker.intents import (
+    ConfigApplied,
+    Intent,
+    KillClients,
+    Monitor,
+    Quit,
+    ResetStats,
+    RewriteConfig,
+    RewriteLog,
+    Shutdown,
+)
 from cli.persistence import Persistence, StartupError
 from protocol import errors
-from protocol.commands import COMMANDS, parse_int
-from protocol.resp import NEED_DATA, OK, Error, ProtocolError, RequestParser, Status, encode_into
+from protocol.commands import COMMANDS
+from protocol.resp import NEED_DATA, OK, ProtocolError, RequestParser, Status, encode_into
 
 log = logging.getLogger("trisque")
 
@@ -260,7 +271,6 @@ class Connection:
         now = now_ms()
         close = False
         parser = self.parser
-        driver_commands = server.driver_commands
         cmdstats = server.cmdstats
         while client.waiter is None and not server.stopping:
             try:
@@ -277,20 +287,20 @@ class Connection:
             client.last_cmd = name
             if server.monitors:
                 server.feed_monitors(client, argv)  # type: ignore[arg-type]
-            if name in driver_commands:
-                reply = await driver_commands[name](self, argv)  # type: ignore[arg-type]
-                if name == b"quit" or self.close_after_reply:
-                    close = True
-            else:
-                if len(argv) > 2 and len(argv[2]) >= _BIG_ARGUMENT and name == b"addjob":  # type: ignore[index]
-                    # A big body: judge it against the memory in use now, not a second ago.
-                    broker.used_memory = read_rss()
-                started = perf_counter_ns()
-                reply = broker.execute(argv, client, now)  # type: ignore[arg-type]
-                stat = cmdstats.get(name)
-                if stat is not None:
-                    stat[0] += 1
-                    stat[1] += perf_counter_ns() - started
+            if len(argv) > 2 and len(argv[2]) >= _BIG_ARGUMENT and name == b"addjob":  # type: ignore[index]
+                # A big body: judge it against the memory in use now, not a second ago.
+                broker.used_memory = read_rss()
+            started = perf_counter_ns()
+            reply = broker.execute(argv, client, now)  # type: ignore[arg-type]
+            stat = cmdstats.get(name)
+            if stat is not None:
+                stat[0] += 1
+                stat[1] += perf_counter_ns() - started
+            if isinstance(reply, Intent):
+                # A command only the runtime can finish (see broker/intents.py).
+                close = type(reply) is Quit
+                reply = await server.carry_out(self, reply)
+                close = close or self.close_after_reply
             if reply is BLOCKED:
                 break
             if len(broker.log) != log_before:
@@ -390,14 +400,6 @@ class Server:
         self.stopping = False
         self.listening: list[tuple[str, int]] = []
         self._accept_error_logged = 0.0
-        self.driver_commands = {
-            b"quit": self._quit,
-            b"shutdown": self._shutdown,
-            b"bgrewriteaof": self._bgrewriteaof,
-            b"config": self._config,
-            b"client": self._client,
-            b"monitor": self._monitor,
-        }
         # INFO commandstats: [calls, nanoseconds] per command the node knows.
         self.cmdstats: dict[bytes, list[int]] = {name: [0, 0] for name in COMMANDS}
         self.monitors: set[Connection] = set()
@@ -426,62 +428,55 @@ class Server:
                 # Pipelined commands waited behind the blocked GETJOB: run them now.
                 self.nursery.start_soon(conn.process)
 
-    # -- driver-level commands (they need I/O or the process) -----------------------------
+    # -- intents: commands only the runtime can finish ------------------------------------
 
-    async def _quit(self, conn: Connection, argv: list[bytes]) -> Any:
-        return OK
-
-    async def _shutdown(self, conn: Connection, argv: list[bytes]) -> Any:
-        if len(argv) > 2 or (len(argv) == 2 and argv[1].lower() != b"rewrite-aof"):
-            return errors.SYNTAX
-        if self.config.requirepass and not conn.client.authenticated:
-            return errors.NOAUTH
-        self.shutdown_rewrite = len(argv) == 2
-        log.warning("User requested shutdown...")
-        self.shutdown_event.set()
-        await trio.sleep_forever()  # the nursery is cancelled; no reply, as in Disque
-
-    async def _bgrewriteaof(self, conn: Connection, argv: list[bytes]) -> Any:
-        if len(argv) != 1:
-            return errors.wrong_arity("bgrewriteaof")
-        if self.config.requirepass and not conn.client.authenticated:
-            return errors.NOAUTH
-        try:
-            return Status(await self.persistence.bgrewrite())
-        except Exception as exc:
-            return errors.err(str(exc))
-
-    async def _config(self, conn: Connection, argv: list[bytes]) -> Any:
-        if len(argv) == 2 and argv[1].lower() == b"rewrite":
-            if self.config.requirepass and not conn.client.authenticated:
-                return errors.NOAUTH
+    async def carry_out(self, conn: Connection, intent: Intent) -> Any:
+        """The reply to a command whose checks the broker made and whose work is ours."""
+        t = type(intent)
+        if t is Quit:
+            return OK
+        if t is Shutdown:
+            self.shutdown_rewrite = intent.rewrite  # type: ignore[attr-defined]
+            log.warning("User requested shutdown...")
+            self.shutdown_event.set()
+            await trio.sleep_forever()  # the nursery is cancelled; no reply, as in Disque
+        if t is RewriteLog:
+            try:
+                return Status(await self.persistence.bgrewrite())
+            except Exception as exc:  # noqa: BLE001 - PersistenceError and friends: the text
+                return errors.err(str(exc))
+        if t is RewriteConfig:
             error = self.config.rewrite()
             return errors.err(error) if error else OK
-        before = self.config.maxclients
-        reply = self.broker.execute(argv, conn.client, now_ms())
-        if len(argv) == 2 and argv[1].lower() == b"resetstat" and reply == OK:
+        if t is ConfigApplied:
+            return await self._config_applied(intent)  # type: ignore[arg-type]
+        if t is ResetStats:
             for stat in self.cmdstats.values():
                 stat[0] = stat[1] = 0
-        if self.config.maxclients != before and not fit_open_files_limit(self.config.maxclients):
+            return OK
+        if t is Monitor:
+            self.monitors.add(conn)
+            return OK
+        if t is KillClients:
+            return self._kill(conn, intent)  # type: ignore[arg-type]
+        raise AssertionError(f"no runtime handler for {intent!r}")
+
+    async def _config_applied(self, intent: ConfigApplied) -> Any:
+        if intent.name == "maxclients" and not fit_open_files_limit(self.config.maxclients):
             # Redis's answer when the kernel cannot give the descriptors the value needs.
-            wanted, self.config.maxclients = self.config.maxclients, before
+            wanted, self.config.maxclients = self.config.maxclients, intent.previous
             return errors.err("The operating system is not able to handle the specified "
                               f"number of clients, try with {max_clients_for_limit()} "
                               f"(asked for {wanted})")
-        if len(argv) == 4 and argv[1].lower() == b"set" and reply == OK:
-            error = await self.persistence.config_changed(argv[2].decode("utf-8", "replace").lower())
-            if error is not None:
-                return errors.err(error)
-        return reply
+        error = await self.persistence.config_changed(intent.name)
+        return errors.err(error) if error is not None else OK
 
-    async def _client(self, conn: Connection, argv: list[bytes]) -> Any:
-        if len(argv) < 3 or argv[1].lower() != b"kill":
-            return self.broker.execute(argv, conn.client, now_ms())
-        if self.config.requirepass and not conn.client.authenticated:
-            return errors.NOAUTH
-        victims = self._kill_filter(conn, argv[2:])
-        if isinstance(victims, Error):
-            return victims
+    def _kill(self, conn: Connection, kill: KillClients) -> Any:
+        victims = [c for c in self.connections
+                   if kill.normal_only
+                   and (kill.addr is None or c.client.addr == kill.addr)
+                   and (kill.client_id is None or c.client.id == kill.client_id)
+                   and not (kill.skip_me and c is conn)]
         for victim in victims:
             log.info("Client id=%d addr=%s killed by CLIENT KILL from id=%d",
                      victim.client.id, victim.client.addr, conn.client.id)
@@ -489,50 +484,9 @@ class Server:
                 conn.close_after_reply = True  # its own connection: closed after the reply
             else:
                 victim.close()
-        if len(argv) == 3:  # the old form: CLIENT KILL addr:port
+        if kill.old_form:
             return OK if victims else errors.NO_SUCH_CLIENT
         return len(victims)
-
-    def _kill_filter(self, conn: Connection, args: list[bytes]) -> list[Connection] | Error:
-        """Redis's CLIENT KILL: ``addr:port``, or filters ID, ADDR, TYPE, SKIPME."""
-        if len(args) == 1:
-            addr = args[0].decode("utf-8", "replace")
-            return [c for c in self.connections if c.client.addr == addr]
-        if len(args) % 2:
-            return errors.SYNTAX
-        client_id: int | None = None
-        addr_filter: str | None = None
-        skipme = True
-        for opt, value in zip(args[::2], args[1::2], strict=True):
-            opt = opt.lower()
-            if opt == b"id":
-                client_id = parse_int(value)
-                if client_id is None:
-                    return errors.SYNTAX
-            elif opt == b"addr":
-                addr_filter = value.decode("utf-8", "replace")
-            elif opt == b"type":
-                kind = value.lower()
-                if kind not in (b"normal", b"master", b"slave", b"replica", b"pubsub"):
-                    return errors.unknown_client_type(value.decode("utf-8", "replace"))
-                if kind != b"normal":
-                    return []  # a node has only normal clients
-            elif opt == b"skipme":
-                if value.lower() not in (b"yes", b"no"):
-                    return errors.SYNTAX
-                skipme = value.lower() == b"yes"
-            else:
-                return errors.SYNTAX
-        return [c for c in self.connections
-                if (client_id is None or c.client.id == client_id)
-                and (addr_filter is None or c.client.addr == addr_filter)
-                and not (skipme and c is conn)]
-
-    async def _monitor(self, conn: Connection, argv: list[bytes]) -> Any:
-        if self.config.requirepass and not conn.client.authenticated:
-            return errors.NOAUTH
-        self.monitors.add(conn)
-        return OK
 
     def feed_monitors(self, client: Client, argv: list[bytes]) -> None:
         """Redis's MONITOR line for a command about to run. AUTH and HELLO are not shown: they

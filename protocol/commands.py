@@ -345,51 +345,73 @@ def _generic(argv: list[bytes]) -> Generic:
     return Generic(argv[0].decode("latin-1").upper(), tuple(argv[1:]))
 
 
-# name -> (arity, parser). Arity counts the command name; negative means "at least".
-COMMANDS: dict[bytes, tuple[int, Callable[[list[bytes]], Any]]] = {
-    b"addjob": (-4, _addjob),
-    b"getjob": (-2, _getjob),
-    b"ackjob": (-1, _jobs),
-    b"fastack": (-1, _jobs),
-    b"nack": (-1, _jobs),
-    b"enqueue": (-1, _jobs),
-    b"dequeue": (-1, _jobs),
-    b"deljob": (-1, _jobs),
-    b"working": (2, _jobs),
-    b"show": (2, _jobs),
-    b"qlen": (2, _queue),
-    b"qstat": (2, _queue),
-    b"qpeek": (3, _qpeek),
-    b"qscan": (-1, _qscan),
-    b"jscan": (-1, _jscan),
-    b"pause": (-3, _pause),
-    b"hello": (-1, _generic),
-    b"info": (-1, _generic),
-    b"cluster": (-2, _generic),
-    b"config": (-2, _generic),
-    b"debug": (-2, _generic),
-    b"ping": (-1, _generic),
-    b"time": (1, _generic),
-    b"shutdown": (-1, _generic),
-    b"auth": (-2, _generic),
-    b"client": (-2, _generic),
-    b"command": (-1, _generic),
-    b"bgrewriteaof": (1, _generic),
-    b"select": (2, _generic),
-    b"quit": (-1, _generic),
-    b"echo": (2, _generic),
-    b"monitor": (1, _generic),
+# The one command table. Flags: NO_AUTH may run before AUTH when requirepass is set; RUNTIME
+# is finished by the node's runtime (the broker returns an intent, see broker/intents.py).
+NO_AUTH = "no-auth"
+RUNTIME = "runtime"
+
+
+class Spec(NamedTuple):
+    arity: int  # counts the command name; negative means "at least"
+    parser: Callable[[list[bytes]], Any]
+    flags: frozenset[str] = frozenset()
+
+
+_NA = frozenset((NO_AUTH,))
+_RT = frozenset((RUNTIME,))
+
+COMMANDS: dict[bytes, Spec] = {
+    b"addjob": Spec(-4, _addjob),
+    b"getjob": Spec(-2, _getjob),
+    b"ackjob": Spec(-1, _jobs),
+    b"fastack": Spec(-1, _jobs),
+    b"nack": Spec(-1, _jobs),
+    b"enqueue": Spec(-1, _jobs),
+    b"dequeue": Spec(-1, _jobs),
+    b"deljob": Spec(-1, _jobs),
+    b"working": Spec(2, _jobs),
+    b"show": Spec(2, _jobs),
+    b"qlen": Spec(2, _queue),
+    b"qstat": Spec(2, _queue),
+    b"qpeek": Spec(3, _qpeek),
+    b"qscan": Spec(-1, _qscan),
+    b"jscan": Spec(-1, _jscan),
+    b"pause": Spec(-3, _pause),
+    b"hello": Spec(-1, _generic, _NA),  # bare HELLO checks AUTH itself, as Disque
+    b"info": Spec(-1, _generic),
+    b"cluster": Spec(-2, _generic),
+    b"config": Spec(-2, _generic, _RT),
+    b"debug": Spec(-2, _generic),
+    b"ping": Spec(-1, _generic),
+    b"time": Spec(1, _generic),
+    b"shutdown": Spec(-1, _generic, _RT),
+    b"auth": Spec(-2, _generic, _NA),
+    b"client": Spec(-2, _generic, _RT),
+    b"command": Spec(-1, _generic),
+    b"bgrewriteaof": Spec(1, _generic, _RT),
+    b"select": Spec(2, _generic),
+    b"quit": Spec(-1, _generic, _NA | _RT),
+    b"echo": Spec(2, _generic),
+    b"monitor": Spec(1, _generic, _RT),
 }
 
 
-def parse(argv: list[bytes]) -> Command | Error:
+def lookup(argv: list[bytes]) -> Spec | Error:
+    """The table entry of ``argv``'s command, or the unknown-command or arity error."""
     name = argv[0]
     entry = COMMANDS.get(name.lower())
     if entry is None:
         return errors.unknown_command(name.decode("utf-8", "replace"))
-    arity, parser = entry
+    arity = entry.arity
     argc = len(argv)
     if (arity > 0 and argc != arity) or argc < -arity:
         return errors.wrong_arity(name.decode("latin-1"))
-    result: Command | Error = parser(argv)
+    return entry
+
+
+def parse(argv: list[bytes]) -> Command | Error:
+    entry = lookup(argv)
+    if type(entry) is not Spec:
+        return entry  # type: ignore[return-value]
+    result: Command | Error = entry.parser(argv)
     return result

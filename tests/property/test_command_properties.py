@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from broker.clients import Client
 from broker.config import Config
 from broker.core import BLOCKED, Broker
+from broker.intents import Intent
 from broker.job import validate_record
 from protocol.commands import COMMANDS, MAX_JOB_SECONDS, AddJob, parse
 from protocol.resp import Error, encode
@@ -19,8 +20,8 @@ from protocol.resp import Error, encode
 # Codes an error reply may start with (protocol/errors.py).
 CODES = {"ERR", "BADID", "NOJOB", "NOREPL", "PAUSED", "MAXLEN", "LEAVING", "TOOLATE", "NOAUTH",
          "WRONGPASS", "NOPROTO", "OOM", "LOADING"}
-# Commands the runtime carries out itself (they stop the node or touch files).
-RUNTIME = {b"shutdown", b"bgrewriteaof", b"quit", b"debug"}
+# DEBUG FLUSHALL would only make the sequences shorter.
+SKIPPED = {b"debug"}
 
 _NUMBERS = st.one_of(
     st.integers(min_value=-5, max_value=70_000),
@@ -50,7 +51,7 @@ def test_parse_gives_a_command_or_a_table_error(name: bytes, args: list[bytes]) 
         assert result.replicate is None or 1 <= result.replicate <= 65535
 
 
-_STEP = st.tuples(_NAMES.filter(lambda n: n not in RUNTIME), st.lists(_ARG, max_size=8),
+_STEP = st.tuples(_NAMES.filter(lambda n: n not in SKIPPED), st.lists(_ARG, max_size=8),
                   st.integers(min_value=0, max_value=400_000))
 
 
@@ -62,7 +63,7 @@ def test_the_core_survives_any_command_sequence(steps) -> None:
     client = Client(1)
     for name, args, advance in steps:
         reply = b.execute([name, *args], client, now)
-        if reply is not BLOCKED:
+        if reply is not BLOCKED and not isinstance(reply, Intent):  # intents: the runtime's
             encode(reply, 2)  # every reply is encodable
             encode(reply, 3)
         now += advance

@@ -1,0 +1,72 @@
+"""What the broker asks the node's runtime to carry out.
+
+Theory of operation
+-------------------
+Some commands cannot be finished without the process, the network or the disk: stopping the
+node, rewriting the append log or the config file, closing other clients, streaming MONITOR
+output. The broker still owns them like every other command: their arity, authentication and
+arguments are checked by the one command table (``protocol.commands.COMMANDS``, flag
+``runtime``) and their handlers in ``broker/admin.py``; a handler then returns one of these
+frozen intents instead of a reply, and the runtime (``cli/server.py`` today, ``node/`` once it
+exists) carries it out and answers the client. So there is one dispatcher, not two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Intent:
+    """Base of every intent: the driver tells a reply from an intent with one isinstance."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Quit(Intent):
+    """Reply +OK, write every reply before it, then close the connection."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown(Intent):
+    rewrite: bool  # SHUTDOWN REWRITE-AOF: end with an exact snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteLog(Intent):
+    """BGREWRITEAOF."""
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteConfig(Intent):
+    """CONFIG REWRITE."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigApplied(Intent):
+    """CONFIG SET of a directive the runtime must act on (appendonly, maxclients). The value is
+    already set; ``previous`` is what to put back if the runtime cannot carry it out."""
+
+    name: str
+    previous: object
+
+
+@dataclass(frozen=True, slots=True)
+class ResetStats(Intent):
+    """CONFIG RESETSTAT: the runtime's counters (command statistics)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Monitor(Intent):
+    """MONITOR: stream every command the node runs to this client."""
+
+
+@dataclass(frozen=True, slots=True)
+class KillClients(Intent):
+    """CLIENT KILL: close the clients that match every filter given (None: any)."""
+
+    addr: str | None
+    client_id: int | None
+    skip_me: bool
+    old_form: bool  # CLIENT KILL addr:port answers OK / No such client, the filters a count
+    normal_only: bool = True  # TYPE normal (or none); TYPE master/slave/pubsub match nobody
