@@ -38,7 +38,7 @@ The rewrite writes a new log next to the old one under a temporary name and swit
 write, fsync, rename, fsync of the directory. Until the rename the old log is whole; after it the
 new one is; a crash at any point leaves one of them under the log's name.
 
-This module does no I/O scheduling: the trio side (``cli/persistence.py``) decides when to write
+This module does no I/O scheduling: the trio side (``node/persistence.py``) decides when to write
 and to fsync and runs the slow calls in threads.
 """
 

@@ -189,6 +189,10 @@ def _show(d: Directive, value: Any) -> str:
 class Config:
     """Current configuration values, as attributes."""
 
+    # Attributes the runtime also writes (the rest are read through __getattr__'s typing).
+    maxclients: int
+    appendonly: bool
+
     def __init__(self) -> None:
         for d in DIRECTIVES.values():
             setattr(self, attr(d.name), d.default)

@@ -7,8 +7,8 @@ node, rewriting the append log or the config file, closing other clients, stream
 output. The broker still owns them like every other command: their arity, authentication and
 arguments are checked by the one command table (``protocol.commands.COMMANDS``, flag
 ``runtime``) and their handlers in ``broker/admin.py``; a handler then returns one of these
-frozen intents instead of a reply, and the runtime (``cli/server.py`` today, ``node/`` once it
-exists) carries it out and answers the client. So there is one dispatcher, not two.
+frozen intents instead of a reply, and the runtime (``node/server.py``) carries it out and
+answers the client. So there is one dispatcher, not two.
 """
 
 from __future__ import annotations

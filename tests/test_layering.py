@@ -2,11 +2,17 @@
 
 protocol  -> stdlib, hiredis, msgpack (trio only in the trio client flavour: a module whose
              name contains "aio", e.g. protocol/aio_client.py)
-broker    -> stdlib, msgpack, protocol
-cluster   -> stdlib, declared dependencies (trio, msgpack, ...), broker, protocol
+broker    -> stdlib but no clock, socket or trio (sans-IO), msgpack, protocol
+cluster   -> stdlib but no clock, socket, os or trio (sans-IO), msgpack, cryptography,
+             broker, protocol
+node      -> stdlib, declared dependencies, protocol, broker, cluster (the trio runtime)
 cli       -> anything
-pipeline  -> anything but cli
-Nothing outside cli imports cli; nothing outside pipeline and cli imports pipeline.
+pipeline  -> anything but cli and node
+Nothing outside cli imports cli; nothing outside node and cli imports node; nothing outside
+pipeline and cli imports pipeline.
+
+``broker`` may still use ``os``: the append-log reader/writer (broker/aof.py) and the config
+file (broker/config.py) do their own file I/O; moving it into ``node/`` is issue 7's next step.
 
 Every import counts, including those under ``if TYPE_CHECKING:`` or inside functions, and
 ``importlib.import_module("...")`` / ``__import__("...")`` calls with a literal name: a
@@ -22,14 +28,22 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("protocol", "broker", "cluster", "cli", "pipeline")
+PACKAGES = ("protocol", "broker", "cluster", "node", "cli", "pipeline")
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 # Third-party distributions the project declares (pyproject.toml), by import name.
 DECLARED = frozenset({"trio", "hiredis", "msgpack", "cryptography", "pyspark"})
+# Standard modules that read the clock, open sockets or touch the OS: the sans-IO packages
+# take time and messages as arguments instead.
+IO_MODULES = {
+    "broker": frozenset({"time", "socket", "select", "selectors", "asyncio", "threading"}),
+    "cluster": frozenset({"time", "socket", "select", "selectors", "asyncio", "threading", "os"}),
+}
 
 
 def allowed(package: str, module_file: str, imported: str) -> bool:
     """May ``package``'s module ``module_file`` import the top-level module ``imported``?"""
+    if imported in IO_MODULES.get(package, ()):
+        return False
     if imported == package or imported in STDLIB:
         return True
     if package == "protocol":
@@ -37,9 +51,11 @@ def allowed(package: str, module_file: str, imported: str) -> bool:
     if package == "broker":
         return imported in ("msgpack", "protocol")
     if package == "cluster":
-        return imported in ("broker", "protocol") or imported in DECLARED
+        return imported in ("broker", "protocol", "msgpack", "cryptography")
+    if package == "node":
+        return imported in ("protocol", "broker", "cluster") or imported in DECLARED
     if package == "pipeline":
-        return imported != "cli"
+        return imported not in ("cli", "node")
     return package == "cli"
 
 
@@ -123,6 +139,13 @@ def test_no_wrong_way_imports() -> None:
         ("cluster/bus.py", "from pipeline import spark"),
         ("pipeline/job.py", "from cli import server"),
         ("protocol/aio_client.py", "import broker"),
+        ("broker/core.py", "import time"),
+        ("broker/core.py", "from socket import socket"),
+        ("broker/core.py", "import node.server"),
+        ("cluster/membership.py", "import os"),
+        ("cluster/membership.py", "import trio"),
+        ("node/server.py", "import cli.server"),
+        ("pipeline/job.py", "from node import server"),
     ],
 )
 def test_checker_flags_wrong_way_imports(relpath: str, source: str) -> None:
@@ -139,7 +162,8 @@ def test_checker_flags_wrong_way_imports(relpath: str, source: str) -> None:
         ("protocol/client.py", "from .resp import encode\nfrom . import resp"),
         ("broker/core.py", "from protocol.resp import Error\nfrom .job import Job\nimport msgpack"),
         ("broker/log/format.py", "from ..job import Job\nfrom ...protocol import resp"),
-        ("cluster/bus.py", "import trio\nfrom broker.core import Broker\nfrom protocol import resp"),
+        ("cluster/wire.py", "import msgpack\nfrom broker.core import Broker\nfrom protocol import resp"),
+        ("node/server.py", "import trio\nimport socket\nfrom cluster import wire\nfrom broker import core"),
         ("cli/server.py", "import trio\nimport cluster\nimport broker\nimport pipeline"),
         ("pipeline/spark.py", "import pyspark\nfrom protocol import client"),
     ],

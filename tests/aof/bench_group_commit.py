@@ -18,7 +18,7 @@ import trio
 from broker.clients import Client
 from broker.config import Config
 from broker.core import Broker
-from cli.persistence import Persistence
+from node.persistence import Persistence
 
 
 async def run(directory: str, appendonly: bool, clients: int, seconds: float) -> None:

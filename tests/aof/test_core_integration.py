@@ -11,7 +11,7 @@ import trio
 from broker import aof, core
 from broker.clients import Client
 from broker.config import Config
-from cli.persistence import Persistence, PersistenceError
+from node.persistence import Persistence, PersistenceError
 from tests.aof.test_persistence import RecordingFile
 
 NOW = 1_700_000_000_000

@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from broker import aof
-from cli import persistence as pmod
-from cli.persistence import Persistence, PersistenceError, StartupError
+from node import persistence as pmod
+from node.persistence import Persistence, PersistenceError, StartupError
 from tests.aof.fakebroker import Config, FakeBroker
 
 

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from broker import aof
-from cli.persistence import Persistence
+from node.persistence import Persistence
 from tests.aof.fakebroker import Config, FakeBroker
 
 STEPS = ["write", "write", "fsync", "rename", "fsync-dir", "done"]

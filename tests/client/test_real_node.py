@@ -1,6 +1,6 @@
 """The client library and `trisque` against real trisque-server processes.
 
-Skipped until cli/server.py exists (it is written in parallel); everything else about the
+Everything else about the
 client is covered against fake nodes in test_failover_fake.py.
 """
 

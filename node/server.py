@@ -1,0 +1,820 @@
+"""A node's client server on trio: connections, the driver loop, timers, runtime intents.
+
+Theory of operation
+-------------------
+The broker core decides; this module only moves bytes and time. One task per connection
+reads, feeds the ``RequestParser`` and runs every complete command against the broker with the
+same ``now_ms``; if any of them left append-log entries it waits until the log says they are
+durable (group commit: other connections keep running meanwhile and their entries join the
+next write), then sends all replies with one write. Clients the broker unblocked
+(``broker.replies``) are answered right after, by whichever task unblocked them. A timer task
+calls ``broker.tick`` at the broker's next deadline, at least ``hz`` times a second. A client
+blocked in GETJOB keeps its later pipelined commands in its buffer until it is answered, and
+its connection is still read, so a disconnect is noticed and the broker forgets the waiter.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+from time import perf_counter_ns
+from typing import Any
+
+import trio
+
+from broker.clients import Client
+from broker.config import Config, output_limits
+from broker.core import BLOCKED, VERSION, Broker
+from broker.intents import (
+    ConfigApplied,
+    Intent,
+    KillClients,
+    Monitor,
+    Quit,
+    ResetStats,
+    RewriteConfig,
+    RewriteLog,
+    Shutdown,
+)
+from node.clock import Clock, WallClock
+from node.persistence import Persistence
+from protocol import errors
+from protocol.commands import COMMANDS
+from protocol.resp import NEED_DATA, OK, ProtocolError, RequestParser, Status, encode_into
+
+log = logging.getLogger("trisque")
+
+READ_SIZE = 65536
+# How long a connection closing after QUIT or a protocol error may take to write the replies
+# before it; past that a client that does not read is closed anyway.
+CLOSE_FLUSH_TIMEOUT_S = 10.0
+# An ADDJOB body this big refreshes the memory sample before it is judged.
+_BIG_ARGUMENT = 1 << 20
+
+
+class ServerError(Exception):
+    """A start-up problem worth one clear line (bad directive, port in use, ...)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Connections
+
+
+class Connection:
+    """One client connection on a non-blocking socket.
+
+    The socket is used directly (``recv``/``send`` without waiting when the kernel is ready)
+    and trio is asked to wait only when it is not, so a request costs one trip through the
+    scheduler instead of several; that trip is what a trio server spends most of its time on.
+    Two flags replace locks: ``processing`` (one batch at a time; a second caller just asks the
+    running one to look again) and ``sending`` (data queued while a send waits goes out after
+    it, in order).
+    """
+
+    __slots__ = ("server", "sock", "client", "parser", "closing", "processing", "reprocess",
+                 "sending", "pending", "soft_since", "close_after_reply")
+
+    def __init__(self, server: Server, sock: socket.socket, client: Client) -> None:
+        self.server = server
+        self.sock = sock
+        self.client = client
+        self.parser = RequestParser()
+        self.closing = False
+        self.processing = False
+        self.reprocess = False
+        self.sending = False
+        self.pending: list[bytes] = []
+        self.soft_since = 0.0  # when unsent replies went past the soft output limit
+        self.close_after_reply = False  # CLIENT KILL of its own connection
+
+    def over_output_limit(self, unsent: int) -> bool:
+        """Apply ``client-output-buffer-limit`` to ``unsent`` bytes; True when the client must
+        be closed (Redis's rule: past the hard limit, or past the soft one for too long)."""
+        hard, soft, seconds = output_limits(self.server.config.client_output_buffer_limit)
+        if hard and unsent > hard:
+            return True
+        if soft and unsent > soft:
+            now = self.server.clock.monotonic()
+            if not self.soft_since:
+                self.soft_since = now
+            elif now - self.soft_since > seconds:
+                return True
+        else:
+            self.soft_since = 0.0
+        return False
+
+    def close_for_output(self, unsent: int) -> None:
+        log.warning("Client id=%d addr=%s closed for overcoming of output buffer limits "
+                    "(%d bytes unsent).", self.client.id, self.client.addr, unsent)
+        self.close()
+
+    async def send(self, data: bytes) -> None:
+        """Send ``data`` after whatever is already queued, waiting while the client's socket
+        is full. Only the connection's own task waits here: other tasks use send_nowait."""
+        if data:
+            self.pending.append(data)
+        if self.sending:
+            return  # the task already sending takes it along, in order
+        self.sending = True
+        sock = self.sock
+        try:
+            while self.pending and not self.closing:
+                view = memoryview(b"".join(self.pending))
+                self.pending.clear()
+                while view:
+                    try:
+                        sent = sock.send(view)
+                    except BlockingIOError:
+                        sent = 0
+                    except OSError:
+                        self.closing = True
+                        return
+                    self.server.stats_out += sent
+                    view = view[sent:]
+                    if view:
+                        unsent = len(view) + sum(map(len, self.pending))
+                        if self.over_output_limit(unsent):
+                            self.close_for_output(unsent)
+                            return
+                        try:
+                            await trio.lowlevel.wait_writable(sock)
+                        except trio.ClosedResourceError:  # closed by another task meanwhile
+                            self.closing = True
+                            return
+        finally:
+            self.sending = False
+
+    def send_nowait(self, data: bytes) -> None:
+        """Send from a task that is not this connection's (an unblocked GETJOB's reply): what
+        the socket does not take now is queued and sent by a background task, so a client
+        that stops reading never holds up the producer or the timers."""
+        if self.closing:
+            return
+        if self.sending or self.pending:
+            self.pending.append(data)
+            unsent = sum(map(len, self.pending))
+            if self.over_output_limit(unsent):
+                self.close_for_output(unsent)
+                return
+            if not self.sending:
+                self.server.nursery.start_soon(self.send, b"")
+            return
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self.closing = True
+            return
+        self.server.stats_out += sent
+        if sent < len(data):
+            self.pending.append(data[sent:])
+            self.server.nursery.start_soon(self.send, b"")
+
+    async def serve(self) -> None:
+        server = self.server
+        sock = self.sock
+        keepalive = server.config.tcp_keepalive
+        if keepalive:
+            _set_keepalive(sock, keepalive)
+        try:
+            await self._read_loop(sock)
+        except trio.ClosedResourceError:
+            pass  # closed by another task (a protocol error found while serving it)
+        finally:
+            self.close()
+
+    async def _read_loop(self, sock: socket.socket) -> None:
+        server = self.server
+        ready_streak = 0
+        while not self.closing:
+            try:
+                data = sock.recv(READ_SIZE)
+            except BlockingIOError:
+                ready_streak = 0
+                idle = server.config.timeout
+                if not idle or self.client.waiter is not None:
+                    # A blocked GETJOB is waiting by request, not idle.
+                    await trio.lowlevel.wait_readable(sock)
+                    continue
+                with trio.move_on_after(idle) as scope:
+                    await trio.lowlevel.wait_readable(sock)
+                if scope.cancelled_caught and self.client.waiter is None:
+                    log.debug("Closing idle client %s", self.client.addr)
+                    break
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            server.stats_in += len(data)
+            self.parser.feed(data)
+            held = self.parser.held
+            if held > server.config.client_query_buffer_limit:
+                # Redis's rule and wording: a client that sends more than it lets us execute
+                # (a blocked GETJOB with a pipeline behind it, one huge command) is closed.
+                log.warning("Closing client that reached max query buffer length: id=%d "
+                            "addr=%s qbuf=%d", self.client.id, self.client.addr, held)
+                break
+            await self.process()
+            ready_streak += 1
+            if ready_streak >= 8:
+                # A client that always has more to say must not starve the others.
+                ready_streak = 0
+                await trio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        if self.sock.fileno() < 0:
+            return
+        self.closing = True
+        self.server.broker.client_gone(self.client)
+        self.server.connections.discard(self)
+        self.server.monitors.discard(self)
+        trio.lowlevel.notify_closing(self.sock)
+        self.sock.close()
+        # Whoever still holds this object (a timer entry of a blocked GETJOB) must not keep
+        # the client's buffers alive.
+        self.parser.clear()
+        self.pending.clear()
+
+    async def process(self) -> None:
+        """Run the complete commands in the buffer; reply once for the whole batch."""
+        if self.processing:
+            self.reprocess = True
+            return
+        self.processing = True
+        try:
+            while True:
+                self.reprocess = False
+                await self._process_batch()
+                if not self.reprocess or self.closing:
+                    return
+        finally:
+            self.processing = False
+
+    async def _process_batch(self) -> None:
+        server = self.server
+        broker = server.broker
+        client = self.client
+        out: list[bytes] = []
+        logged: list[int] = []  # indexes in ``out`` of replies whose command wrote the log
+        now = server.clock.now_ms()
+        close = False
+        parser = self.parser
+        cmdstats = server.cmdstats
+        while client.waiter is None and not server.stopping:
+            try:
+                argv = parser.next()
+            except ProtocolError as exc:
+                encode_into(errors.protocol_error(str(exc)), out)
+                close = True
+                break
+            if argv is NEED_DATA:
+                break
+            server.commands += 1
+            log_before = len(broker.log)
+            name = argv[0].lower()  # type: ignore[index]
+            client.last_cmd = name
+            if server.monitors:
+                server.feed_monitors(client, argv)  # type: ignore[arg-type]
+            if len(argv) > 2 and len(argv[2]) >= _BIG_ARGUMENT and name == b"addjob":  # type: ignore[index,arg-type]
+                # A big body: judge it against the memory in use now, not a second ago.
+                broker.used_memory = read_rss()
+            started = perf_counter_ns()
+            reply = broker.execute(argv, client, now)  # type: ignore[arg-type]
+            stat = cmdstats.get(name)
+            if stat is not None:
+                stat[0] += 1
+                stat[1] += perf_counter_ns() - started
+            if isinstance(reply, Intent):
+                # A command only the runtime can finish (see broker/intents.py).
+                close = type(reply) is Quit
+                reply = await server.carry_out(self, reply)
+                close = close or self.close_after_reply
+            if reply is BLOCKED:
+                break
+            if len(broker.log) != log_before:
+                logged.append(len(out))
+            encode_into(reply, out, client.protover)
+            if close:
+                break
+        if broker.log:
+            failure = await server.make_durable()
+            if failure is not None:
+                # The log write failed and the broker undid those changes: the commands that
+                # made them must not report success.
+                for index in logged:
+                    out[index] = _encode(errors.err(failure), client.protover)
+        if out:
+            await self.send(b"".join(out) if len(out) > 1 else out[0])
+        if broker.replies:
+            server.flush_replies()
+        if close:
+            await self._drain()
+            self.close()
+
+    async def _drain(self) -> None:
+        """Before closing after QUIT or a protocol error, write every reply that came before
+        it, including one another task is still sending (an unblocked GETJOB's job: cutting
+        it off would lose a job counted as delivered). Bounded: a client that stops reading
+        is closed after CLOSE_FLUSH_TIMEOUT_S all the same."""
+        with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
+            while self.sending and not self.closing:
+                await trio.sleep(0.005)
+            if self.pending and not self.closing:
+                await self.send(b"")
+
+
+def _set_keepalive(sock: socket.socket, interval: int) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, interval)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, interval // 3))
+    except OSError:
+        pass
+
+
+_REPR_ESCAPES = {0x5C: b"\\\\", 0x22: b'\\"', 0x0A: b"\\n", 0x0D: b"\\r", 0x09: b"\\t",
+                 0x07: b"\\a", 0x08: b"\\b"}
+
+
+def _repr_arg(arg: bytes) -> bytes:
+    """An argument quoted as Redis's sdscatrepr does (MONITOR's format)."""
+    out = bytearray(b'"')
+    for c in arg:
+        escape = _REPR_ESCAPES.get(c)
+        if escape is not None:
+            out += escape
+        elif 0x20 <= c < 0x7F:
+            out.append(c)
+        else:
+            out += b"\\x%02x" % c
+    out += b'"'
+    return bytes(out)
+
+
+def _encode(value: Any, protover: int) -> bytes:
+    parts: list[bytes] = []
+    encode_into(value, parts, protover)
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The node
+
+
+class Server:
+    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock: Clock = clock or WallClock()
+        self.node_id = load_node_id(config)
+        self.broker = Broker(config, self.node_id, os.urandom(20), now_ms=self.clock.now_ms())
+        self.persistence = Persistence(config, self.broker, log,
+                                       clock=lambda: self.clock.now_ms() / 1000)
+        self.connections: set[Connection] = set()
+        self.next_client_id = 0
+        self.start_time = time.time()
+        self.run_id = os.urandom(20).hex()  # new at every start, as Redis's run_id
+        self.build_id = hashlib.sha1(f"trisque {VERSION} {sys.version}".encode()).hexdigest()[:15]
+        self.commands = 0
+        self.connections_received = 0
+        self.rejected = 0
+        self.stats_in = 0
+        self.stats_out = 0
+        self._ops_sample = (self.clock.monotonic(), 0)
+        self.ops_per_sec = 0
+        self.peak_rss = 0
+        self.shutdown_event = trio.Event()
+        self.shutdown_rewrite = False
+        # Set when the node starts shutting down: no command runs after it, so the final
+        # snapshot is the state the clients were last told about.
+        self.stopping = False
+        self.listening: list[tuple[str, int]] = []
+        self._accept_error_logged = 0.0
+        # INFO commandstats: [calls, nanoseconds] per command the node knows.
+        self.cmdstats: dict[bytes, list[int]] = {name: [0, 0] for name in COMMANDS}
+        self.monitors: set[Connection] = set()
+        self._install_info()
+
+    # -- durability and replies -----------------------------------------------------------
+
+    async def make_durable(self) -> str | None:
+        """Wait until the broker's pending log entries are durable; the error text if not."""
+        ticket = self.persistence.submit()
+        try:
+            await self.persistence.wait_durable(ticket)
+        except Exception as exc:  # PersistenceError: the OS error text
+            return str(exc)
+        return None
+
+    def flush_replies(self) -> None:
+        replies = self.broker.replies
+        self.broker.replies = []
+        for client, reply in replies:
+            conn: Connection | None = client.handle
+            if conn is None or conn.closing:
+                continue
+            conn.send_nowait(_encode(reply, client.protover))
+            if conn.parser.buffered and client.waiter is None:
+                # Pipelined commands waited behind the blocked GETJOB: run them now.
+                self.nursery.start_soon(conn.process)
+
+    # -- intents: commands only the runtime can finish ------------------------------------
+
+    async def carry_out(self, conn: Connection, intent: Intent) -> Any:
+        """The reply to a command whose checks the broker made and whose work is ours."""
+        t = type(intent)
+        if t is Quit:
+            return OK
+        if t is Shutdown:
+            self.shutdown_rewrite = intent.rewrite  # type: ignore[attr-defined]
+            log.warning("User requested shutdown...")
+            self.shutdown_event.set()
+            await trio.sleep_forever()  # the nursery is cancelled; no reply, as in Disque
+        if t is RewriteLog:
+            try:
+                return Status(await self.persistence.bgrewrite())
+            except Exception as exc:  # noqa: BLE001 - PersistenceError and friends: the text
+                return errors.err(str(exc))
+        if t is RewriteConfig:
+            error = self.config.rewrite()
+            return errors.err(error) if error else OK
+        if t is ConfigApplied:
+            return await self._config_applied(intent)  # type: ignore[arg-type]
+        if t is ResetStats:
+            for stat in self.cmdstats.values():
+                stat[0] = stat[1] = 0
+            return OK
+        if t is Monitor:
+            self.monitors.add(conn)
+            return OK
+        if t is KillClients:
+            return self._kill(conn, intent)  # type: ignore[arg-type]
+        raise AssertionError(f"no runtime handler for {intent!r}")
+
+    async def _config_applied(self, intent: ConfigApplied) -> Any:
+        if intent.name == "maxclients" and not fit_open_files_limit(self.config.maxclients):
+            # Redis's answer when the kernel cannot give the descriptors the value needs.
+            wanted, self.config.maxclients = self.config.maxclients, int(intent.previous)  # type: ignore[call-overload]
+            return errors.err("The operating system is not able to handle the specified "
+                              f"number of clients, try with {max_clients_for_limit()} "
+                              f"(asked for {wanted})")
+        error = await self.persistence.config_changed(intent.name)
+        return errors.err(error) if error is not None else OK
+
+    def _kill(self, conn: Connection, kill: KillClients) -> Any:
+        victims = [c for c in self.connections
+                   if kill.normal_only
+                   and (kill.addr is None or c.client.addr == kill.addr)
+                   and (kill.client_id is None or c.client.id == kill.client_id)
+                   and not (kill.skip_me and c is conn)]
+        for victim in victims:
+            log.info("Client id=%d addr=%s killed by CLIENT KILL from id=%d",
+                     victim.client.id, victim.client.addr, conn.client.id)
+            if victim is conn:
+                conn.close_after_reply = True  # its own connection: closed after the reply
+            else:
+                victim.close()
+        if kill.old_form:
+            return OK if victims else errors.NO_SUCH_CLIENT
+        return len(victims)
+
+    def feed_monitors(self, client: Client, argv: list[bytes]) -> None:
+        """Redis's MONITOR line for a command about to run. AUTH and HELLO are not shown: they
+        may carry the password."""
+        name = argv[0].lower()
+        if name in (b"auth", b"hello"):
+            return
+        now = self.clock.now_ms() / 1000
+        line = (f"+{now:.6f} [0 {client.addr}] ".encode()
+                + b" ".join(_repr_arg(a) for a in argv) + b"\r\n")
+        for monitor in list(self.monitors):
+            if monitor.closing:
+                self.monitors.discard(monitor)
+            elif monitor.client is not client:
+                monitor.send_nowait(line)
+
+    # -- INFO -------------------------------------------------------------------------------
+
+    def _install_info(self) -> None:
+        b = self.broker
+        b.info_sources["server"] = self._info_server
+        b.info_sources["clients"] = lambda: [
+            ("connected_clients", len(self.connections)),
+            ("client_longest_output_list", 0),
+            ("client_biggest_input_buf", max((c.parser.buffered for c in self.connections), default=0)),
+            ("blocked_clients", b.blocked_clients),
+        ]
+        b.info_sources["memory"] = self._info_memory
+        b.info_sources["persistence"] = lambda: list(self.persistence.info())
+        b.info_sources["stats"] = lambda: [
+            ("total_connections_received", self.connections_received),
+            ("total_commands_processed", self.commands),
+            ("instantaneous_ops_per_sec", self.ops_per_sec),
+            ("total_net_input_bytes", self.stats_in),
+            ("total_net_output_bytes", self.stats_out),
+            ("instantaneous_input_kbps", "0.00"),
+            ("instantaneous_output_kbps", "0.00"),
+            ("rejected_connections", self.rejected),
+            ("latest_fork_usec", 0),
+        ]
+        b.info_sources["cpu"] = self._info_cpu
+        b.info_sources["commandstats"] = lambda: [
+            (f"cmdstat_{name.decode()}",
+             f"calls={calls},usec={ns // 1000},usec_per_call={ns / 1000 / calls:.2f}")
+            for name, (calls, ns) in sorted(self.cmdstats.items()) if calls
+        ]
+        b.info_sources["__client_list__"] = lambda: [
+            ("", f"id={c.client.id} addr={c.client.addr} name={c.client.name.decode('utf-8', 'replace')} "
+                 f"age={(self.clock.now_ms() - c.client.ctime_ms) // 1000} qbuf={c.parser.buffered} "
+                 f"cmd={c.client.last_cmd.decode('utf-8', 'replace')} lib-name={c.client.lib_name.decode('utf-8', 'replace')} "
+                 f"lib-ver={c.client.lib_ver.decode('utf-8', 'replace')}")
+            for c in sorted(self.connections, key=lambda c: c.client.id)
+        ]
+
+    def _info_server(self) -> list[tuple[str, Any]]:
+        """Disque's fields in Disque's order (tools parse them), then trisque's own."""
+        uptime = int(time.time() - self.start_time)
+        uname = os.uname()
+        return [
+            ("disque_version", VERSION), ("disque_git_sha1", "00000000"),
+            ("disque_git_dirty", 0), ("disque_build_id", self.build_id),
+            ("os", f"{uname.sysname} {uname.release} {uname.machine}"),
+            ("arch_bits", 64), ("multiplexing_api", "epoll"),
+            ("gcc_version", "0.0.0"),  # not a C build; see python_version
+            ("process_id", os.getpid()), ("run_id", self.run_id),
+            ("tcp_port", self.config.port), ("uptime_in_seconds", uptime),
+            ("uptime_in_days", uptime // 86400), ("hz", self.config.hz),
+            ("executable", os.path.abspath(sys.argv[0])),
+            ("config_file", self.config.config_file or ""),
+            ("trisque_version", VERSION), ("python_version", sys.version.split()[0]),
+            ("node_id", self.node_id),
+        ]
+
+    def _info_memory(self) -> list[tuple[str, Any]]:
+        rss = read_rss()
+        self.peak_rss = max(self.peak_rss, rss)
+        return [
+            ("used_memory", rss), ("used_memory_human", human(rss)),
+            ("used_memory_rss", rss), ("used_memory_peak", self.peak_rss),
+            ("used_memory_peak_human", human(self.peak_rss)),
+            ("mem_fragmentation_ratio", "1.00"), ("mem_allocator", "pymalloc"),
+            ("maxmemory", self.config.maxmemory),
+        ]
+
+    def _info_cpu(self) -> list[tuple[str, Any]]:
+        t = os.times()
+        return [("used_cpu_sys", f"{t.system:.2f}"), ("used_cpu_user", f"{t.user:.2f}"),
+                ("used_cpu_sys_children", f"{t.children_system:.2f}"),
+                ("used_cpu_user_children", f"{t.children_user:.2f}")]
+
+    # -- tasks ------------------------------------------------------------------------------
+
+    async def accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                sock, peer = listener.accept()
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(listener)
+                continue
+            except OSError as exc:
+                # Out of file descriptors and the like: back off and keep serving; say so once
+                # per episode, not ten times a second.
+                now = self.clock.monotonic()
+                if now - self._accept_error_logged > 10:
+                    self._accept_error_logged = now
+                    log.warning("Accepting client connection: %s (maxclients %d, open files "
+                                "limit %d)", exc.strerror, self.config.maxclients,
+                                open_files_limit())
+                await trio.sleep(0.1)
+                continue
+            self.nursery.start_soon(self.handle, sock, peer)
+
+    async def handle(self, sock: socket.socket, peer: Any) -> None:
+        self.connections_received += 1
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if len(self.connections) >= self.config.maxclients:
+            self.rejected += 1
+            try:
+                sock.send(b"-ERR max number of clients reached\r\n")
+            except OSError:
+                pass
+            sock.close()
+            return
+        self.next_client_id += 1
+        host = peer[0] if isinstance(peer, tuple) else str(peer)
+        if host.startswith("::ffff:"):  # an IPv4 client of the dual-stack listener
+            host = host[7:]
+        addr = f"{host}:{peer[1]}" if isinstance(peer, tuple) else host
+        client = Client(self.next_client_id, addr, self.clock.now_ms())
+        conn = Connection(self, sock, client)
+        client.handle = conn
+        self.connections.add(conn)
+        try:
+            await conn.serve()
+        except Exception:
+            # A bug met by one connection must not take the node down: say so loudly, drop
+            # that connection, keep serving the others.
+            log.exception("Unexpected error serving client %s; connection closed", addr)
+            conn.close()
+
+    async def timers(self) -> None:
+        broker = self.broker
+        interval = 1000 // max(1, self.config.hz)
+        while True:
+            now = self.clock.now_ms()
+            deadline = broker.next_deadline()
+            wait = interval if deadline is None else max(0, min(deadline - now, interval))
+            await trio.sleep(wait / 1000)
+            now = self.clock.now_ms()
+            self._sample(now)
+            broker.tick(now)
+            if broker.log:
+                # Requeues and expiries gate no reply: hand them to the log and move on, so a
+                # slow disk never delays timeouts and requeues.
+                self.persistence.submit()
+            if broker.replies:
+                self.flush_replies()
+
+    def _sample(self, now: int) -> None:
+        t, n = self._ops_sample
+        mono = self.clock.monotonic()
+        if mono - t >= 1.0:
+            self.ops_per_sec = int((self.commands - n) / (mono - t))
+            self._ops_sample = (mono, self.commands)
+            self.broker.used_memory = read_rss()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        self.persistence.load(self.clock.now_ms())
+        # Every job is an object the cyclic garbage collector tracks, and jobs never form
+        # cycles. With the default thresholds a node holding a million jobs stops for a full
+        # collection every few seconds (100-200 ms measured); collecting young objects less
+        # often and moving what was loaded out of the collector's sight removes most of that.
+        gc.set_threshold(50_000, 20, 100)
+        gc.freeze()
+        listeners = open_listeners(cfg)
+        self.listening = [ls.getsockname()[:2] for ls in listeners]
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            await nursery.start(self.persistence.run)
+            nursery.start_soon(self.timers)
+            for listener in listeners:
+                nursery.start_soon(self.accept, listener)
+            nursery.start_soon(self._signals)
+            log.info("trisque %s node %s ready to accept connections on %s, data in %s",
+                     VERSION, self.node_id,
+                     ", ".join(f"{h}:{p}" for h, p in self.listening), os.path.abspath(cfg.dir))
+            task_status.started(self)
+            await self.shutdown_event.wait()
+            await self._finish()
+            nursery.cancel_scope.cancel()
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.warning("Received %s scheduling shutdown...", signal.Signals(signum).name)
+                cfg = self.config
+                self.shutdown_rewrite = bool(cfg.appendonly and cfg.aof_rewrite_on_shutdown)
+                self.shutdown_event.set()
+                return
+
+    async def _finish(self) -> None:
+        self.stopping = True
+        try:
+            with trio.fail_after(60):
+                await self.persistence.shutdown(self.shutdown_rewrite)
+        except Exception as exc:
+            log.error("Error while closing the append log: %s", exc)
+        log.warning("trisque is now ready to exit, bye bye...")
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def open_listeners(cfg: Config) -> list[socket.socket]:
+    """Listening sockets for ``bind`` (all interfaces when empty), non-blocking."""
+    listeners = []
+    addresses: list[tuple[str, int]] = []
+    if cfg.bind:
+        addresses = [(host, cfg.port) for host in cfg.bind.split()]
+    try:
+        if not addresses:
+            if socket.has_dualstack_ipv6():
+                listeners.append(socket.create_server(("", cfg.port), family=socket.AF_INET6,
+                                                      backlog=cfg.tcp_backlog, dualstack_ipv6=True))
+            else:
+                listeners.append(socket.create_server(("", cfg.port), backlog=cfg.tcp_backlog))
+        for host, port in addresses:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            listeners.append(socket.create_server((host, port), family=family,
+                                                  backlog=cfg.tcp_backlog))
+    except OSError as exc:
+        for ls in listeners:
+            ls.close()
+        where = cfg.bind or "*"
+        raise ServerError(f"Could not listen on {where}:{cfg.port}: {exc.strerror}") from None
+    for ls in listeners:
+        ls.setblocking(False)
+    return listeners
+
+
+def load_node_id(config: Config) -> str:
+    """The node keeps its ID across restarts in the cluster config file."""
+    path = os.path.join(config.dir, config.cluster_config_file)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 2 and "myself" in parts[2:] + parts[1:2] and len(parts[0]) == 40:
+                    return parts[0]
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise ServerError(f"Can't read {path}: {exc.strerror}") from None
+    node_id = os.urandom(20).hex()
+    try:
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(f"{node_id} :{config.port} myself 0 0 connected\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ServerError(f"Can't write {path}: {exc.strerror}") from None
+    return node_id
+
+
+# Descriptors kept for the node itself (listeners, the append log, the log file, the cluster
+# bus, threads) on top of one per client, as Redis's CONFIG_MIN_RESERVED_FDS.
+RESERVED_FDS = 32
+
+
+def open_files_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def max_clients_for_limit() -> int:
+    return max(1, open_files_limit() - RESERVED_FDS)
+
+
+def fit_open_files_limit(maxclients: int) -> bool:
+    """Raise the soft open-files limit, within the hard one, so that ``maxclients`` clients
+    fit; True if they do."""
+    need = maxclients + RESERVED_FDS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= need:
+        return True
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("Server can't set maximum open files to %d because of OS error: %s.",
+                    need, exc)
+        return False
+    return target >= need
+
+
+def adjust_max_clients(config: Config) -> None:
+    """At start: make room for ``maxclients``, or lower it to what the limit allows (past it a
+    client gets ``-ERR max number of clients reached`` instead of an accept that never
+    comes), and say so as Redis does."""
+    if fit_open_files_limit(config.maxclients):
+        return
+    wanted = config.maxclients
+    config.maxclients = max_clients_for_limit()
+    log.warning("You requested maxclients of %d requiring at least %d max file descriptors. "
+                "Current maximum open files is %d. maxclients has been reduced to %d to "
+                "compensate for low ulimit. If you need higher maxclients increase "
+                "'ulimit -n'.", wanted, wanted + RESERVED_FDS, open_files_limit(),
+                config.maxclients)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def read_rss() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def human(n: int) -> str:
+    for unit in ("B", "K", "M", "G"):
+        if n < 1024 or unit == "G":
+            return f"{n:.2f}{unit}" if unit != "B" else f"{n}B"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
