@@ -121,6 +121,7 @@ class Broker:
         self._last_ctime_ms = 0
         self._ctime_seq = 0
         self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
+        self._last_tick_ms = 0
 
     # =========================================================================================
     # Entry points
@@ -163,9 +164,13 @@ class Broker:
         due = self.timers.next_due()
         if due is None or due > self._next_evict_check:
             return self._next_evict_check
-        return due
+        # A bucket that starts at or before the last tick holds only items due later within
+        # it (the due ones were run): asking to be woken at its start again would make the
+        # driver spin until the clock reaches them.
+        return max(due, self._last_tick_ms + 1)
 
     def tick(self, now_ms: int) -> None:
+        self._last_tick_ms = now_ms
         timers = self.timers
         item: Any
         jobs = self.jobs

@@ -23,19 +23,6 @@ def test_conf_file_documents_every_directive_and_loads() -> None:
     assert cfg.bind == "127.0.0.1"
 
 
-def test_idle_clients_are_closed_but_blocked_ones_are_not() -> None:
-    with ServerProcess(timeout=1) as node:
-        idle = socket.create_connection(("127.0.0.1", node.port), timeout=5)
-        blocked = socket.create_connection(("127.0.0.1", node.port), timeout=5)
-        blocked.sendall(b"GETJOB TIMEOUT 4000 FROM idleq\r\n")
-        time.sleep(2.5)
-        assert idle.recv(10) == b""  # closed by the server
-        blocked.settimeout(5)
-        assert blocked.recv(10) == b"*-1\r\n"  # answered at its own timeout, not dropped
-        idle.close()
-        blocked.close()
-
-
 def test_config_rewrite_persists_a_runtime_change(tmp_path: Path) -> None:
     conf = tmp_path / "node.conf"
     conf.write_text("# my node\nhz 10\n")
