@@ -52,9 +52,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -99,21 +99,54 @@ def _os_error_text(exc: OSError) -> str:
     return f"Errors writing to the AOF file: {text}"
 
 
+class LogSettings(Protocol):
+    """The directives the append log reads (broker.config.Config has them all)."""
+
+    appendonly: bool
+    appendfsync: str
+    dir: str
+    appendfilename: str
+    aof_load_truncated: bool
+    aof_enqueue_jobs_once: bool
+    aof_rewrite_incremental_fsync: bool
+    auto_aof_rewrite_percentage: int
+    auto_aof_rewrite_min_size: int
+
+
+class LogBroker(Protocol):
+    """What the append log needs of the broker core (broker.core.Broker; the tests' fake)."""
+
+    aof_enabled: bool
+    log: list[Any]
+    info_sources: dict[str, Callable[[], list[tuple[str, Any]]]]
+
+    def validate_record(self, kind: str, data: Any) -> str | None: ...
+
+    def load_record(self, record: tuple[Any, ...], now_ms: int) -> None: ...
+
+    def finish_load(self, now_ms: int, enqueue_jobs_once: bool) -> None: ...
+
+    def snapshot(self) -> Iterator[tuple[str, Any]]: ...
+
+    def undo_entry(self, entry: Any, now_ms: int) -> None: ...
+
+
 class Persistence:
-    def __init__(self, config: Any, broker: Any, logger: logging.Logger | Any = None, *,
+    def __init__(self, config: LogSettings, broker: LogBroker,
+                 logger: logging.Logger | None = None, *,
                  open_file: Callable[[str], aof.LogFile] = aof.OsLogFile,
                  clock: Callable[[], float] = time.time,
                  rewrite_step: Callable[[str], None] = lambda name: None) -> None:
         self.broker = broker
         self.log = logger or logging.getLogger("trisque.aof")
-        self.enabled = bool(getattr(config, "appendonly", False))
+        self.enabled = bool(config.appendonly)
         self.config = config
         if self.policy not in ("always", "everysec", "no"):
             raise ValueError(f"invalid appendfsync {self.policy!r}")
-        self.dir = str(getattr(config, "dir", "."))
-        self.path = os.path.join(self.dir, str(getattr(config, "appendfilename", "appendonly.aof")))
-        self.load_truncated = bool(getattr(config, "aof_load_truncated", True))
-        self.enqueue_jobs_once = bool(getattr(config, "aof_enqueue_jobs_once", False))
+        self.dir = str(config.dir)
+        self.path = os.path.join(self.dir, config.appendfilename)
+        self.load_truncated = bool(config.aof_load_truncated)
+        self.enqueue_jobs_once = bool(config.aof_enqueue_jobs_once)
         self._open_file = open_file
         self._clock = clock
         self._rewrite_step = rewrite_step
@@ -144,22 +177,20 @@ class Persistence:
         self.fsync_count = 0
         self.last_fsync_usec = 0
         self.loading = False
-        sources = getattr(broker, "info_sources", None)
-        if isinstance(sources, dict):
-            sources.setdefault("persistence", self.info)
+        broker.info_sources.setdefault("persistence", self.info)
 
     # Read at each use: CONFIG SET changes them at run time.
     @property
     def policy(self) -> str:
-        return str(getattr(self.config, "appendfsync", "everysec"))
+        return str(self.config.appendfsync)
 
     @property
     def auto_pct(self) -> int:
-        return int(getattr(self.config, "auto_aof_rewrite_percentage", 100))
+        return int(self.config.auto_aof_rewrite_percentage)
 
     @property
     def auto_min(self) -> int:
-        return int(getattr(self.config, "auto_aof_rewrite_min_size", 64 * 1024 * 1024))
+        return int(self.config.auto_aof_rewrite_min_size)
 
     # -----------------------------------------------------------------------------------------
     # Start
@@ -329,11 +360,7 @@ class Persistence:
             self._finish(later, error)
 
     def _undo(self, entry: Any, now_ms: int) -> None:
-        undo_entry = getattr(self.broker, "undo_entry", None)
-        if undo_entry is not None:
-            undo_entry(entry, now_ms)
-        else:
-            self.broker.undo(entry)
+        self.broker.undo_entry(entry, now_ms)
 
     def _finish(self, batch: _Batch, error: str | None) -> None:
         batch.error = error
@@ -404,7 +431,7 @@ class Persistence:
         try:
             rw = await trio.to_thread.run_sync(aof.Rewrite, self.path, 0, self._rewrite_step)
             snapshot = self.broker.snapshot()
-            incremental = bool(getattr(self.config, "aof_rewrite_incremental_fsync", True))
+            incremental = bool(self.config.aof_rewrite_incremental_fsync)
             synced_at = 0
             while True:
                 # Encoded as they come: each record is freed at once, so a rewrite of a big

@@ -17,6 +17,7 @@ class FakeBroker:
         self.jobs: dict[bytes, list[Any]] = {}
         self.loaded_with: bool | None = None
         self.undone: list[tuple[Any, ...]] = []
+        self.info_sources: dict[str, Any] = {}
 
     # commands -----------------------------------------------------------------------------
     def addjob(self, job_id: bytes, queue: bytes = b"q", body: bytes = b"x") -> None:
@@ -37,7 +38,7 @@ class FakeBroker:
             self.log.append(("ack", job_id, before))
 
     # the contract -------------------------------------------------------------------------
-    def undo(self, entry: tuple[Any, ...]) -> None:
+    def undo_entry(self, entry: tuple[Any, ...], now_ms: int) -> None:
         self.undone.append(entry)
         kind, data, before = entry
         job_id = data[0] if kind == "job" else data
@@ -79,5 +80,6 @@ class Config:
         self.aof_enqueue_jobs_once = False
         self.auto_aof_rewrite_percentage = 100
         self.auto_aof_rewrite_min_size = 64 * 1024 * 1024
+        self.aof_rewrite_incremental_fsync = True
         for k, v in kw.items():
             setattr(self, k, v)
