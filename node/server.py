@@ -129,14 +129,9 @@ class Connection:
                 view = memoryview(b"".join(self.pending))
                 self.pending.clear()
                 while view:
-                    try:
-                        sent = sock.send(view)
-                    except BlockingIOError:
-                        sent = 0
-                    except OSError:
-                        self.closing = True
+                    sent = self._send_some(view)
+                    if sent is None:
                         return
-                    self.server.stats_out += sent
                     view = view[sent:]
                     if view:
                         unsent = len(view) + sum(map(len, self.pending))
@@ -150,6 +145,19 @@ class Connection:
                             return
         finally:
             self.sending = False
+
+    def _send_some(self, data: bytes | memoryview) -> int | None:
+        """Hand ``data`` to the kernel without waiting: the bytes it took (0 when the socket
+        is full), or None when the connection is gone (it is then marked closing)."""
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            self.closing = True
+            return None
+        self.server.stats_out += sent
+        return sent
 
     def send_nowait(self, data: bytes) -> None:
         """Send from a task that is not this connection's (an unblocked GETJOB's reply): what
@@ -166,14 +174,9 @@ class Connection:
             if not self.sending:
                 self.server.nursery.start_soon(self.send, b"")
             return
-        try:
-            sent = self.sock.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            self.closing = True
+        sent = self._send_some(data)
+        if sent is None:
             return
-        self.server.stats_out += sent
         if sent < len(data):
             self.pending.append(data[sent:])
             self.server.nursery.start_soon(self.send, b"")
