@@ -27,7 +27,7 @@ fuzz: $(STAMP)
 		-o addopts="" tests/property $(FUZZ_ARGS) --hypothesis-show-statistics
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check protocol broker cluster cli tests tools
+	$(VENV)/bin/ruff check protocol broker cluster node cli tests tools
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)

@@ -117,7 +117,7 @@ def encode_frame(kind: str, data: Any) -> bytes:
 
 def encode_records(records: Iterable[Record]) -> bytes:
     """Frames for records shaped like the broker's: ``(kind, data, ...)``; extra items (the undo
-    state of a ``broker.log`` entry) are not written."""
+    state of a ``LogRecord``) are not written."""
     out = bytearray()
     pack, frame, crc32 = msgpack.Packer(use_bin_type=True).pack, _FRAME.pack, zlib.crc32
     for rec in records:

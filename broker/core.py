@@ -5,14 +5,9 @@ Theory of operation
 ``Broker.execute(argv, client, now_ms)`` parses and runs one command and returns its reply, or
 ``BLOCKED`` when the client must wait (GETJOB with nothing to deliver). ``tick(now_ms)`` runs
 the timers that are due. Neither reads a clock, a socket or a file: the driver passes the time
-in and performs what the broker leaves in two lists after each batch:
-
-* ``log``: append-log entries ``(kind, payload, undo)`` — only while ``aof_enabled`` — with
-  ``kind`` one of ``job`` (payload: ``Job.to_record()``), ``ack``, ``del`` (payload: job ID)
-  or ``flushall``. ``undo`` is the job's record before the change (None: it did not exist);
-  ``undo_entry()`` restores it when the write of the entry failed.
-* ``replies``: ``(client, reply)`` for clients that were blocked and are now served or timed
-  out.
+in, and takes what must happen outside from one outbox (``take_effects()``): append-log records
+and replies to other clients, typed in ``broker/effects.py``. ``undo_entry()`` puts back the
+state before a record whose write failed.
 
 Invariants: a job is in ``jobs`` iff it is registered; it is in its queue iff its state is
 QUEUED; every registered job has exactly one current timer (``job.awake``); a queue with
@@ -28,6 +23,7 @@ from typing import Any, Final
 from broker import admin
 from broker.clients import Client, Waiter
 from broker.config import Config
+from broker.effects import Effect, LogRecord, Reply
 from broker.job import (
     FLAG_DELIVERED,
     FLAG_QUEUED_BEFORE,
@@ -106,9 +102,7 @@ class Broker:
         self.timers = TimerWheel()
         self.job_scan: ScanList[Job] = ScanList()
         self.queue_scan: ScanList[Queue] = ScanList()
-        self.log: list[tuple[str, Any, Any]] = []
-        self.replies: list[tuple[Client, Any]] = []
-        self.aof_enabled = False
+        self.outbox: list[Effect] = []  # see broker/effects.py
         self.leaving = False
         # Memory: the driver samples the process RSS now and then (``used_memory``); between
         # samples the bytes of jobs created or freed since are added, so a burst of ADDJOBs
@@ -160,6 +154,11 @@ class Broker:
             return errors.unknown_command(cmd.name)  # type: ignore[union-attr]
         return handler(self, cmd, client, now_ms)  # type: ignore[arg-type]
 
+    def take_effects(self) -> list[Effect]:
+        """Everything emitted since the last call, in order (the outbox is emptied)."""
+        effects, self.outbox = self.outbox, []
+        return effects
+
     def next_deadline(self) -> int | None:
         due = self.timers.next_due()
         if due is None or due > self._next_evict_check:
@@ -182,7 +181,7 @@ class Broker:
                     if item.awake <= now_ms:
                         client = item.client
                         self._unblock(item)
-                        self.replies.append((client, NULL_ARRAY))
+                        self.outbox.append(Reply(client, NULL_ARRAY))
                     else:
                         timers.schedule(item, item.awake)
                     continue
@@ -305,10 +304,9 @@ class Broker:
     def _job_timer(self, job: Job, now_ms: int) -> None:
         if now_ms >= job.etime:
             # TTL reached: the job goes away whatever its state.
-            prev = self._undo_record(job)
+            prev = job.to_record()
             self._unregister(job)
-            if self.aof_enabled:
-                self.log.append(("del", job.id, prev))
+            self.outbox.append(LogRecord("del", job.id, prev))
             return
         if job.state is _ACKED:
             self._unregister(job)
@@ -322,7 +320,7 @@ class Broker:
                 if job.retry and q is not None and q.pause & PAUSE_IN:
                     job.qtime = self._requeue_time(job, now_ms)  # input paused: try later
                 else:
-                    prev = self._undo_record(job)
+                    prev = job.to_record()
                     if self._enqueue(job, now_ms):
                         self._log_job(job, prev)
                         return
@@ -335,12 +333,9 @@ class Broker:
     # =========================================================================================
     # Logging
 
-    def _undo_record(self, job: Job | None) -> Any:
-        return job.to_record() if (self.aof_enabled and job is not None) else None
 
     def _log_job(self, job: Job, prev: Any) -> None:
-        if self.aof_enabled:
-            self.log.append(("job", job.to_record(), prev))
+        self.outbox.append(LogRecord("job", job.to_record(), prev))
 
     def undo_entry(self, entry: tuple[str, Any, Any], now_ms: int) -> None:
         """Put back the state from before ``entry`` (its write to the log failed)."""
@@ -543,7 +538,7 @@ class Broker:
             assert job is not None
             self._deliver(job, q, now_ms)
             self._unblock(waiter)
-            self.replies.append((waiter.client, [self._job_entry(job, waiter.withcounters)]))
+            self.outbox.append(Reply(waiter.client, [self._job_entry(job, waiter.withcounters)]))
 
     def _unblock(self, waiter: Waiter) -> None:
         if not waiter.active:
@@ -580,26 +575,24 @@ class Broker:
             if name == "ACKJOB":
                 if job.state is _ACKED:
                     continue
-                prev = self._undo_record(job)
+                prev = job.to_record()
                 self._dequeue(job)
                 job.transition(_ACKED)
                 # One node: nobody else may hold a copy, so the ACK can be collected at once.
                 self._unregister(job)
-                if self.aof_enabled:
-                    self.log.append(("ack", job_id, prev))
+                self.outbox.append(LogRecord("ack", job_id, prev))
             elif name in ("FASTACK", "DELJOB"):
-                prev = self._undo_record(job)
+                prev = job.to_record()
                 self._unregister(job)
-                if self.aof_enabled:
-                    self.log.append(("del", job_id, prev))
+                self.outbox.append(LogRecord("del", job_id, prev))
             elif name == "DEQUEUE":
-                prev = self._undo_record(job)
+                prev = job.to_record()
                 if not self._dequeue(job):
                     continue
                 self._reschedule(job)
                 self._log_job(job, prev)
             else:  # NACK, ENQUEUE
-                prev = self._undo_record(job)
+                prev = job.to_record()
                 if not self._enqueue(job, now_ms, nack=name == "NACK"):
                     continue
                 self._log_job(job, prev)
@@ -612,7 +605,7 @@ class Broker:
             return errors.NOJOB
         if now_ms - job.ctime // 1_000_000 > job.ttl * 1000 // 2:
             return errors.TOOLATE
-        prev = self._undo_record(job)
+        prev = job.to_record()
         # The worker holds the job: take it out of the queue so nobody else gets it meanwhile.
         self._dequeue(job)
         if job.retry and job.qtime:
@@ -747,22 +740,21 @@ class Broker:
             for q in self.queues.values():
                 for waiter in list(q.waiters):
                     self._unblock(waiter)
-                    self.replies.append((waiter.client, errors.LEAVING))
+                    self.outbox.append(Reply(waiter.client, errors.LEAVING))
 
     def flushall(self) -> None:
         """Forget every job and queue; blocked GETJOB clients get the timeout reply."""
         for q in self.queues.values():
             for waiter in list(q.waiters):
                 self._unblock(waiter)
-                self.replies.append((waiter.client, NULL_ARRAY))
+                self.outbox.append(Reply(waiter.client, NULL_ARRAY))
         self.jobs.clear()
         self.job_bytes = 0
         self.job_scan.clear()
         self.timers.clear()
         self.queues.clear()
         self.queue_scan.clear()
-        if self.aof_enabled:
-            self.log.append(("flushall", None, None))
+        self.outbox.append(LogRecord("flushall", None, None))
 
 
 VERSION: Final = _VERSION

@@ -2,10 +2,12 @@
 
 Theory of operation
 -------------------
-Commands change the broker in memory first; the broker leaves one entry per durable change in
-``broker.log`` (``(kind, data, undo)``). After a connection has executed its batch of commands
-the server calls ``submit()``, which encodes those entries into the *open batch* and returns the
-batch's ticket, then ``await wait_durable(ticket)`` before it sends the replies.
+Commands change the broker in memory first; the broker emits one ``LogRecord`` per durable
+change (``broker/effects.py``). Right after each command (and each timer run) the server hands
+them to ``submit(records)``, which encodes them into the *open batch* and returns the batch's
+ticket; before it sends a reply whose command logged, it awaits ``wait_durable(ticket)``.
+Records are submitted before the next checkpoint, so none is ever pending in the broker while
+this module runs (a rewrite's snapshot, a failure's undo and a shutdown rely on that).
 
 One writer task (``run``) takes the open batch as soon as the previous write is finished, opens
 a new one, and writes the taken batch with one write (and, under ``appendfsync always``, one
@@ -19,25 +21,22 @@ batch is in flight at a time, so batches reach the file in ticket order.
 * ``no``       - done when written; the OS flushes when it wants.
 
 Write failures (ENOSPC, EIO...): the failed batch and the open batch behind it are undone, newest
-entry first (``broker.undo``), so memory again matches the log, and every waiter of those
+entry first (``broker.undo_entry``), so memory again matches the log, and every waiter of those
 batches gets ``PersistenceError``. The file is cut back to its last good size, the fault is
 logged once per episode, and the next batch simply tries again: when the disk recovers the node
 recovers without intervention. Reads and commands that log nothing are never blocked.
 
 Contract for the server (``wait_durable``)::
 
-    if broker.log:
-        ticket = p.submit()            # no await between execute() and submit()
-        try:
-            await p.wait_durable(ticket)
-        except PersistenceError as exc:
-            # exc.entries: the broker.log entries of *this* ticket's batch that were undone;
-            # the replies of the commands that produced them must become f"ERR {exc}".
-            # Simplest correct use: every command of this connection's batch that produced an
-            # entry gets the error (all of them were in the same batch).
+    ticket = p.submit(records)         # no await between execute() and submit()
+    try:
+        await p.wait_durable(ticket)
+    except PersistenceError as exc:
+        # the batch was undone: the replies of the commands whose records were in it
+        # must become f"ERR {exc}".
 
-Any other code that runs broker methods which may log (the timer's ``tick``) must call
-``submit()`` before its next checkpoint, without waiting; those records ride with the next batch.
+Code that runs broker methods which may log without a client waiting (the timer's ``tick``)
+submits too, without waiting; those records ride with the next batch.
 
 Rewrite (``bgrewrite`` and automatic): the snapshot is pulled from ``broker.snapshot()`` in
 slices between checkpoints and written to a temporary file in a thread. Every batch written to
@@ -52,13 +51,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any, Protocol
 
 import trio
 
 from broker import aof
+from broker.effects import LogRecord
 
 REWRITE_SLICE = 200  # jobs taken from the snapshot between two checkpoints (well under 1 ms)
 REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per thread call
@@ -116,8 +116,6 @@ class LogSettings(Protocol):
 class LogBroker(Protocol):
     """What the append log needs of the broker core (broker.core.Broker; the tests' fake)."""
 
-    aof_enabled: bool
-    log: list[Any]
     info_sources: dict[str, Callable[[], list[tuple[str, Any]]]]
 
     def validate_record(self, kind: str, data: Any) -> str | None: ...
@@ -129,6 +127,8 @@ class LogBroker(Protocol):
     def snapshot(self) -> Iterator[tuple[str, Any]]: ...
 
     def undo_entry(self, entry: Any, now_ms: int) -> None: ...
+
+    def take_effects(self) -> list[Any]: ...
 
 
 class Persistence:
@@ -208,18 +208,16 @@ class Persistence:
                 self._replay(now_ms, flagged)
             else:
                 self.broker.finish_load(now_ms, False)
+        # Records made by finish_load (jobs that expired while the node was down).
+        records = [e for e in self.broker.take_effects() if type(e) is LogRecord]
         if not self.enabled:
-            self.broker.log.clear()
             return
-        self.broker.aof_enabled = True
         if not os.path.exists(self.path):
             aof.create_log(self.path)
         self.writer = aof.LogWriter(self._open_file(self.path))
         self.base_size = self._synced_size = self.writer.good_size
-        if self.broker.log:  # records produced by finish_load (e.g. jobs expired while down)
-            entries = list(self.broker.log)
-            self.broker.log.clear()
-            self.writer.write(aof.encode_records(entries))
+        if records:
+            self.writer.write(aof.encode_records(records))
             self.writer.sync()
 
     def _header_flag_set(self) -> bool:
@@ -255,18 +253,14 @@ class Persistence:
     # -----------------------------------------------------------------------------------------
     # Group commit
 
-    def submit(self) -> int:
-        """Move ``broker.log`` into the open batch; the ticket to wait for (no await here)."""
-        entries = self.broker.log
-        if not entries:
-            return self._open.ticket if self._open.entries else 0
-        if not self.enabled:  # log off (or shut down): nothing to make durable
-            entries.clear()
+    def submit(self, records: Sequence[Any]) -> int:
+        """Add ``records`` (``LogRecord``s) to the open batch; the ticket to wait for, 0 when
+        there is nothing to wait for (no records, or the log is off: they are dropped)."""
+        if not records or not self.enabled:
             return 0
         batch = self._open
-        batch.data += aof.encode_records(entries)
-        batch.entries.extend(entries)
-        entries.clear()
+        batch.data += aof.encode_records(records)
+        batch.entries.extend(records)
         # Even under everysec / no the write is left to the writer task: it joins the records
         # of every connection served meanwhile into one write(2). Writing here, per batch,
         # was measured at about half the ADDJOB throughput (12-13k vs 22-23k ops/s, 50 conns).
@@ -347,8 +341,7 @@ class Persistence:
             self.log.warning("%s (replies are errors until writes succeed again; further "
                              "failures of this episode are not logged)", error)
         self._write_error = error
-        self.submit()  # entries left in broker.log are newer than the batch: undo them too
-        later = self._open
+        later = self._open  # submitted after the failed batch: undone too
         self._next_ticket += 1
         self._open = _Batch(self._next_ticket)
         now_ms = int(self._clock() * 1000)
@@ -424,7 +417,8 @@ class Persistence:
         self._rewrite_started = time.monotonic()
         self._rewrite_cancel = False
         self._rewrite_buf = bytearray()
-        self.submit()  # what is in memory now is in the snapshot; later writes go to the buffer
+        # What is in memory now is in the snapshot; batches written from now on also go to the
+        # buffer (records are never pending in the broker: see the module docstring).
         rw: aof.Rewrite | None = None
         new_file: aof.LogFile | None = None
         ok = False
@@ -513,7 +507,6 @@ class Persistence:
                 # From now on changes are logged and wait in the open batch; the writer starts
                 # on them once the snapshot (which they follow) is in place.
                 self.enabled = True
-                self.broker.aof_enabled = True
                 try:
                     records = list(self.broker.snapshot())  # consistent: one loop turn
                     await trio.to_thread.run_sync(lambda: aof.write_snapshot(self.path, records))
@@ -530,7 +523,6 @@ class Persistence:
                 self.base_size = self._synced_size = self.writer.good_size
                 self._wakeup.set()
             else:
-                self.submit()
                 if self.writer is not None:
                     if self._open.entries:
                         await self._write_batch()
@@ -540,15 +532,14 @@ class Persistence:
                         self.log.warning("fsync while switching the append log off: %s", exc)
                     self.writer.close()
                     self.writer = None
-                self.enabled = self.broker.aof_enabled = False
+                self.enabled = False
         self.log.info("Append log switched %s", "on" if self.enabled else "off")
         return error
 
     def _abandon_enable(self, error: str) -> None:
         """Undo a failed switch-on: log off, ``appendonly no``, and the changes that waited for
         the log undone and answered with ``error``."""
-        self.submit()
-        self.enabled = self.broker.aof_enabled = False
+        self.enabled = False
         self.config.appendonly = False
         waiting, self._open = self._open, _Batch(self._next_ticket + 1)
         self._next_ticket += 1
@@ -585,7 +576,6 @@ class Persistence:
         restores the queues exactly at the next start (SHUTDOWN REWRITE-AOF)."""
         self._rewrite_cancel = True
         async with self._write_lock, self._sync_lock:
-            self.submit()
             if self.writer is not None and self._open.entries:
                 await self._write_batch()
             if self.writer is not None:

@@ -4,10 +4,13 @@ Theory of operation
 -------------------
 The broker core decides; this module only moves bytes and time. One task per connection
 reads, feeds the ``RequestParser`` and runs every complete command against the broker with the
-same ``now_ms``; if any of them left append-log entries it waits until the log says they are
-durable (group commit: other connections keep running meanwhile and their entries join the
-next write), then sends all replies with one write. Clients the broker unblocked
-(``broker.replies``) are answered right after, by whichever task unblocked them. A timer task
+same ``now_ms``. After each command the broker's effects (``broker/effects.py``) are routed in
+one place (``Server.route``): log records go to the append log at once, replies to other
+clients wait for the end of the batch. If a command's records went to the log, the batch waits
+until the log says they are durable (group commit: other connections keep running meanwhile
+and their records join the next write), then sends all replies with one write; the clients
+the batch unblocked are answered right after. Commands only the runtime can finish come back
+as intents (``broker/intents.py``) and are carried out by ``Server.carry_out``. A timer task
 calls ``broker.tick`` at the broker's next deadline, at least ``hz`` times a second. A client
 blocked in GETJOB keeps its later pipelined commands in its buffer until it is answered, and
 its connection is still read, so a disconnect is noticed and the broker forgets the waiter.
@@ -32,6 +35,7 @@ import trio
 from broker.clients import Client
 from broker.config import Config, output_limits
 from broker.core import BLOCKED, VERSION, Broker
+from broker.effects import Effect, LogRecord, Reply
 from broker.intents import (
     ConfigApplied,
     Intent,
@@ -44,7 +48,7 @@ from broker.intents import (
     Shutdown,
 )
 from node.clock import Clock, WallClock
-from node.persistence import Persistence
+from node.persistence import Persistence, PersistenceError
 from protocol import errors
 from protocol.commands import COMMANDS
 from protocol.resp import NEED_DATA, OK, ProtocolError, RequestParser, Status, encode_into
@@ -267,7 +271,10 @@ class Connection:
         broker = server.broker
         client = self.client
         out: list[bytes] = []
-        logged: list[int] = []  # indexes in ``out`` of replies whose command wrote the log
+        # (index in ``out``, log ticket) of each reply whose command wrote the log: it leaves
+        # only once that batch of the log is durable.
+        logged: list[tuple[int, int]] = []
+        others: list[Reply] = []  # replies to other clients (blocked GETJOBs served)
         now = server.clock.now_ms()
         close = False
         parser = self.parser
@@ -282,7 +289,6 @@ class Connection:
             if argv is NEED_DATA:
                 break
             server.commands += 1
-            log_before = len(broker.log)
             name = argv[0].lower()  # type: ignore[index]
             client.last_cmd = name
             if server.monitors:
@@ -301,24 +307,26 @@ class Connection:
                 close = type(reply) is Quit
                 reply = await server.carry_out(self, reply)
                 close = close or self.close_after_reply
+            if broker.outbox:
+                ticket = server.route(broker.take_effects(), others)
+                if ticket and reply is not BLOCKED:
+                    logged.append((len(out), ticket))
             if reply is BLOCKED:
                 break
-            if len(broker.log) != log_before:
-                logged.append(len(out))
             encode_into(reply, out, client.protover)
             if close:
                 break
-        if broker.log:
-            failure = await server.make_durable()
-            if failure is not None:
-                # The log write failed and the broker undid those changes: the commands that
-                # made them must not report success.
-                for index in logged:
-                    out[index] = _encode(errors.err(failure), client.protover)
+        if logged:
+            failures = await server.wait_durable({ticket for _, ticket in logged})
+            for index, ticket in logged:
+                if ticket in failures:
+                    # The log write failed and the broker undid those changes: the commands
+                    # that made them must not report success.
+                    out[index] = _encode(errors.err(failures[ticket]), client.protover)
         if out:
             await self.send(b"".join(out) if len(out) > 1 else out[0])
-        if broker.replies:
-            server.flush_replies()
+        if others:
+            server.deliver(others)
         if close:
             await self._drain()
             self.close()
@@ -409,18 +417,26 @@ class Server:
 
     # -- durability and replies -----------------------------------------------------------
 
-    async def make_durable(self) -> str | None:
-        """Wait until the broker's pending log entries are durable; the error text if not."""
-        ticket = self.persistence.submit()
-        try:
-            await self.persistence.wait_durable(ticket)
-        except Exception as exc:  # PersistenceError: the OS error text
-            return str(exc)
-        return None
+    def route(self, effects: list[Effect], replies: list[Reply]) -> int:
+        """The one place the broker's effects go where they belong: log records to the append
+        log (dropped there when it is off), replies to other clients into ``replies`` for the
+        caller to deliver. The log ticket to wait for, or 0."""
+        records = [e for e in effects if type(e) is LogRecord]
+        if len(records) != len(effects):
+            replies.extend(e for e in effects if type(e) is Reply)
+        return self.persistence.submit(records)
 
-    def flush_replies(self) -> None:
-        replies = self.broker.replies
-        self.broker.replies = []
+    async def wait_durable(self, tickets: set[int]) -> dict[int, str]:
+        """Wait for each log batch; the error text of those whose write failed."""
+        failures: dict[int, str] = {}
+        for ticket in sorted(tickets):
+            try:
+                await self.persistence.wait_durable(ticket)
+            except PersistenceError as exc:
+                failures[ticket] = str(exc)
+        return failures
+
+    def deliver(self, replies: list[Reply]) -> None:
         for client, reply in replies:
             conn: Connection | None = client.handle
             if conn is None or conn.closing:
@@ -642,12 +658,12 @@ class Server:
             now = self.clock.now_ms()
             self._sample(now)
             broker.tick(now)
-            if broker.log:
+            if broker.outbox:
                 # Requeues and expiries gate no reply: hand them to the log and move on, so a
                 # slow disk never delays timeouts and requeues.
-                self.persistence.submit()
-            if broker.replies:
-                self.flush_replies()
+                replies: list[Reply] = []
+                self.route(broker.take_effects(), replies)
+                self.deliver(replies)
 
     def _sample(self, now: int) -> None:
         t, n = self._ops_sample

@@ -1,7 +1,7 @@
 """A stand-in for ``broker.core.Broker`` with only what the append log touches.
 
 Jobs are ``[id, queue, body, queued, nacks]`` lists (opaque records, like ``Job.to_record()``);
-each change appends ``(kind, data, undo)`` to ``log`` when ``aof_enabled``, as the core does.
+each change emits a ``LogRecord(kind, data, undo)`` into ``outbox``, as the core does.
 """
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from broker.effects import LogRecord
+
 
 class FakeBroker:
     def __init__(self) -> None:
-        self.aof_enabled = False
-        self.log: list[tuple[Any, ...]] = []
+        self.outbox: list[LogRecord] = []
         self.jobs: dict[bytes, list[Any]] = {}
         self.loaded_with: bool | None = None
         self.undone: list[tuple[Any, ...]] = []
@@ -23,21 +24,22 @@ class FakeBroker:
     def addjob(self, job_id: bytes, queue: bytes = b"q", body: bytes = b"x") -> None:
         rec = [job_id, queue, body, True, 0]
         self.jobs[job_id] = rec
-        if self.aof_enabled:
-            self.log.append(("job", list(rec), None))
+        self.outbox.append(LogRecord("job", list(rec), None))
 
     def nack(self, job_id: bytes) -> None:
         before = list(self.jobs[job_id])
         self.jobs[job_id][4] += 1
-        if self.aof_enabled:
-            self.log.append(("job", list(self.jobs[job_id]), before))
+        self.outbox.append(LogRecord("job", list(self.jobs[job_id]), before))
 
     def ackjob(self, job_id: bytes) -> None:
         before = self.jobs.pop(job_id)
-        if self.aof_enabled:
-            self.log.append(("ack", job_id, before))
+        self.outbox.append(LogRecord("ack", job_id, before))
 
     # the contract -------------------------------------------------------------------------
+    def take_effects(self) -> list[LogRecord]:
+        effects, self.outbox = self.outbox, []
+        return effects
+
     def undo_entry(self, entry: tuple[Any, ...], now_ms: int) -> None:
         self.undone.append(entry)
         kind, data, before = entry

@@ -11,6 +11,7 @@ import trio
 from broker import aof, core
 from broker.clients import Client
 from broker.config import Config
+from broker.effects import LogRecord
 from node.persistence import Persistence, PersistenceError
 from tests.aof.test_persistence import RecordingFile
 
@@ -39,11 +40,15 @@ def _node(directory: str, open_file=aof.OsLogFile, **kw: object):
 _CLIENT = Client(1)
 
 
+def _records(broker) -> list[LogRecord]:
+    """The log records among the broker's effects (the server's route() does the same)."""
+    return [e for e in broker.take_effects() if isinstance(e, LogRecord)]
+
+
 async def _cmd(broker, p, *args: object, client=_CLIENT):
     reply = broker.execute([a if isinstance(a, bytes) else str(a).encode() for a in args],
                            client, NOW)
-    if broker.log:
-        await p.wait_durable(p.submit())
+    await p.wait_durable(p.submit(_records(broker)))
     return reply.encode() if isinstance(reply, str) else reply  # ADDJOB: a status reply
 
 

@@ -63,7 +63,7 @@ def _reload(tmp_path, **kw) -> FakeBroker:
 
 async def _client(p, broker, job_id, events=None):
     broker.addjob(job_id)
-    ticket = p.submit()
+    ticket = p.submit(broker.take_effects())
     await p.wait_durable(ticket)
     if events is not None:
         events.append(("reply", job_id))
@@ -118,7 +118,7 @@ async def test_write_failure_errors_undoes_and_recovers(tmp_path, caplog, code):
                 else:
                     broker.addjob(job_id)
                 try:
-                    await p.wait_durable(p.submit())
+                    await p.wait_durable(p.submit(broker.take_effects()))
                 except PersistenceError as exc:
                     failures.append(exc)
 
@@ -175,8 +175,8 @@ async def test_everysec_writes_before_reply_and_syncs_later(tmp_path):
 
 async def test_log_off_means_no_file_and_no_waiting(tmp_path):
     p, broker, _ = _make(tmp_path, appendonly=False)
-    broker.addjob(b"D-1")  # aof_enabled stays False: nothing logged
-    assert p.submit() == 0
+    broker.addjob(b"D-1")  # the log is off: its record is dropped
+    assert p.submit(broker.take_effects()) == 0
     await p.wait_durable(0)
     assert not os.path.exists(p.path)
     assert dict(p.info())["aof_enabled"] == 0
@@ -192,7 +192,7 @@ async def test_online_rewrite_while_clients_write(tmp_path, monkeypatch):
                 broker.addjob(b"D-%d" % i)
             for i in range(0, 300, 2):
                 broker.ackjob(b"D-%d" % i)
-            await p.wait_durable(p.submit())
+            await p.wait_durable(p.submit(broker.take_effects()))
             size_before = os.path.getsize(p.path)
 
             async def churn(k: int) -> None:
@@ -205,7 +205,7 @@ async def test_online_rewrite_while_clients_write(tmp_path, monkeypatch):
                         broker.ackjob(jid)
                     if i % 5 == 0 and b"D-%d" % (2 * i + 1) in broker.jobs:
                         broker.ackjob(b"D-%d" % (2 * i + 1))
-                    await p.wait_durable(p.submit())
+                    await p.wait_durable(p.submit(broker.take_effects()))
 
             assert await p.bgrewrite() == "Background append only file rewriting started"
             with pytest.raises(PersistenceError, match="rewriting already in progress"):
@@ -233,7 +233,7 @@ async def test_automatic_rewrite_on_growth(tmp_path):
             for i in range(400):  # add and ack: the live set stays tiny, the log grows
                 broker.addjob(b"D-%d" % i)
                 broker.ackjob(b"D-%d" % i)
-                await p.wait_durable(p.submit())
+                await p.wait_durable(p.submit(broker.take_effects()))
                 await trio.sleep(0)
             while dict(p.info())["aof_rewrite_in_progress"]:
                 await trio.sleep(0.01)
@@ -324,12 +324,12 @@ async def test_config_set_appendonly_switches_the_log_on_and_off(tmp_path):
             await n.start(p.run)
             config.appendonly = True
             await p.config_changed("appendonly")
-            assert broker.aof_enabled and dict(p.info())["aof_enabled"] == 1
+            assert p.enabled and dict(p.info())["aof_enabled"] == 1
             await _client(p, broker, b"D-after")
             config.appendonly = False
             await p.config_changed("appendonly")
             broker.addjob(b"D-off")
-            assert p.submit() == 0
+            assert p.submit(broker.take_effects()) == 0
             n.cancel_scope.cancel()
     assert _reload(tmp_path).jobs.keys() == {b"D-before", b"D-after"}
 
@@ -356,8 +356,8 @@ async def test_switching_the_log_on_is_all_or_nothing(tmp_path, failure):
             config.appendonly = True
             error = await p.config_changed("appendonly")
             assert error is not None and "Could not switch the append log on" in error
-            assert not config.appendonly and not broker.aof_enabled
+            assert not config.appendonly and not p.enabled
             assert dict(p.info())["aof_state"] == "off"
             broker.addjob(b"D-after")  # not logged, and nothing waits
-            assert p.submit() == 0
+            assert p.submit(broker.take_effects()) == 0
             n.cancel_scope.cancel()

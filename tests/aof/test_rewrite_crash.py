@@ -20,7 +20,6 @@ STEPS = ["write", "write", "fsync", "rename", "fsync-dir", "done"]
 def _history(path: str) -> dict[bytes, list[object]]:
     """An old log with history (acks, nacks); returns the live jobs it stands for."""
     broker = FakeBroker()
-    broker.aof_enabled = True
     for i in range(200):
         broker.addjob(b"D-%d" % i, body=b"b%d" % i)
         if i % 3 == 0:
@@ -29,7 +28,7 @@ def _history(path: str) -> dict[bytes, list[object]]:
             broker.ackjob(b"D-%d" % i)
     aof.create_log(path)
     with open(path, "ab") as f:
-        f.write(aof.encode_records(broker.log))
+        f.write(aof.encode_records(broker.take_effects()))
     return broker.jobs
 
 

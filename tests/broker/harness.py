@@ -8,6 +8,7 @@ from typing import Any
 from broker.clients import Client
 from broker.config import Config
 from broker.core import Broker
+from broker.effects import LogRecord, Reply
 
 T0 = 1_700_000_000_000
 NODE = "ab" * 20
@@ -18,10 +19,30 @@ class Node:
         self.now = now
         self.b = Broker(Config(), NODE, b"seed" * 5, now_ms=now, rng=random.Random(1))
         self.client = Client(1)
+        self._log: list[LogRecord] = []
+        self._replies: list[Reply] = []
+
+    def _drain(self) -> None:
+        """Sort the broker's effects as the server's route() does."""
+        for effect in self.b.take_effects():
+            (self._log if isinstance(effect, LogRecord) else self._replies).append(effect)
+
+    @property
+    def log(self) -> list[LogRecord]:
+        """Log records emitted so far and not cleared by the test."""
+        self._drain()
+        return self._log
+
+    @property
+    def replies(self) -> list[Reply]:
+        self._drain()
+        return self._replies
 
     def __call__(self, *args: object, client: Client | None = None) -> Any:
         argv = [a if isinstance(a, bytes) else str(a).encode() for a in args]
-        return self.b.execute(argv, client or self.client, self.now)
+        reply = self.b.execute(argv, client or self.client, self.now)
+        self._drain()
+        return reply
 
     def add(self, queue: str = "q", body: str = "body", *opts: object) -> bytes:
         reply = self("ADDJOB", queue, body, 0, *opts)
@@ -33,6 +54,7 @@ class Node:
         assert at >= self.now
         self.now = at
         self.b.tick(at)
+        self._drain()
 
     def run_until(self, at: int) -> None:
         """Wake up at every deadline the broker asks for, up to ``at``, like the driver."""
@@ -69,6 +91,6 @@ class Node:
         return self.info("registered_queues")
 
     def take_replies(self) -> list[tuple[Client, Any]]:
-        out = list(self.b.replies)
-        self.b.replies.clear()
+        out = [(r.client, r.value) for r in self.replies]
+        self._replies.clear()
         return out

@@ -361,7 +361,7 @@ def test_blocked_clients_are_served_in_arrival_order_one_job_each(n: Node) -> No
     assert n("GETJOB", "FROM", "q", client=c1) is BLOCKED
     assert n("GETJOB", "COUNT", 10, "FROM", "q", client=c2) is BLOCKED
     assert n("GETJOB", "FROM", "q", client=c3) is BLOCKED
-    assert n.b.replies == []
+    assert n.replies == []
     a = n.add("q", "A")
     assert n.take_replies() == [(c1, [[b"q", a, b"A"]])]
     assert n.qlen() == 0
@@ -682,14 +682,14 @@ def test_qscan_skips_nothing_when_queues_are_evicted_mid_scan(n: Node) -> None:
 
 
 def _state(n: Node) -> tuple:
-    return (n.jobs(), n.queues(), n.qlen(), len(n.b.log), n("QSCAN", "BUSYLOOP")[1])
+    return (n.jobs(), n.queues(), n.qlen(), len(n.log), n("QSCAN", "BUSYLOOP")[1])
 
 
 def test_refused_addjob_changes_nothing(n: Node) -> None:
-    n.b.aof_enabled = True
+    n.log.clear()  # only what follows is under test
     n.add()
     n.add()
-    n.b.log.clear()
+    n.log.clear()
     before = _state(n)
     refusals = [
         (("ADDJOB", "q", "x", 0, "MAXLEN", 2), "MAXLEN Queue is already longer than the specified MAXLEN count"),
@@ -705,14 +705,14 @@ def test_refused_addjob_changes_nothing(n: Node) -> None:
         assert reply == Error(text), argv
         assert _state(n) == before, argv
     n("PAUSE", "q", "in")
-    n.b.log.clear()
+    n.log.clear()
     before = _state(n)
     assert n("ADDJOB", "q", "x", 0) == Error("PAUSED Queue paused in input, try later")
     assert n("ADDJOB", "q", "x", 0, "MAXLEN", 1).startswith("MAXLEN")  # MAXLEN checked first
     assert _state(n) == before
     n("PAUSE", "q", "none")
     n("CLUSTER", "LEAVING", "yes")
-    n.b.log.clear()
+    n.log.clear()
     before = _state(n)
     assert n("ADDJOB", "new", "x", 0) == Error(
         "NOREPL Not enough reachable nodes for the requested replication level, since I'm "
@@ -734,13 +734,13 @@ def test_refused_getjob_changes_nothing(n: Node) -> None:
 
 
 def test_addjob_logs_a_job_record_and_undo_removes_it(n: Node) -> None:
-    n.b.aof_enabled = True
+    n.log.clear()  # only what follows is under test
     a = n.add()
-    assert len(n.b.log) == 1
-    kind, record, prev = n.b.log[0]
+    assert len(n.log) == 1
+    kind, record, prev = n.log[0]
     assert kind == "job" and prev is None
     assert record[0] == a and record[3] == "queued"
-    n.b.undo_entry(n.b.log.pop(), n.now)
+    n.b.undo_entry(n.log.pop(), n.now)
     assert n.show(a) is None
     assert n.qlen() == 0
     assert n.jobs() == 0
@@ -751,13 +751,13 @@ def test_addjob_logs_a_job_record_and_undo_removes_it(n: Node) -> None:
 
 def test_ackjob_logs_and_undo_puts_the_queued_job_back(n: Node) -> None:
     a, b = n.add(), n.add()
-    n.b.aof_enabled = True
+    n.log.clear()  # only what follows is under test
     assert n("ACKJOB", a) == 1
-    assert len(n.b.log) == 1
-    kind, payload, prev = n.b.log[0]
+    assert len(n.log) == 1
+    kind, payload, prev = n.log[0]
     assert kind == "ack" and payload == a
     assert prev is not None and prev[0] == a and prev[3] == "queued"
-    n.b.undo_entry(n.b.log.pop(), n.now)
+    n.b.undo_entry(n.log.pop(), n.now)
     s = n.show(a)
     assert s is not None and s[b"state"] == b"queued"
     assert n.qlen() == 2
@@ -774,9 +774,9 @@ def test_undo_ackjob_of_a_delivered_job_keeps_its_requeue_time(n: Node) -> None:
     a = n.add()
     qtime = _requeue_at(n, a)
     n("GETJOB", "FROM", "q")
-    n.b.aof_enabled = True
+    n.log.clear()  # only what follows is under test
     n("ACKJOB", a)
-    n.b.undo_entry(n.b.log.pop(), n.now)
+    n.b.undo_entry(n.log.pop(), n.now)
     assert n.show(a)[b"state"] == b"active"
     assert n.qlen() == 0
     n.run_until(qtime - 1)
@@ -790,9 +790,9 @@ def test_undo_ackjob_serves_a_client_that_blocked_meanwhile(n: Node) -> None:
     queue in the meantime must get it, as after any other command that makes a queue ready
     (semantics §1b step 8), instead of waiting while the job sits in the queue."""
     a = n.add()
-    n.b.aof_enabled = True
+    n.log.clear()  # only what follows is under test
     n("ACKJOB", a)
-    entry = n.b.log.pop()
+    entry = n.log.pop()
     c = Client(8)
     assert n("GETJOB", "FROM", "q", client=c) is BLOCKED
     n.b.undo_entry(entry, n.now)
@@ -801,18 +801,18 @@ def test_undo_ackjob_serves_a_client_that_blocked_meanwhile(n: Node) -> None:
 
 
 def test_other_commands_log_and_undo(n: Node) -> None:
-    n.b.aof_enabled = True
+    n.log.clear()  # only what follows is under test
     a, b = n.add(), n.add()
-    n.b.log.clear()
+    n.log.clear()
     assert n("DELJOB", a) == 1
-    kind, payload, prev = n.b.log.pop()
+    kind, payload, prev = n.log.pop()
     assert (kind, payload) == ("del", a)
     n.b.undo_entry((kind, payload, prev), n.now)
     assert n.show(a)[b"state"] == b"queued"
     n("GETJOB", "FROM", "q")
-    n.b.log.clear()
+    n.log.clear()
     assert n("NACK", a) == 1
-    entry = n.b.log.pop()
+    entry = n.log.pop()
     assert entry[0] == "job" and entry[1][10] == 1  # nacks
     n.b.undo_entry(entry, n.now)
     s = n.show(a)
@@ -821,11 +821,11 @@ def test_other_commands_log_and_undo(n: Node) -> None:
 
 
 def test_ttl_expiry_is_logged(n: Node) -> None:
-    n.b.aof_enabled = True
+    n.log.clear()  # only what follows is under test
     a = n.add("q", "x", "TTL", 10)
-    n.b.log.clear()
+    n.log.clear()
     n.run_until(T0 + 11_000)
-    assert [(k, p) for k, p, _ in n.b.log] == [("del", a)]
+    assert [(k, p) for k, p, _ in n.log] == [("del", a)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -901,13 +901,13 @@ def test_controlled_restart_restores_queues_exactly() -> None:
 
 def test_load_replays_the_log_and_skips_expired_jobs() -> None:
     src = Node()
-    src.b.aof_enabled = True
+    src.log.clear()  # only what follows is under test
     a = src.add("q", "a", "TTL", 100)
     b = src.add("q", "b")
     c = src.add("q", "c")
     src("ACKJOB", b)
     src("DELJOB", c)
-    log = [(k, p) for k, p, _ in src.b.log]
+    log = [(k, p) for k, p, _ in src.log]
     dst = _loaded(log, T0 + 100_000, False)
     assert dst.show(a) is None  # expired while down
     assert dst.show(b) is None and dst.show(c) is None

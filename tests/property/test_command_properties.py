@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from broker.clients import Client
 from broker.config import Config
 from broker.core import BLOCKED, Broker
+from broker.effects import LogRecord
 from broker.intents import Intent
 from broker.job import validate_record
 from protocol.commands import COMMANDS, MAX_JOB_SECONDS, AddJob, parse
@@ -59,7 +60,6 @@ _STEP = st.tuples(_NAMES.filter(lambda n: n not in SKIPPED), st.lists(_ARG, max_
 def test_the_core_survives_any_command_sequence(steps) -> None:
     now = 1_700_000_000_000
     b = Broker(Config(), "ab" * 20, b"seed", now_ms=now, rng=random.Random(0))
-    b.aof_enabled = True
     client = Client(1)
     for name, args, advance in steps:
         reply = b.execute([name, *args], client, now)
@@ -68,7 +68,6 @@ def test_the_core_survives_any_command_sequence(steps) -> None:
             encode(reply, 3)
         now += advance
         b.tick(now)
-        for kind, data, _undo in b.log:
-            assert validate_record(kind, data) is None, (kind, data)
-        b.log.clear()
-        b.replies.clear()
+        for effect in b.take_effects():
+            if isinstance(effect, LogRecord):
+                assert validate_record(effect.kind, effect.payload) is None, effect
