@@ -11,19 +11,37 @@ the client and the time, and returns the reply, like the job commands do, or an 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from broker import intents
 from broker.clients import Client
+from broker.config import Config
 from broker.info import render
 from broker.version import VERSION
 from protocol import errors
 from protocol.commands import COMMANDS, Generic, parse_int
 from protocol.resp import OK, Error, Status
 
-if TYPE_CHECKING:
-    from broker.core import Broker
+
+class Broker(Protocol):
+    """What the administrative commands read and change of the broker core. A Protocol, not
+    an import of broker.core (which imports this module): no import cycle, even for typing."""
+
+    config: Config
+    node_id: str
+    leaving: bool
+    jobs: Mapping[bytes, Any]
+    queues: Mapping[bytes, Any]
+    info_sources: dict[str, Callable[[], list[tuple[str, Any]]]]
+
+    def hello_nodes(self) -> list[list[bytes]]: ...
+
+    def reachable_nodes(self) -> int: ...
+
+    def set_leaving(self, leaving: bool) -> None: ...
+
+    def flushall(self) -> None: ...
 
 # CONFIG SET of these needs the runtime: switching the log, checking the open-files limit.
 _RUNTIME_DIRECTIVES = frozenset(("appendonly", "maxclients"))
