@@ -85,3 +85,51 @@ async def test_idle_clients_are_closed_but_blocked_ones_are_not(tmp_path, autoju
         assert isinstance(await idle.reply(), ConnectionError)  # closed by the node
         assert await blocked.reply() is None  # *-1 at its own timeout, 120 s
         assert trio.current_time() >= 120
+
+
+async def _until(predicate) -> None:
+    """Let the node run until ``predicate()`` holds (no fixed sleep: checkpoints only)."""
+    with trio.fail_after(10):
+        while not predicate():
+            await trio.sleep(0.001)
+
+
+async def test_protocol_error_found_after_an_unblock_closes_only_that_client(
+        tmp_path, autojump_clock) -> None:
+    """The garbage waits in the buffer behind a blocked GETJOB; it is parsed by the task that
+    unblocks the client, which then closes a socket its own task is waiting on."""
+    async with node(tmp_path) as (server, port):
+        a = await connect(port)
+        await a.stream.send_all(b"GETJOB FROM crashq\r\n*x\r\n")
+        await _until(lambda: server.broker.blocked_clients == 1)
+        producer = await connect(port)
+        assert (await producer.call("ADDJOB", "crashq", "body", 0)).startswith(b"D-")  # type: ignore[union-attr]
+        got = b""
+        while not got.endswith(b"invalid multibulk length\r\n"):
+            chunk = await a.stream.receive_some(4096)
+            assert chunk, f"closed before the error reply; got {got!r}"
+            got += chunk
+        assert got.startswith(b"*1\r\n*3\r\n$6\r\ncrashq\r\n")
+        assert await a.stream.receive_some(10) == b""  # then closed
+        assert await producer.call("PING") == b"PONG"
+
+
+async def test_a_consumer_that_stops_reading_does_not_hold_up_producers(
+        tmp_path, autojump_clock) -> None:
+    """The consumer pipelines many GETJOBs and never reads: each job it is handed (1 MB) fills
+    its socket. The producer, whose ADDJOBs are what unblock it, must keep getting replies."""
+    body = b"x" * (1 << 20)
+    async with node(tmp_path) as (server, port):
+        slow = trio.socket.socket()
+        slow.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+        await slow.connect(("127.0.0.1", port))
+        await slow.send(b"GETJOB FROM bigq\r\n" * 50)
+        await _until(lambda: server.broker.blocked_clients == 1)
+        producer = await connect(port)
+        # Mock time: idle moments jump the clock by a timer period, so the bound is generous;
+        # before the fix the producer waited forever.
+        with trio.fail_after(600):
+            for _ in range(30):
+                assert (await producer.call("ADDJOB", "bigq", body, 0)).startswith(b"D-")  # type: ignore[union-attr]
+        assert await producer.call("PING") == b"PONG"
+        slow.close()
