@@ -29,22 +29,20 @@ Flags: ``FLAG_ENQUEUE_ONCE`` marks a log written by ``SHUTDOWN REWRITE-AOF``; th
 restores the queues exactly (Disque's ``aof-enqueue-jobs-once``). The flag is cleared in place
 (``clear_flags``) once the log has been loaded, so it applies to one start only.
 
-The writer owns the end of the file. It remembers ``good_size``, the size after the last write
-that succeeded; a failed or short write is cut back to it, so a later successful write never
-lands behind garbage. A failed fdatasync is treated the same way (after such a failure Linux
-may have dropped the dirty pages, so the batch is not trusted: it is cut off and reported).
+The writer (``LogWriter``, on any ``LogFile``) owns the end of the file. It remembers
+``good_size``, the size after the last write that succeeded; a failed or short write is cut
+back to it, so a later successful write never lands behind garbage. A failed fdatasync is
+treated the same way (after such a failure Linux may have dropped the dirty pages, so the batch
+is not trusted: it is cut off and reported).
 
-The rewrite writes a new log next to the old one under a temporary name and switches with
-write, fsync, rename, fsync of the directory. Until the rename the old log is whole; after it the
-new one is; a crash at any point leaves one of them under the log's name.
-
-This module does no I/O scheduling: the trio side (``node/persistence.py``) decides when to write
-and to fsync and runs the slow calls in threads.
+This module does no I/O of its own: ``read_records`` reads from a stream it is handed, and
+opening, replaying, truncating files and the atomic rewrite switch are in ``node/logfile.py``;
+``node/persistence.py`` decides when to write and fsync and runs the slow calls in threads.
 """
 
 from __future__ import annotations
 
-import os
+import errno
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -185,9 +183,11 @@ def _rest_is_zero(f: BinaryIO, start: int) -> bool:
 Validator = Callable[[str, Any], "str | None"]
 
 
-def read_log(path: str, end: ReadEnd | None = None,
-             validate: Validator | None = None) -> Iterator[Record]:
-    """Yield ``(kind, data)`` for every whole record; fill ``end`` with how the file ends.
+def read_records(f: BinaryIO, path: str, end: ReadEnd | None = None,
+                 validate: Validator | None = None) -> Iterator[Record]:
+    """Yield ``(kind, data)`` for every whole record of the log open as ``f`` (named ``path``
+    in errors); fill ``end`` with how the file ends. The caller opens the file
+    (``node/logfile.py``): this module does no I/O of its own.
 
     ``validate(kind, data)`` (the record format's owner, ``broker.job.validate_record``) says
     why a decodable record is still not one a node could have written; such a record is
@@ -197,70 +197,69 @@ def read_log(path: str, end: ReadEnd | None = None,
     magic, newer version, damaged header); damage after the header is reported in ``end``.
     """
     end = end if end is not None else ReadEnd()
-    with open(path, "rb") as f:
-        head = f.read(HEADER_SIZE)
-        header = decode_header(head, path)
-        if header is None:
-            end.state, end.offset, end.reason = "torn", 0, "incomplete header"
+    head = f.read(HEADER_SIZE)
+    header = decode_header(head, path)
+    if header is None:
+        end.state, end.offset, end.reason = "torn", 0, "incomplete header"
+        return
+    end.header = header
+    unpackb, unpack_frame, crc32 = msgpack.unpackb, _FRAME.unpack_from, zlib.crc32
+    counts = end.counts
+    buf = b""
+    pos = 0  # next frame in buf
+    base = HEADER_SIZE  # file offset of buf[0]
+    eof = False
+    while True:
+        # Refill when less than one frame header remains, or the frame at pos is partial.
+        if not eof and len(buf) - pos < FRAME_HEADER_SIZE:
+            chunk = f.read(READ_CHUNK)
+            base += pos
+            buf = buf[pos:] + chunk
+            pos = 0
+            eof = not chunk
+            continue
+        if len(buf) - pos < FRAME_HEADER_SIZE:
+            if pos == len(buf):
+                end.state, end.offset = "clean", base + pos
+                return
+            end.state, end.offset, end.reason = "torn", base + pos, "incomplete frame header"
             return
-        end.header = header
-        unpackb, unpack_frame, crc32 = msgpack.unpackb, _FRAME.unpack_from, zlib.crc32
-        counts = end.counts
-        buf = b""
-        pos = 0  # next frame in buf
-        base = HEADER_SIZE  # file offset of buf[0]
-        eof = False
-        while True:
-            # Refill when less than one frame header remains, or the frame at pos is partial.
-            if not eof and len(buf) - pos < FRAME_HEADER_SIZE:
-                chunk = f.read(READ_CHUNK)
+        n, check, crc = unpack_frame(buf, pos)
+        start = pos + FRAME_HEADER_SIZE
+        if n ^ check != _MASK:
+            _classify(f, end, base + pos, None, "bad frame length")
+            return
+        if start + n > len(buf):
+            if not eof:
+                chunk = f.read(max(READ_CHUNK, start + n - len(buf)))
                 base += pos
                 buf = buf[pos:] + chunk
                 pos = 0
                 eof = not chunk
                 continue
-            if len(buf) - pos < FRAME_HEADER_SIZE:
-                if pos == len(buf):
-                    end.state, end.offset = "clean", base + pos
-                    return
-                end.state, end.offset, end.reason = "torn", base + pos, "incomplete frame header"
-                return
-            n, check, crc = unpack_frame(buf, pos)
-            start = pos + FRAME_HEADER_SIZE
-            if n ^ check != _MASK:
-                _classify(f, end, base + pos, None, "bad frame length")
-                return
-            if start + n > len(buf):
-                if not eof:
-                    chunk = f.read(max(READ_CHUNK, start + n - len(buf)))
-                    base += pos
-                    buf = buf[pos:] + chunk
-                    pos = 0
-                    eof = not chunk
-                    continue
-                end.state, end.offset = "torn", base + pos
-                end.reason = f"frame of {n} bytes cut by the end of the file"
-                return
-            payload = buf[start : start + n]
-            reason = ""
-            if crc32(payload) != crc:
-                reason = "checksum mismatch"
+            end.state, end.offset = "torn", base + pos
+            end.reason = f"frame of {n} bytes cut by the end of the file"
+            return
+        payload = buf[start : start + n]
+        reason = ""
+        if crc32(payload) != crc:
+            reason = "checksum mismatch"
+        else:
+            try:
+                kind, data = unpackb(payload, raw=False, use_list=True)
+            except Exception as exc:  # noqa: BLE001 - any decoding failure is damage
+                reason = f"undecodable record ({exc.__class__.__name__})"
             else:
-                try:
-                    kind, data = unpackb(payload, raw=False, use_list=True)
-                except Exception as exc:  # noqa: BLE001 - any decoding failure is damage
-                    reason = f"undecodable record ({exc.__class__.__name__})"
-                else:
-                    if not isinstance(kind, str) or kind not in counts:
-                        reason = f"unknown record kind {kind!r:.60}"
-                    elif validate is not None:
-                        reason = validate(kind, data) or ""
-            if reason:
-                _classify(f, end, base + pos, base + start + n, reason)
-                return
-            counts[kind] += 1
-            yield kind, data
-            pos = start + n
+                if not isinstance(kind, str) or kind not in counts:
+                    reason = f"unknown record kind {kind!r:.60}"
+                elif validate is not None:
+                    reason = validate(kind, data) or ""
+        if reason:
+            _classify(f, end, base + pos, base + start + n, reason)
+            return
+        counts[kind] += 1
+        yield kind, data
+        pos = start + n
 
 
 def _classify(f: BinaryIO, end: ReadEnd, offset: int, frame_end: int | None, reason: str) -> None:
@@ -270,73 +269,10 @@ def _classify(f: BinaryIO, end: ReadEnd, offset: int, frame_end: int | None, rea
     end.state = "torn" if _rest_is_zero(f, tail_from) else "corrupt"
 
 
-def scan(path: str, validate: Validator | None = None) -> ReadEnd:
-    """Read a whole log without applying it (for ``check-log``)."""
-    end = ReadEnd()
-    for _ in read_log(path, end, validate):
-        pass
-    return end
-
-
 class Loadable(Protocol):
     def load_record(self, record: Record, now_ms: int) -> None: ...
 
     def validate_record(self, kind: str, data: Any) -> str | None: ...
-
-
-def load_into(
-    path: str, broker: Loadable, now_ms: int, *, load_truncated: bool = True,
-    warn: Callable[[str], None] = lambda msg: None,
-) -> ReadEnd:
-    """Replay ``path`` into ``broker``. Cuts a torn tail (if allowed) and warns; raises
-    ``LogCorrupt`` for damage in the middle and ``LogTruncated`` for a torn tail when
-    ``load_truncated`` is off. The caller calls ``broker.finish_load`` afterwards."""
-    end = ReadEnd()
-    load = broker.load_record
-    for rec in read_log(path, end, broker.validate_record):
-        load(rec, now_ms)
-    if end.state == "corrupt":
-        raise LogCorrupt(path, end.offset, end.reason)
-    if end.state == "torn":
-        if not load_truncated:
-            raise LogTruncated(path, end.offset, end.reason)
-        size = os.path.getsize(path)
-        warn(
-            f"!!! Warning: the append only file {path} is truncated ({end.reason} at offset "
-            f"{end.offset} of {size}); loaded {end.records} records and cut the "
-            f"{size - end.offset} bytes after them"
-        )
-        truncate(path, end.offset)
-    return end
-
-
-def truncate(path: str, offset: int) -> None:
-    """Cut the file at ``offset`` durably; an empty result gets a fresh header."""
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        if offset < HEADER_SIZE:
-            os.ftruncate(fd, 0)
-            _write_all(fd, encode_header())
-        else:
-            os.ftruncate(fd, offset)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def clear_flags(path: str) -> None:
-    """Rewrite the header without flags, in place and durably (the enqueue-once flag is used
-    for one start only)."""
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.pwrite(fd, encode_header(), 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing
 
 
 class LogFile(Protocol):
@@ -347,38 +283,6 @@ class LogFile(Protocol):
     def truncate(self, size: int, /) -> None: ...
     def size(self) -> int: ...
     def close(self) -> None: ...
-
-
-class OsLogFile:
-    """An append-only file descriptor; ``sync`` is fdatasync (the size change of an append is
-    metadata fdatasync does flush, the timestamps it skips are not needed to read the log)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-
-    def write(self, data: bytes | memoryview, /) -> int:
-        return os.write(self.fd, data)
-
-    def sync(self) -> None:
-        os.fdatasync(self.fd)
-
-    def truncate(self, size: int, /) -> None:
-        os.ftruncate(self.fd, size)
-
-    def size(self) -> int:
-        return os.fstat(self.fd).st_size
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 class LogWriter:
@@ -399,7 +303,8 @@ class LogWriter:
             while view:
                 n = self.file.write(view)
                 if not n:
-                    raise OSError(28, os.strerror(28))  # a zero-length write means no space
+                    # A zero-length write means no space.
+                    raise OSError(errno.ENOSPC, "No space left on device")
                 view = view[n:]
         except OSError:
             self._cut()
@@ -425,110 +330,3 @@ class LogWriter:
 
     def close(self) -> None:
         self.file.close()
-
-
-def fsync_dir(directory: str) -> None:
-    fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def create_log(path: str, flags: int = 0) -> None:
-    """A new empty log, durable (header written and synced, directory entry synced)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        _write_all(fd, encode_header(flags))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fsync_dir(os.path.dirname(path))
-
-
-TEMP_PREFIX: Final = "temp-rewriteaof-"
-
-
-class Rewrite:
-    """A new log being written under a temporary name; ``commit`` switches it in atomically.
-
-    ``step`` is called with the name of each step of the switch before it is taken; tests use
-    it to stop (raise) at every point and check that what is left on disk loads.
-    """
-
-    def __init__(self, path: str, flags: int = 0,
-                 step: Callable[[str], None] = lambda name: None) -> None:
-        self.path = path
-        self.step = step
-        directory = os.path.dirname(path) or "."
-        self.temp = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}.aof")
-        self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        self.size = 0
-        self.renamed = False  # from here on the new file is the log, whatever happens next
-        try:
-            self.write(encode_header(flags))
-        except BaseException:
-            self.abort()
-            raise
-
-    def write(self, data: bytes) -> None:
-        self.step("write")
-        _write_all(self.fd, data)
-        self.size += len(data)
-
-    def sync(self) -> None:
-        self.step("fsync")
-        os.fdatasync(self.fd)
-
-    def commit(self) -> None:
-        """fsync, rename over the log, fsync the directory. Afterwards the new log is in place
-        and durable; a crash before the rename leaves the old log in place."""
-        self.sync()
-        self.step("rename")
-        os.rename(self.temp, self.path)
-        self.renamed = True
-        self.step("fsync-dir")
-        fsync_dir(os.path.dirname(self.path))
-        self.step("done")
-        os.close(self.fd)
-        self.fd = -1
-
-    def abort(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        if self.renamed:
-            return
-        try:
-            os.unlink(self.temp)
-        except FileNotFoundError:
-            pass
-
-
-def remove_stale_temps(directory: str) -> list[str]:
-    """Temporary files of rewrites that a crash interrupted: never the log itself, so removed."""
-    removed = []
-    for name in os.listdir(directory or "."):
-        if name.startswith(TEMP_PREFIX) and name.endswith(".aof"):
-            os.unlink(os.path.join(directory, name))
-            removed.append(name)
-    return removed
-
-
-def write_snapshot(path: str, records: Iterable[Record], flags: int = 0,
-                   step: Callable[[str], None] = lambda name: None) -> int:
-    """A complete rewrite in one go (SHUTDOWN REWRITE-AOF, tests); returns the new size."""
-    rw = Rewrite(path, flags, step)
-    try:
-        batch: list[Record] = []
-        for rec in records:
-            batch.append(rec)
-            if len(batch) >= 4096:
-                rw.write(encode_records(batch))
-                batch.clear()
-        rw.write(encode_records(batch))
-        rw.commit()
-    except BaseException:
-        rw.abort()
-        raise
-    return rw.size

@@ -15,7 +15,7 @@ with the line that caused it.
 from __future__ import annotations
 
 import fnmatch
-import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,7 +215,11 @@ class Config:
 
     # -- loading ---------------------------------------------------------------------------
 
-    def load_lines(self, lines: list[str], source: str) -> None:
+    def load_lines(self, lines: list[str], source: str,
+                   read_file: Callable[[str], list[str]] | None = None) -> None:
+        """Apply configuration lines (a file's or the command line's). ``include FILE`` reads
+        FILE with ``read_file``, which the runtime supplies (node/config_file.py): this module
+        does no I/O."""
         for lineno, line in enumerate(lines, 1):
             text = line.strip()
             if not text or text.startswith("#"):
@@ -226,39 +230,26 @@ class Config:
                 raise ConfigError(_fatal(source, lineno, line, "Unbalanced quotes in configuration line")) from None
             name, values = args[0], args[1:]
             if name.lower() == "include" and len(values) == 1:
-                self.load_file(values[0])
+                if read_file is None:
+                    raise ConfigError(_fatal(source, lineno, line, "include is not allowed here"))
+                self.load_lines(read_file(values[0]), values[0], read_file)
                 continue
             try:
                 self.set(name, values)
             except ConfigError as exc:
                 raise ConfigError(_fatal(source, lineno, line, str(exc))) from None
 
-    def load_file(self, path: str) -> None:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                lines = fh.read().splitlines()
-        except OSError as exc:
-            raise ConfigError(f"Fatal error, can't open config file '{path}': {exc.strerror}") from None
-        self.load_lines(lines, path)
-
-    @classmethod
-    def from_argv(cls, argv: list[str]) -> Config:
-        """``[CONFIG_FILE] [--directive value ...]`` as disque-server takes them."""
-        cfg = cls()
-        rest = list(argv)
-        if rest and not rest[0].startswith("--"):
-            cfg.config_file = os.path.abspath(rest.pop(0))
-            cfg.load_file(cfg.config_file)
+    def load_argv(self, argv: list[str]) -> None:
+        """``--directive value ...`` as disque-server takes them, after the file."""
         lines: list[str] = []
-        for arg in rest:
+        for arg in argv:
             if arg.startswith("--"):
                 lines.append(arg[2:])
             elif lines:
                 lines[-1] += " " + _quote(arg)
             else:
                 raise ConfigError(f"Unexpected argument '{arg}' (directives are given as --name value)")
-        cfg.load_lines(lines, "(command line)")
-        return cfg
+        self.load_lines(lines, "(command line)")
 
     # -- CONFIG commands --------------------------------------------------------------------
 
@@ -281,15 +272,10 @@ class Config:
             return f"Invalid argument '{value}' for CONFIG SET '{name}'"
         return None
 
-    def rewrite(self) -> str | None:
-        """Rewrite the config file with the current explicit settings; None or error text."""
-        if not self.config_file:
-            return "The server is running without a config file"
-        try:
-            with open(self.config_file, encoding="utf-8") as fh:
-                old = fh.read().splitlines()
-        except OSError:
-            old = []
+    def rewritten(self, old: list[str]) -> list[str]:
+        """The lines of a config file rewritten with the current settings (CONFIG REWRITE):
+        each directive's first line gets its value, repeats go, comments and unknown lines
+        stay, explicit settings not in the file are appended."""
         seen: set[str] = set()
         new: list[str] = []
         for line in old:
@@ -309,16 +295,7 @@ class Config:
         for name in self.explicit:
             if name not in seen:
                 new.append(f"{name} {_quote(self.get(name))}")
-        tmp = self.config_file + ".tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write("\n".join(new) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.config_file)
-        except OSError as exc:
-            return f"Rewriting config file: {exc.strerror}"
-        return None
+        return new
 
 
 def _quote(value: str) -> str:

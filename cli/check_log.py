@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-The file is read with the same reader the server loads with (``broker.aof.read_log``), so the
+The file is read with the same reader the server loads with (``broker.logfile.read_log``), so the
 verdict is exactly what a start would do: *clean* (exit 0), a *torn tail* that a start with
 ``aof-load-truncated yes`` would cut (exit 1; ``--fix`` cuts it and exits 0), or *corruption in
 the middle*, which no tool should "fix" by dropping the good records behind it (exit 1 and an
@@ -17,6 +17,7 @@ import sys
 
 from broker import aof
 from broker.job import validate_record
+from node import logfile
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     path: str = args.file
     try:
         size = os.path.getsize(path)
-        end = aof.scan(path, validate_record)
+        end = logfile.scan(path, validate_record)
     except aof.LogError as exc:
         print(f"error: {exc}")
         return 2
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.fix:
             print("run again with --fix to truncate the file to the last whole record")
             return 1
-        aof.truncate(path, end.offset)
+        logfile.truncate(path, end.offset)
         print(f"fixed: truncated to {max(end.offset, aof.HEADER_SIZE)} bytes")
         return 0
     print(f"status: corrupt at offset {end.offset}: {end.reason}; "

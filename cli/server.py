@@ -10,6 +10,7 @@ import sys
 import trio
 
 from broker.config import Config, ConfigError
+from node import config_file
 from node.persistence import StartupError
 from node.server import VERSION, Server, ServerError, adjust_max_clients, log
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trisque-server v={VERSION}")
         return 0
     try:
-        config = Config.from_argv(args)
+        config = config_file.load(args)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1

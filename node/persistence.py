@@ -59,6 +59,7 @@ import trio
 
 from broker import aof
 from broker.effects import LogRecord
+from node import logfile
 
 REWRITE_SLICE = 200  # jobs taken from the snapshot between two checkpoints (well under 1 ms)
 REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per thread call
@@ -134,7 +135,7 @@ class LogBroker(Protocol):
 class Persistence:
     def __init__(self, config: LogSettings, broker: LogBroker,
                  logger: logging.Logger | None = None, *,
-                 open_file: Callable[[str], aof.LogFile] = aof.OsLogFile,
+                 open_file: Callable[[str], aof.LogFile] = logfile.OsLogFile,
                  clock: Callable[[], float] = time.time,
                  rewrite_step: Callable[[str], None] = lambda name: None) -> None:
         self.broker = broker
@@ -199,7 +200,7 @@ class Persistence:
         """Replay the log (if on, or if a controlled shutdown asked for it), then open it for
         appending. Raises ``StartupError`` when the log is unreadable."""
         if os.path.isdir(self.dir):
-            for name in aof.remove_stale_temps(self.dir):
+            for name in logfile.remove_stale_temps(self.dir):
                 self.log.warning("Removed %s, left by a rewrite that did not finish", name)
         exists = os.path.exists(self.path)
         flagged = exists and self._header_flag_set()
@@ -213,7 +214,7 @@ class Persistence:
         if not self.enabled:
             return
         if not os.path.exists(self.path):
-            aof.create_log(self.path)
+            logfile.create_log(self.path)
         self.writer = aof.LogWriter(self._open_file(self.path))
         self.base_size = self._synced_size = self.writer.good_size
         if records:
@@ -232,7 +233,7 @@ class Persistence:
         self.loading = True
         t0 = time.perf_counter()
         try:
-            end = aof.load_into(self.path, self.broker, now_ms,
+            end = logfile.load_into(self.path, self.broker, now_ms,
                                 load_truncated=self.load_truncated, warn=self.log.warning)
         except aof.LogError as exc:
             raise StartupError(str(exc)) from exc
@@ -243,7 +244,7 @@ class Persistence:
         enqueue = self.enqueue_jobs_once or flagged
         self.broker.finish_load(now_ms, enqueue)
         if flagged:
-            aof.clear_flags(self.path)  # the exact queues are restored once only
+            logfile.clear_flags(self.path)  # the exact queues are restored once only
         self.log.info(
             "DB loaded from append only file: %.3f seconds (%d jobs, %d acks, %d deletes%s)",
             time.perf_counter() - t0, end.counts["job"], end.counts["ack"], end.counts["del"],
@@ -419,11 +420,11 @@ class Persistence:
         self._rewrite_buf = bytearray()
         # What is in memory now is in the snapshot; batches written from now on also go to the
         # buffer (records are never pending in the broker: see the module docstring).
-        rw: aof.Rewrite | None = None
+        rw: logfile.Rewrite | None = None
         new_file: aof.LogFile | None = None
         ok = False
         try:
-            rw = await trio.to_thread.run_sync(aof.Rewrite, self.path, 0, self._rewrite_step)
+            rw = await trio.to_thread.run_sync(logfile.Rewrite, self.path, 0, self._rewrite_step)
             snapshot = self.broker.snapshot()
             incremental = bool(self.config.aof_rewrite_incremental_fsync)
             synced_at = 0
@@ -476,7 +477,7 @@ class Persistence:
             self.last_rewrite_time = int(time.monotonic() - self._rewrite_started)
             self._rewrite_buf = None
 
-    async def _drain_rewrite_buffer(self, rw: aof.Rewrite) -> None:
+    async def _drain_rewrite_buffer(self, rw: logfile.Rewrite) -> None:
         assert self._rewrite_buf is not None
         data = bytes(self._rewrite_buf)
         self._rewrite_buf.clear()
@@ -509,7 +510,7 @@ class Persistence:
                 self.enabled = True
                 try:
                     records = list(self.broker.snapshot())  # consistent: one loop turn
-                    await trio.to_thread.run_sync(lambda: aof.write_snapshot(self.path, records))
+                    await trio.to_thread.run_sync(lambda: logfile.write_snapshot(self.path, records))
                     f = await trio.to_thread.run_sync(self._open_file, self.path)
                 except Exception as exc:  # noqa: BLE001 - any failure leaves the log off
                     error = _os_error_text(exc) if isinstance(exc, OSError) else repr(exc)
@@ -587,7 +588,7 @@ class Persistence:
             if rewrite:
                 records = list(self.broker.snapshot())  # consistent: taken in one loop turn
                 await trio.to_thread.run_sync(
-                    lambda: aof.write_snapshot(self.path, records, aof.FLAG_ENQUEUE_ONCE))
+                    lambda: logfile.write_snapshot(self.path, records, aof.FLAG_ENQUEUE_ONCE))
                 self.log.info("Append only file rewritten for a restart with the same queues "
                               "(%d jobs)", len(records))
             if self.writer is not None:

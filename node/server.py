@@ -47,6 +47,7 @@ from broker.intents import (
     RewriteLog,
     Shutdown,
 )
+from node import config_file
 from node.clock import Clock, WallClock
 from node.persistence import Persistence, PersistenceError
 from protocol import errors
@@ -464,7 +465,7 @@ class Server:
             except Exception as exc:  # noqa: BLE001 - PersistenceError and friends: the text
                 return errors.err(str(exc))
         if t is RewriteConfig:
-            error = self.config.rewrite()
+            error = config_file.rewrite(self.config)
             return errors.err(error) if error else OK
         if t is ConfigApplied:
             return await self._config_applied(intent)  # type: ignore[arg-type]

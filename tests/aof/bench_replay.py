@@ -2,7 +2,7 @@
 
 Writes a log of N jobs (default 1,000,000; 64-byte bodies, real ``Job.to_record()`` records,
 plus an ACK for every tenth job), then times the two halves of a start: reading and checking
-the frames alone (``aof.scan``) and the full replay into the broker (``broker.core.Broker`` when
+the frames alone (``logfile.scan``) and the full replay into the broker (``broker.core.Broker`` when
 it can be built, otherwise ``Job.from_record`` into a dict, which is what the core does first).
 """
 
@@ -16,10 +16,11 @@ from typing import Any
 
 from broker import aof
 from broker.job import Job
+from node import logfile
 
 
 def write_log(path: str, n: int, now_ms: int) -> None:
-    aof.create_log(path)
+    logfile.create_log(path)
     with open(path, "ab") as f:
         batch: list[tuple[str, Any]] = []
         for i in range(n):
@@ -73,12 +74,12 @@ def main() -> None:
         print(f"wrote {args.n} jobs: {os.path.getsize(path) / 1e6:.1f} MB "
               f"in {time.perf_counter() - t0:.1f} s")
         t0 = time.perf_counter()
-        end = aof.scan(path)
+        end = logfile.scan(path)
         print(f"scan (frames, CRC, msgpack): {time.perf_counter() - t0:.2f} s, "
               f"{end.records} records, {end.state}")
         broker = make_broker(now_ms)
         t0 = time.perf_counter()
-        aof.load_into(path, broker, now_ms)
+        logfile.load_into(path, broker, now_ms)
         broker.finish_load(now_ms, False)
         print(f"replay into {type(broker).__name__}: {time.perf_counter() - t0:.2f} s, "
               f"{len(broker.jobs)} live jobs")

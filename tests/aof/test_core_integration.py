@@ -8,10 +8,11 @@ import os
 import pytest
 import trio
 
-from broker import aof, core
+from broker import core
 from broker.clients import Client
 from broker.config import Config
 from broker.effects import LogRecord
+from node import logfile
 from node.persistence import Persistence, PersistenceError
 from tests.aof.test_persistence import RecordingFile
 
@@ -29,7 +30,7 @@ def _config(directory: str, **kw: object) -> Config:
     return c
 
 
-def _node(directory: str, open_file=aof.OsLogFile, **kw: object):
+def _node(directory: str, open_file=logfile.OsLogFile, **kw: object):
     config = _config(directory, **kw)
     broker = core.Broker(config, NODE, os.urandom(8), now_ms=NOW)
     p = Persistence(config, broker, open_file=open_file)

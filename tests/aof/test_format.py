@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from broker import aof
+from node import logfile
 from tests.aof.fakebroker import FakeBroker
 
 
@@ -40,7 +41,7 @@ def test_round_trip(tmp_path):
     recs = _records(300)
     _write_log(path, recs)
     end = aof.ReadEnd()
-    got = list(aof.read_log(path, end))
+    got = list(logfile.read_log(path, end))
     assert [(k, d) for k, d in got] == [(k, d) for k, d in recs]
     assert end.state == "clean" and end.offset == os.path.getsize(path)
     assert end.counts["job"] == 300 and end.records == len(recs)
@@ -63,7 +64,7 @@ def test_fifty_random_truncations_recover_every_whole_record(tmp_path):
             f.write(full[:cut])
         broker = FakeBroker()
         warnings: list[str] = []
-        end = aof.load_into(path, broker, 0, warn=warnings.append)
+        end = logfile.load_into(path, broker, 0, warn=warnings.append)
         whole = sum(1 for e in ends if e <= cut)
         expected = FakeBroker()
         for r in recs[:whole]:
@@ -75,8 +76,8 @@ def test_fifty_random_truncations_recover_every_whole_record(tmp_path):
         if not on_boundary:
             assert warnings and "truncated" in warnings[0]
         # The cut log is whole again and appending to it works.
-        assert aof.scan(path).state == "clean"
-        assert aof.scan(path).records == whole
+        assert logfile.scan(path).state == "clean"
+        assert logfile.scan(path).records == whole
 
 
 def test_corruption_in_the_middle_is_refused_with_file_and_offset(tmp_path):
@@ -87,7 +88,7 @@ def test_corruption_in_the_middle_is_refused_with_file_and_offset(tmp_path):
     data[bad] ^= 0x40
     open(path, "wb").write(data)
     with pytest.raises(aof.LogCorrupt) as info:
-        aof.load_into(path, FakeBroker(), 0)
+        logfile.load_into(path, FakeBroker(), 0)
     assert info.value.offset == ends[10]
     assert path in str(info.value) and f"offset {ends[10]}" in str(info.value)
     assert open(path, "rb").read() == data  # nothing was cut
@@ -99,7 +100,7 @@ def test_flipped_length_is_corruption_not_a_torn_tail(tmp_path):
     data = bytearray(open(path, "rb").read())
     data[ends[3] + 1] ^= 0x10  # length of record 5 now points past the end of the file
     open(path, "wb").write(data)
-    end = aof.scan(path)
+    end = logfile.scan(path)
     assert end.state == "corrupt" and end.offset == ends[3]
 
 
@@ -108,7 +109,7 @@ def test_zero_filled_tail_is_torn(tmp_path):
     ends = _write_log(path, _records(20))
     with open(path, "ab") as f:
         f.write(b"\0" * 5000)  # what a crash leaves when the size reached the disk first
-    end = aof.scan(path)
+    end = logfile.scan(path)
     assert end.state == "torn" and end.offset == ends[-1]
 
 
@@ -118,7 +119,7 @@ def test_damaged_last_frame_is_torn(tmp_path):
     data = bytearray(open(path, "rb").read())
     data[-1] ^= 0xFF
     open(path, "wb").write(data)
-    end = aof.scan(path)
+    end = logfile.scan(path)
     assert end.state == "torn" and end.offset == ends[-2]
 
 
@@ -128,7 +129,7 @@ def test_torn_tail_refused_when_load_truncated_is_off(tmp_path):
     size = os.path.getsize(path)
     os.truncate(path, size - 3)
     with pytest.raises(aof.LogTruncated, match="aof-load-truncated"):
-        aof.load_into(path, FakeBroker(), 0, load_truncated=False)
+        logfile.load_into(path, FakeBroker(), 0, load_truncated=False)
     assert os.path.getsize(path) == size - 3
 
 
@@ -138,14 +139,14 @@ def test_newer_format_version_is_refused(tmp_path):
         f.write(aof.encode_header(version=aof.FORMAT_VERSION + 1))
         f.write(aof.encode_frame("ack", b"D-1"))
     with pytest.raises(aof.LogVersionError, match="version 2.*upgrade trisque"):
-        aof.load_into(path, FakeBroker(), 0)
+        logfile.load_into(path, FakeBroker(), 0)
 
 
 def test_not_a_log(tmp_path):
     path = str(tmp_path / "a.aof")
     open(path, "wb").write(b"*2\r\n$6\r\nADDJOB\r\n" * 4)
     with pytest.raises(aof.LogError, match="not a trisque append log"):
-        aof.scan(path)
+        logfile.scan(path)
 
 
 def test_header_checksum(tmp_path):
@@ -154,13 +155,13 @@ def test_header_checksum(tmp_path):
     data[10] ^= 1  # the flags
     open(path, "wb").write(bytes(data))
     with pytest.raises(aof.LogCorrupt, match="offset 0"):
-        aof.scan(path)
+        logfile.scan(path)
 
 
 def test_torn_header_is_repaired(tmp_path):
     path = str(tmp_path / "a.aof")
     open(path, "wb").write(aof.encode_header()[:5])
-    end = aof.load_into(path, FakeBroker(), 0)
+    end = logfile.load_into(path, FakeBroker(), 0)
     assert end.state == "torn" and end.offset == 0
     assert open(path, "rb").read() == aof.encode_header()
 
@@ -171,7 +172,7 @@ def test_large_record_spanning_read_chunks(tmp_path, monkeypatch):
     recs = [("job", [b"D-1", b"q", b"z" * 1000, True, 0]), ("ack", b"D-1"),
             ("job", [b"D-2", b"q", b"y" * 10, True, 0])]
     _write_log(path, recs)
-    assert list(aof.read_log(path)) == recs
+    assert list(logfile.read_log(path)) == recs
 
 
 def test_writer_cuts_back_a_short_failing_write(tmp_path):
@@ -211,11 +212,11 @@ def test_writer_cuts_back_a_short_failing_write(tmp_path):
 
 def test_shutdown_flag_round_trip(tmp_path):
     path = str(tmp_path / "a.aof")
-    aof.write_snapshot(path, [("job", [b"D-1", b"q", b"b", True, 0])], aof.FLAG_ENQUEUE_ONCE)
-    end = aof.scan(path)
+    logfile.write_snapshot(path, [("job", [b"D-1", b"q", b"b", True, 0])], aof.FLAG_ENQUEUE_ONCE)
+    end = logfile.scan(path)
     assert end.header is not None and end.header.enqueue_once
-    aof.clear_flags(path)
-    end = aof.scan(path)
+    logfile.clear_flags(path)
+    end = logfile.scan(path)
     assert end.header is not None and not end.header.enqueue_once and end.records == 1
 
 

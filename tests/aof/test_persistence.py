@@ -10,12 +10,13 @@ import pytest
 import trio
 
 from broker import aof
+from node import logfile
 from node import persistence as pmod
 from node.persistence import Persistence, PersistenceError, StartupError
 from tests.aof.fakebroker import Config, FakeBroker
 
 
-class RecordingFile(aof.OsLogFile):
+class RecordingFile(logfile.OsLogFile):
     """A real file that records the order of writes and syncs in a shared event list, and
     fails on demand (``fail = errno``) after writing half of the data, as a full disk does."""
 
@@ -141,7 +142,7 @@ async def test_write_failure_errors_undoes_and_recovers(tmp_path, caplog, code):
     assert sum("Errors writing to the AOF file" in m for m in messages) == 1
     assert any("looks solved" in m for m in messages)
     # The partial writes were cut: the log is whole and matches memory.
-    assert aof.scan(p.path).state == "clean"
+    assert logfile.scan(p.path).state == "clean"
     assert _reload(tmp_path).jobs.keys() == {b"D-before", b"D-after"}
 
 
@@ -250,7 +251,7 @@ async def test_online_rewrite_failing_at_each_step_keeps_a_loadable_log(tmp_path
             raise OSError(errno.EIO, f"injected at {step}")
 
     broker = FakeBroker()
-    p = Persistence(Config(str(tmp_path)), broker, open_file=aof.OsLogFile,
+    p = Persistence(Config(str(tmp_path)), broker, open_file=logfile.OsLogFile,
                     rewrite_step=fail_at)
     p.load(0)
     with trio.fail_after(20):

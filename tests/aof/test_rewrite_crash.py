@@ -11,6 +11,7 @@ import os
 import pytest
 
 from broker import aof
+from node import logfile
 from node.persistence import Persistence
 from tests.aof.fakebroker import Config, FakeBroker
 
@@ -26,7 +27,7 @@ def _history(path: str) -> dict[bytes, list[object]]:
             broker.nack(b"D-%d" % i)
         if i % 2 == 0:
             broker.ackjob(b"D-%d" % i)
-    aof.create_log(path)
+    logfile.create_log(path)
     with open(path, "ab") as f:
         f.write(aof.encode_records(broker.take_effects()))
     return broker.jobs
@@ -48,7 +49,7 @@ def test_crash_at_each_rewrite_step_leaves_a_loadable_log(tmp_path, crash_before
             seen += 1
 
         try:
-            aof.write_snapshot(path, [("job", list(v)) for v in live.values()], step=step)
+            logfile.write_snapshot(path, [("job", list(v)) for v in live.values()], step=step)
         finally:
             os._exit(3)
     _, status = os.waitpid(pid, 0)
@@ -59,4 +60,4 @@ def test_crash_at_each_rewrite_step_leaves_a_loadable_log(tmp_path, crash_before
     Persistence(Config(str(tmp_path)), broker).load(0)
     assert {k: v[:3] + v[4:] for k, v in broker.jobs.items()} == \
         {k: v[:3] + v[4:] for k, v in live.items()}
-    assert not [f for f in os.listdir(tmp_path) if f.startswith(aof.TEMP_PREFIX)]
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(logfile.TEMP_PREFIX)]

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from broker import aof
 from broker.job import Job, validate_record
+from node import logfile
 
 
 def _record(n: int) -> list:
@@ -30,7 +31,7 @@ def _read(data: bytes):
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         end = aof.ReadEnd()
-        records = list(aof.read_log(path, end, validate_record))
+        records = list(logfile.read_log(path, end, validate_record))
     finally:
         os.unlink(path)
     return records, end

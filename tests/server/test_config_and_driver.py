@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from broker.config import DIRECTIVES, Config
+from broker.config import DIRECTIVES
+from node import config_file
 from tests.support.server import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,7 +17,7 @@ def test_conf_file_documents_every_directive_and_loads() -> None:
     mentioned = set(re.findall(r"^#? ?([a-z][a-z0-9-]+) ", text, re.M))
     missing = [name for name in DIRECTIVES if name not in mentioned]
     assert not missing, f"conf/trisque.conf does not document: {missing}"
-    cfg = Config.from_argv([str(REPO / "conf" / "trisque.conf")])
+    cfg = config_file.load([str(REPO / "conf" / "trisque.conf")])
     assert cfg.appendonly is True and cfg.appendfsync in ("always", "everysec")
     assert cfg.bind == "127.0.0.1"
 

@@ -1,0 +1,237 @@
+"""The append log's file operations: reading a log from disk, replaying it, cutting a torn
+tail, the writer's file, the rewrite's temporary file and atomic switch.
+
+Theory of operation
+-------------------
+``broker/aof.py`` owns the format (header, frames, records, how a file ends) and reads records
+from a stream it is given; everything that opens, truncates, syncs, renames or lists files is
+here, in the runtime. A rewrite writes a new log next to the old one under a temporary name and
+switches with write, fsync, rename, fsync of the directory: until the rename the old log is
+whole, after it the new one is, and a crash at any point leaves one of them under the log's
+name. Each function is synchronous; ``node/persistence.py`` runs the slow ones in threads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Final
+
+from broker.aof import (
+    HEADER_SIZE,
+    Loadable,
+    LogCorrupt,
+    LogTruncated,
+    ReadEnd,
+    Record,
+    Validator,
+    encode_header,
+    encode_records,
+    read_records,
+)
+
+
+def read_log(path: str, end: ReadEnd | None = None,
+             validate: Validator | None = None) -> Iterator[Record]:
+    """``broker.aof.read_records`` on the file at ``path``."""
+    with open(path, "rb") as f:
+        yield from read_records(f, path, end, validate)
+
+
+def scan(path: str, validate: Validator | None = None) -> ReadEnd:
+    """Read a whole log without applying it (for ``check-log``)."""
+    end = ReadEnd()
+    for _ in read_log(path, end, validate):
+        pass
+    return end
+
+def load_into(
+    path: str, broker: Loadable, now_ms: int, *, load_truncated: bool = True,
+    warn: Callable[[str], None] = lambda msg: None,
+) -> ReadEnd:
+    """Replay ``path`` into ``broker``. Cuts a torn tail (if allowed) and warns; raises
+    ``LogCorrupt`` for damage in the middle and ``LogTruncated`` for a torn tail when
+    ``load_truncated`` is off. The caller calls ``broker.finish_load`` afterwards."""
+    end = ReadEnd()
+    load = broker.load_record
+    for rec in read_log(path, end, broker.validate_record):
+        load(rec, now_ms)
+    if end.state == "corrupt":
+        raise LogCorrupt(path, end.offset, end.reason)
+    if end.state == "torn":
+        if not load_truncated:
+            raise LogTruncated(path, end.offset, end.reason)
+        size = os.path.getsize(path)
+        warn(
+            f"!!! Warning: the append only file {path} is truncated ({end.reason} at offset "
+            f"{end.offset} of {size}); loaded {end.records} records and cut the "
+            f"{size - end.offset} bytes after them"
+        )
+        truncate(path, end.offset)
+    return end
+
+
+def truncate(path: str, offset: int) -> None:
+    """Cut the file at ``offset`` durably; an empty result gets a fresh header."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        if offset < HEADER_SIZE:
+            os.ftruncate(fd, 0)
+            _write_all(fd, encode_header())
+        else:
+            os.ftruncate(fd, offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def clear_flags(path: str) -> None:
+    """Rewrite the header without flags, in place and durably (the enqueue-once flag is used
+    for one start only)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, encode_header(), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+class OsLogFile:
+    """An append-only file descriptor; ``sync`` is fdatasync (the size change of an append is
+    metadata fdatasync does flush, the timestamps it skips are not needed to read the log)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def write(self, data: bytes | memoryview, /) -> int:
+        return os.write(self.fd, data)
+
+    def sync(self) -> None:
+        os.fdatasync(self.fd)
+
+    def truncate(self, size: int, /) -> None:
+        os.ftruncate(self.fd, size)
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_log(path: str, flags: int = 0) -> None:
+    """A new empty log, durable (header written and synced, directory entry synced)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        _write_all(fd, encode_header(flags))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(os.path.dirname(path))
+
+
+TEMP_PREFIX: Final = "temp-rewriteaof-"
+
+
+class Rewrite:
+    """A new log being written under a temporary name; ``commit`` switches it in atomically.
+
+    ``step`` is called with the name of each step of the switch before it is taken; tests use
+    it to stop (raise) at every point and check that what is left on disk loads.
+    """
+
+    def __init__(self, path: str, flags: int = 0,
+                 step: Callable[[str], None] = lambda name: None) -> None:
+        self.path = path
+        self.step = step
+        directory = os.path.dirname(path) or "."
+        self.temp = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}.aof")
+        self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self.size = 0
+        self.renamed = False  # from here on the new file is the log, whatever happens next
+        try:
+            self.write(encode_header(flags))
+        except BaseException:
+            self.abort()
+            raise
+
+    def write(self, data: bytes) -> None:
+        self.step("write")
+        _write_all(self.fd, data)
+        self.size += len(data)
+
+    def sync(self) -> None:
+        self.step("fsync")
+        os.fdatasync(self.fd)
+
+    def commit(self) -> None:
+        """fsync, rename over the log, fsync the directory. Afterwards the new log is in place
+        and durable; a crash before the rename leaves the old log in place."""
+        self.sync()
+        self.step("rename")
+        os.rename(self.temp, self.path)
+        self.renamed = True
+        self.step("fsync-dir")
+        fsync_dir(os.path.dirname(self.path))
+        self.step("done")
+        os.close(self.fd)
+        self.fd = -1
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self.renamed:
+            return
+        try:
+            os.unlink(self.temp)
+        except FileNotFoundError:
+            pass
+
+
+def remove_stale_temps(directory: str) -> list[str]:
+    """Temporary files of rewrites that a crash interrupted: never the log itself, so removed."""
+    removed = []
+    for name in os.listdir(directory or "."):
+        if name.startswith(TEMP_PREFIX) and name.endswith(".aof"):
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+    return removed
+
+
+def write_snapshot(path: str, records: Iterable[Record], flags: int = 0,
+                   step: Callable[[str], None] = lambda name: None) -> int:
+    """A complete rewrite in one go (SHUTDOWN REWRITE-AOF, tests); returns the new size."""
+    rw = Rewrite(path, flags, step)
+    try:
+        batch: list[Record] = []
+        for rec in records:
+            batch.append(rec)
+            if len(batch) >= 4096:
+                rw.write(encode_records(batch))
+                batch.clear()
+        rw.write(encode_records(batch))
+        rw.commit()
+    except BaseException:
+        rw.abort()
+        raise
+    return rw.size
