@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import socket as _stdsocket
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter, perf_counter_ns
 from typing import Any
@@ -265,6 +265,14 @@ async def produce_loop(spec: Spec, conn_no: int, sock: Any, reader: ReplyReader,
     full_batch = [c * spec.pipeline for c in cmds]
     lat = stats.lat_ns
     qi = conn_no % len(queues)
+
+    def on_reply(index: int, r: Any, t: int) -> None:
+        if type(r) is Error:
+            stats.error(r)
+        else:
+            stats.produced += 1
+        lat.append(t)
+
     while True:
         n = budget.claim(spec.pipeline)
         if not n:
@@ -278,28 +286,64 @@ async def produce_loop(spec: Spec, conn_no: int, sock: Any, reader: ReplyReader,
         else:
             payload = cmds[qi] * n
         qi = (qi + 1) % len(queues)
-        t0 = perf_counter_ns()
-        await send_all(sock, payload)
-        got = 0
-        while got < n:
-            reader.feed(await recv(sock))
-            t = perf_counter_ns() - t0
-            while True:
-                r = reader.next()
-                if r is NEED_DATA:
-                    break
-                got += 1
-                if type(r) is Error:
-                    stats.error(r)
-                else:
-                    stats.produced += 1
-                lat.append(t)
+        await exchange(sock, reader, payload, n, on_reply)
         stats.add(SLOT_DONE, n)
         stats.add(SLOT_PRODUCED, n)
 
 
+async def exchange(sock: Any, reader: ReplyReader, payload: bytes, need: int,
+                   on_reply: Callable[[int, Any, int], None]) -> None:
+    """The skeleton every load loop shares: send ``payload``, then read ``need`` replies,
+    calling ``on_reply(n, reply, latency_ns)`` for each (n counts from 1; the latency is from
+    the send to the read that brought the reply)."""
+    t0 = perf_counter_ns()
+    await send_all(sock, payload)
+    got = 0
+    while got < need:
+        reader.feed(await recv(sock))
+        t = perf_counter_ns() - t0
+        while True:
+            r = reader.next()
+            if r is NEED_DATA:
+                break
+            got += 1
+            on_reply(got, r, t)
+
+
 def _ack_command(spec: Spec, ids: Sequence[bytes]) -> bytes:
     return encode_command("ACKJOB" if spec.ack == "ackjob" else "FASTACK", *ids)
+
+
+class _ConsumeBatch:
+    """What one consume round counts from its replies: jobs taken, whether the queue ran
+    empty, and the IDs to acknowledge with the next round (the first ``n_ack`` replies are the
+    previous round's acknowledgement)."""
+
+    __slots__ = ("stats", "n_ack", "redis", "ack", "pending_ack", "jobs", "empty")
+
+    def __init__(self, stats: Stats, n_ack: int, redis: bool, ack: bool,
+                 pending_ack: list[bytes]) -> None:
+        self.stats, self.n_ack, self.redis, self.ack = stats, n_ack, redis, ack
+        self.pending_ack = pending_ack
+        self.jobs = 0
+        self.empty = False
+
+    def on_reply(self, index: int, r: Any, t: int) -> None:
+        if type(r) is Error:
+            self.stats.error(r)
+            return
+        if index <= self.n_ack:
+            return
+        self.stats.lat_ns.append(t)
+        if r is None:
+            self.empty = True
+            self.stats.empty_replies += 1
+        elif self.redis:
+            self.jobs += len(r) if type(r) is list else 1
+        else:
+            self.jobs += len(r)
+            if self.ack:
+                self.pending_ack.extend(j[1] for j in r)
 
 
 async def consume_loop(spec: Spec, sock: Any, reader: ReplyReader, budget: Budget,
@@ -309,7 +353,6 @@ async def consume_loop(spec: Spec, sock: Any, reader: ReplyReader, budget: Budge
     redis = workload in REDIS_WORKLOADS
     k = spec.count
     full = consume_command(spec, k) * spec.pipeline
-    lat = stats.lat_ns
     pending_ack: list[bytes] = []
     while True:
         want = budget.claim(spec.pipeline * k)
@@ -325,36 +368,9 @@ async def consume_loop(spec: Spec, sock: Any, reader: ReplyReader, budget: Budge
             payload = _ack_command(spec, pending_ack) + payload
             pending_ack = []
             n_ack = 1
-        t0 = perf_counter_ns()
-        await send_all(sock, payload)
-        got = 0
-        need = n_ack + len(reqs)
-        jobs = 0
-        empty = False
-        while got < need:
-            reader.feed(await recv(sock))
-            t = perf_counter_ns() - t0
-            while True:
-                r = reader.next()
-                if r is NEED_DATA:
-                    break
-                got += 1
-                if type(r) is Error:
-                    stats.error(r)
-                    continue
-                if got <= n_ack:
-                    continue
-                lat.append(t)
-                if r is None:
-                    empty = True
-                    stats.empty_replies += 1
-                    continue
-                if redis:
-                    jobs += len(r) if type(r) is list else 1
-                else:
-                    jobs += len(r)
-                    if spec.ack != "none":
-                        pending_ack.extend(j[1] for j in r)
+        batch = _ConsumeBatch(stats, n_ack, redis, spec.ack != "none", pending_ack)
+        await exchange(sock, reader, payload, n_ack + len(reqs), batch.on_reply)
+        jobs, empty = batch.jobs, batch.empty
         stats.consumed += jobs
         stats.add(SLOT_DONE, jobs)
         stats.add(SLOT_CONSUMED, jobs)
