@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 Everything but the byte moving is shared with the blocking client: commands are the same
-prepared ``Call`` objects (``protocol.client_commands``), node choice and failover decisions
-come from ``protocol.client_core`` (``NodeSelector``, ``ProducerTracker``). This module only
+prepared ``Call`` objects (``protocol.client_commands``), and connecting, AUTH, HELLO, failover
+and rebalancing are the plans of ``protocol.client_plans``, which this module drives. It only
 opens trio TCP streams, keeps idle ones in a small pool (tasks of one trio run may share the
 client; each exchange holds its own connection, so replies never interleave), and applies the
 timeouts with ``trio.fail_after``. A connection whose exchange failed or was cancelled is
@@ -14,7 +14,7 @@ closed, never reused: its stream may hold half a reply.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import trio
@@ -23,24 +23,32 @@ from protocol import client_commands as cmd
 from protocol.client_commands import Body, Job, JobInfo, PipelineCalls, QueueStats
 from protocol.client_core import (
     Address,
-    AuthError,
     Call,
     Hello,
-    LeavingError,
-    NodeSelector,
-    ProducerTracker,
-    ResponseError,
     TrisqueConnectionError,
-    TrisqueTimeoutError,
-    error_from_reply,
-    parse_hello,
-    read_timeout,
 )
-from protocol.resp import NEED_DATA, Error, ProtocolError, ReplyReader
+from protocol.client_plans import (
+    Acquire,
+    ClientSettings,
+    Close,
+    Exchange,
+    Forget,
+    Open,
+    Plan,
+    Release,
+    Request,
+    Retarget,
+    connect_plan,
+    open_plan,
+    run_many_plan,
+    run_plan,
+)
+from protocol.resp import NEED_DATA, ProtocolError, ReplyReader
 
 __all__ = ["AsyncClient", "AsyncPipeline"]
 
-_NET_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError)
+_NET_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError)
 
 
 def _limit(timeout: float | None) -> float:
@@ -87,92 +95,51 @@ class AsyncConnection:
             await self.stream.aclose()
 
 
-class AsyncClient:
+class AsyncClient(ClientSettings):
     """A trio trisque client; the arguments are those of ``protocol.client.Client``."""
 
-    def __init__(
-        self,
-        nodes: Sequence[str | Address] | str = ("127.0.0.1:7711",),
-        *,
-        password: str | None = None,
-        socket_timeout: float | None = 5.0,
-        connect_timeout: float | None = 2.0,
-        max_idle: int = 8,
-        cluster_aware: bool = True,
-        rebalance_consumers: bool = False,
-        rebalance_window: int = 64,
-    ) -> None:
-        self.selector = NodeSelector([nodes] if isinstance(nodes, str) else nodes)
-        self.password = password
-        self.socket_timeout = socket_timeout
-        self.connect_timeout = connect_timeout
-        self.max_idle = max_idle
-        self.cluster_aware = cluster_aware
-        self.rebalance_consumers = rebalance_consumers
-        self.tracker = ProducerTracker(window=rebalance_window,
-                                       min_samples=max(1, rebalance_window // 4))
-        self.hello_reply: Hello | None = None
+    net_errors = _NET_ERRORS
+    acquire_errors = _NET_ERRORS
+
+    def _init_pool(self) -> None:
         self._idle: list[AsyncConnection] = []
         self._connecting = trio.Lock()  # one task at a time chooses a new node
         self._closed = False
 
     # -- connections ---------------------------------------------------------------------
 
-    @property
-    def address(self) -> Address | None:
-        return self.selector.current
-
-    async def _open(self, address: Address) -> AsyncConnection:
-        conn = await AsyncConnection.open(address, self.connect_timeout)
+    async def _drive(self, plan: Plan) -> Any:
+        """Run a plan of protocol.client_plans, performing its requests with trio."""
         try:
-            if self.password is not None:
-                (reply,) = await conn.exchange(cmd.auth(self.password).payload, 1,
-                                               self.socket_timeout)
-                if isinstance(reply, Error):
-                    raise AuthError(str(reply))
-        except BaseException:
-            await conn.aclose()
-            raise
-        return conn
-
-    async def _connect_new_node(self) -> AsyncConnection:
-        errors: list[str] = []
-        for address in self.selector.candidates():
-            try:
-                conn = await self._open(address)
-            except _NET_ERRORS as exc:
-                self.selector.mark_failed(address)
-                errors.append(f"{address[0]}:{address[1]}: {_reason(exc)}")
-                continue
-            self.selector.connected(address)
-            if not self.cluster_aware:
-                return conn
-            try:
-                (reply,) = await conn.exchange(cmd.hello().payload, 1, self.socket_timeout)
-                hello = parse_hello(reply, address[0])
-            except _NET_ERRORS as exc:
-                await conn.aclose()
-                self.selector.mark_failed(address)
-                errors.append(f"{address[0]}:{address[1]}: {_reason(exc)}")
-                continue
-            except (ResponseError, ValueError, TypeError, IndexError):
-                return conn
-            self.hello_reply = hello
-            better = self.selector.learn(hello, address)
-            if better is not None:
+            request = next(plan)
+            while True:
                 try:
-                    moved = await self._open(better)
-                except _NET_ERRORS:
-                    self.selector.mark_failed(better)
-                    self.selector.connected(address)
-                    return conn
-                await conn.aclose()
-                self.selector.connected(better)
-                self.selector.current_id = next(
-                    (n.id for n in hello.nodes if n.address == better), None)
-                return moved
-            return conn
-        raise TrisqueConnectionError("no trisque node reachable (" + "; ".join(errors) + ")")
+                    result = await self._perform(request)
+                except BaseException as exc:
+                    request = plan.throw(exc)
+                else:
+                    request = plan.send(result)
+        except StopIteration as stop:
+            return stop.value
+
+    async def _perform(self, request: Request) -> Any:
+        t = type(request)
+        if t is Exchange:
+            conn, payload, count, timeout = request  # type: ignore[misc]
+            return await conn.exchange(payload, count, timeout)
+        if t is Acquire:
+            return await self._acquire()
+        if t is Release:
+            return await self._release(request.conn)  # type: ignore[union-attr]
+        if t is Open:
+            return await AsyncConnection.open(request.address, self.connect_timeout)  # type: ignore[union-attr]
+        if t is Close:
+            return await request.conn.aclose()  # type: ignore[union-attr]
+        if t is Forget:
+            return await self._forget_node(request.address, request.leaving)  # type: ignore[union-attr]
+        if t is Retarget:
+            return await self._retarget(request.address)  # type: ignore[union-attr]
+        raise AssertionError(f"unknown request {request!r}")
 
     async def _acquire(self) -> AsyncConnection:
         if self._closed:
@@ -184,11 +151,11 @@ class AsyncClient:
                 return conn
             await conn.aclose()
         if self.selector.current is not None:
-            return await self._open(self.selector.current)
+            return await self._drive(open_plan(self, self.selector.current))  # type: ignore[no-any-return]
         async with self._connecting:
             if self.selector.current is not None:
-                return await self._open(self.selector.current)
-            return await self._connect_new_node()
+                return await self._drive(open_plan(self, self.selector.current))
+            return await self._drive(connect_plan(self))  # type: ignore[no-any-return]
 
     async def _release(self, conn: AsyncConnection) -> None:
         if (not self._closed and conn.address == self.selector.current
@@ -222,81 +189,17 @@ class AsyncClient:
 
     async def run(self, call: Call[Any]) -> Any:
         """Send one prepared call, with the failover rules of ``protocol.client``."""
-        for attempt in (0, 1):
-            try:
-                conn = await self._acquire()
-            except _NET_ERRORS as exc:
-                if self.selector.current is not None:
-                    await self._forget_node(self.selector.current)
-                    if attempt == 0:
-                        continue
-                raise _connection_error(exc) from exc
-            try:
-                (reply,) = await conn.exchange(call.payload, 1,
-                                               read_timeout(call, self.socket_timeout))
-            except BaseException as exc:
-                await conn.aclose()
-                if isinstance(exc, TimeoutError):
-                    raise TrisqueTimeoutError(
-                        f"no reply to {call.name} within the timeout") from exc
-                if not isinstance(exc, _NET_ERRORS):
-                    raise  # cancelled: the connection is gone, the error is the caller's
-                await self._forget_node(conn.address)
-                if attempt == 0 and call.retry_safe:
-                    continue
-                raise _connection_error(exc) from exc
-            await self._release(conn)
-            if isinstance(reply, Error):
-                error = error_from_reply(reply)
-                if isinstance(error, LeavingError) and attempt == 0:
-                    await self._forget_node(conn.address, leaving=True)
-                    continue
-                raise error
-            result = call.convert(reply)
-            if call.delivers_jobs and self.rebalance_consumers and result:
-                await self._maybe_rebalance(result)
-            return result
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await self._drive(run_plan(self, call))
 
-    async def _maybe_rebalance(self, jobs: list[Job]) -> None:
-        self.tracker.observe(j.id for j in jobs)
-        prefix = self.tracker.dominant(self.selector.current_id)
-        if prefix is None:
-            return
-        target = self.selector.address_of_prefix(prefix)
-        if target is None or target == self.selector.current:
-            return
-        self.selector.preferred = target
+    async def run_many(self, calls: list[Call[Any]], raise_on_error: bool = True) -> list[Any]:
+        return await self._drive(run_many_plan(self, calls, raise_on_error))  # type: ignore[no-any-return]
+
+    async def _retarget(self, address: Address) -> None:
+        self.selector.preferred = address
         self.selector.current = None
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.aclose()
-        self.tracker.reset()
-
-    async def run_many(self, calls: list[Call[Any]], raise_on_error: bool = True) -> list[Any]:
-        if not calls:
-            return []
-        payload = b"".join(c.payload for c in calls)
-        waits = [read_timeout(c, self.socket_timeout) for c in calls]
-        timeout = None if any(w is None for w in waits) else max(w for w in waits if w is not None)
-        safe = all(c.retry_safe for c in calls)
-        for attempt in (0, 1):
-            conn = await self._acquire()
-            try:
-                replies = await conn.exchange(payload, len(calls), timeout)
-            except BaseException as exc:
-                await conn.aclose()
-                if isinstance(exc, TimeoutError):
-                    raise TrisqueTimeoutError("no reply to the pipeline within the timeout") from exc
-                if not isinstance(exc, _NET_ERRORS):
-                    raise
-                await self._forget_node(conn.address)
-                if attempt == 0 and safe:
-                    continue
-                raise _connection_error(exc) from exc
-            await self._release(conn)
-            return cmd.pipeline_results(calls, replies, raise_on_error)
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def pipeline(self) -> AsyncPipeline:
         return AsyncPipeline(self)
@@ -431,15 +334,3 @@ class AsyncPipeline(PipelineCalls):
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
         calls, self.calls = self.calls, []
         return await self._client.run_many(calls, raise_on_error)
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__
-
-
-def _connection_error(exc: BaseException) -> TrisqueConnectionError:
-    if isinstance(exc, TrisqueConnectionError):
-        return exc
-    return TrisqueConnectionError(_reason(exc))

@@ -16,14 +16,16 @@ Theory of operation
 * With ``rebalance_consumers=True`` the IDs of the jobs GETJOB returns feed a
   ``ProducerTracker``; when one other node produces most of them, the next command goes there.
 
-``protocol.aio_client.AsyncClient`` is the same API for trio.
+The rules themselves (connect, AUTH, HELLO, failover, rebalancing) are plans in
+``protocol.client_plans``, shared with ``protocol.aio_client.AsyncClient`` (the same API for
+trio); this module performs their requests with blocking sockets.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from protocol import client_commands as cmd
@@ -38,20 +40,31 @@ from protocol.client_core import (
     LeavingError,
     MaxLenError,
     NodeInfo,
-    NodeSelector,
     NoJobError,
     NoReplicationError,
     PausedError,
-    ProducerTracker,
     ResponseError,
     TrisqueConnectionError,
     TrisqueError,
     TrisqueTimeoutError,
-    error_from_reply,
-    parse_hello,
-    read_timeout,
 )
-from protocol.resp import NEED_DATA, Error, ProtocolError, ReplyReader
+from protocol.client_plans import (
+    Acquire,
+    ClientSettings,
+    Close,
+    Exchange,
+    Forget,
+    Open,
+    Plan,
+    Release,
+    Request,
+    Retarget,
+    connect_plan,
+    open_plan,
+    run_many_plan,
+    run_plan,
+)
+from protocol.resp import NEED_DATA, ProtocolError, ReplyReader
 
 __all__ = [
     "Client", "Pipeline", "Job", "JobInfo", "QueueStats", "Hello", "NodeInfo", "TrisqueError",
@@ -61,7 +74,7 @@ __all__ = [
 ]
 
 # Connection problems worth moving to another node for. socket.timeout is TimeoutError.
-_NET_ERRORS = (OSError, ProtocolError)
+_NET_ERRORS: tuple[type[BaseException], ...] = (OSError, ProtocolError)
 
 
 class Connection:
@@ -108,97 +121,54 @@ class Connection:
             pass
 
 
-class Client:
+class Client(ClientSettings):
     """A blocking trisque client, safe to share between threads.
 
     ``nodes``: seed addresses (``"host:port"`` strings or pairs); a random reachable one is
     used, then the best priority node HELLO tells about.
     """
 
-    def __init__(
-        self,
-        nodes: Sequence[str | Address] | str = ("127.0.0.1:7711",),
-        *,
-        password: str | None = None,
-        socket_timeout: float | None = 5.0,
-        connect_timeout: float | None = 2.0,
-        max_idle: int = 8,
-        cluster_aware: bool = True,
-        rebalance_consumers: bool = False,
-        rebalance_window: int = 64,
-    ) -> None:
-        self.selector = NodeSelector([nodes] if isinstance(nodes, str) else nodes)
-        self.password = password
-        self.socket_timeout = socket_timeout
-        self.connect_timeout = connect_timeout
-        self.max_idle = max_idle
-        self.cluster_aware = cluster_aware
-        self.rebalance_consumers = rebalance_consumers
-        self.tracker = ProducerTracker(window=rebalance_window,
-                                       min_samples=max(1, rebalance_window // 4))
-        self.hello_reply: Hello | None = None
+    net_errors = _NET_ERRORS  # acquire_errors: OSError only (ClientSettings)
+
+    def _init_pool(self) -> None:
         self._lock = threading.Lock()
         self._idle: list[Connection] = []
         self._closed = False
 
     # -- connections ---------------------------------------------------------------------
 
-    @property
-    def address(self) -> Address | None:
-        """The node commands currently go to."""
-        return self.selector.current
-
-    def _open(self, address: Address) -> Connection:
-        conn = Connection(address, self.connect_timeout)
+    def _drive(self, plan: Plan) -> Any:
+        """Run a plan of protocol.client_plans, performing its requests with sockets."""
         try:
-            if self.password is not None:
-                (reply,) = conn.exchange(cmd.auth(self.password).payload, 1, self.socket_timeout)
-                if isinstance(reply, Error):
-                    raise AuthError(str(reply))
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _connect_new_node(self) -> Connection:
-        """Try the candidates in order; HELLO on the first that answers (may move once)."""
-        errors: list[str] = []
-        for address in self.selector.candidates():
-            try:
-                conn = self._open(address)
-            except (OSError, ProtocolError) as exc:
-                self.selector.mark_failed(address)
-                errors.append(f"{address[0]}:{address[1]}: {_reason(exc)}")
-                continue
-            self.selector.connected(address)
-            if not self.cluster_aware:
-                return conn
-            try:
-                (reply,) = conn.exchange(cmd.hello().payload, 1, self.socket_timeout)
-                hello = parse_hello(reply, address[0])
-            except _NET_ERRORS as exc:
-                conn.close()
-                self.selector.mark_failed(address)
-                errors.append(f"{address[0]}:{address[1]}: {_reason(exc)}")
-                continue
-            except (ResponseError, ValueError, TypeError, IndexError):
-                return conn  # not a node that speaks HELLO our way: use it as it is
-            self.hello_reply = hello
-            better = self.selector.learn(hello, address)
-            if better is not None:
+            request = next(plan)
+            while True:
                 try:
-                    moved = self._open(better)
-                except (OSError, ProtocolError):
-                    self.selector.mark_failed(better)
-                    self.selector.connected(address)
-                    return conn
-                conn.close()
-                self.selector.connected(better)
-                self.selector.current_id = next(
-                    (n.id for n in hello.nodes if n.address == better), None)
-                return moved
-            return conn
-        raise TrisqueConnectionError("no trisque node reachable (" + "; ".join(errors) + ")")
+                    result = self._perform(request)
+                except BaseException as exc:
+                    request = plan.throw(exc)
+                else:
+                    request = plan.send(result)
+        except StopIteration as stop:
+            return stop.value
+
+    def _perform(self, request: Request) -> Any:
+        t = type(request)
+        if t is Exchange:
+            conn, payload, count, timeout = request  # type: ignore[misc]
+            return conn.exchange(payload, count, timeout)
+        if t is Acquire:
+            return self._acquire()
+        if t is Release:
+            return self._release(request.conn)  # type: ignore[union-attr]
+        if t is Open:
+            return Connection(request.address, self.connect_timeout)  # type: ignore[union-attr]
+        if t is Close:
+            return request.conn.close()  # type: ignore[union-attr]
+        if t is Forget:
+            return self._forget_node(request.address, request.leaving)  # type: ignore[union-attr]
+        if t is Retarget:
+            return self._retarget(request.address)  # type: ignore[union-attr]
+        raise AssertionError(f"unknown request {request!r}")
 
     def _acquire(self) -> Connection:
         with self._lock:
@@ -210,8 +180,8 @@ class Client:
                     if conn.address == self.selector.current and not conn.is_stale():
                         return conn
                     conn.close()
-                return self._open(self.selector.current)
-            return self._connect_new_node()
+                return self._drive(open_plan(self, self.selector.current))  # type: ignore[no-any-return]
+            return self._drive(connect_plan(self))  # type: ignore[no-any-return]
 
     def _release(self, conn: Connection) -> None:
         with self._lock:
@@ -248,79 +218,19 @@ class Client:
 
     def run(self, call: Call[Any]) -> Any:
         """Send one prepared call, with the failover rules of the module docstring."""
-        for attempt in (0, 1):
-            try:
-                conn = self._acquire()
-            except OSError as exc:
-                # Covers the node we were using dying between two commands.
-                if self.selector.current is not None:
-                    self._forget_node(self.selector.current)
-                    if attempt == 0:
-                        continue
-                raise _connection_error(exc) from exc
-            try:
-                (reply,) = conn.exchange(call.payload, 1, read_timeout(call, self.socket_timeout))
-            except _NET_ERRORS as exc:
-                conn.close()
-                if isinstance(exc, TimeoutError):
-                    raise TrisqueTimeoutError(
-                        f"no reply to {call.name} within the timeout") from exc
-                self._forget_node(conn.address)
-                if attempt == 0 and call.retry_safe:
-                    continue
-                raise _connection_error(exc) from exc
-            self._release(conn)
-            if isinstance(reply, Error):
-                error = error_from_reply(reply)
-                if isinstance(error, LeavingError) and attempt == 0:
-                    self._forget_node(conn.address, leaving=True)
-                    continue
-                raise error
-            result = call.convert(reply)
-            if call.delivers_jobs and self.rebalance_consumers and result:
-                self._maybe_rebalance(result)
-            return result
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self._drive(run_plan(self, call))
 
-    def _maybe_rebalance(self, jobs: list[Job]) -> None:
-        self.tracker.observe(j.id for j in jobs)
-        prefix = self.tracker.dominant(self.selector.current_id)
-        if prefix is None:
-            return
-        target = self.selector.address_of_prefix(prefix)
-        if target is None or target == self.selector.current:
-            return
+    def run_many(self, calls: list[Call[Any]], raise_on_error: bool = True) -> list[Any]:
+        """Send several calls in one write; results in order (see ``Pipeline``)."""
+        return self._drive(run_many_plan(self, calls, raise_on_error))  # type: ignore[no-any-return]
+
+    def _retarget(self, address: Address) -> None:
         with self._lock:
-            self.selector.preferred = target
+            self.selector.preferred = address
             self.selector.current = None  # next command connects, preferred first
             for conn in self._idle:
                 conn.close()
             self._idle.clear()
-        self.tracker.reset()
-
-    def run_many(self, calls: list[Call[Any]], raise_on_error: bool = True) -> list[Any]:
-        """Send several calls in one write; results in order (see ``Pipeline``)."""
-        if not calls:
-            return []
-        payload = b"".join(c.payload for c in calls)
-        waits = [read_timeout(c, self.socket_timeout) for c in calls]
-        timeout = None if any(w is None for w in waits) else max(w for w in waits if w is not None)
-        safe = all(c.retry_safe for c in calls)
-        for attempt in (0, 1):
-            conn = self._acquire()
-            try:
-                replies = conn.exchange(payload, len(calls), timeout)
-            except _NET_ERRORS as exc:
-                conn.close()
-                if isinstance(exc, TimeoutError):
-                    raise TrisqueTimeoutError("no reply to the pipeline within the timeout") from exc
-                self._forget_node(conn.address)
-                if attempt == 0 and safe:
-                    continue
-                raise _connection_error(exc) from exc
-            self._release(conn)
-            return cmd.pipeline_results(calls, replies, raise_on_error)
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def pipeline(self) -> Pipeline:
         return Pipeline(self)
@@ -459,15 +369,3 @@ class Pipeline(PipelineCalls):
 
     def __exit__(self, *exc: object) -> None:
         self.calls = []
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__
-
-
-def _connection_error(exc: BaseException) -> TrisqueConnectionError:
-    if isinstance(exc, TrisqueConnectionError):
-        return exc
-    return TrisqueConnectionError(_reason(exc))
