@@ -48,7 +48,8 @@ class ProtocolError(Exception):
 
 
 class Status(str):
-    """A simple string reply (``+OK``)."""
+    """A simple string reply (``+OK``). Never built from client bytes: the encoder writes it
+    as it is (error replies, which may echo input, are made single-line)."""
 
     __slots__ = ()
 
@@ -331,7 +332,7 @@ _ARRAY_HEADERS: Final = [b"*%d\r\n" % i for i in range(256)]
 
 
 def _one_line(text: str) -> bytes:
-    """A status or error line as bytes. Errors often echo client input (an unknown command's
+    """An error line as bytes. Errors often echo client input (an unknown command's
     name, a CONFIG value); a CR or LF in it would end the line early and let the client forge
     the next reply, so both become spaces, as Disque's addReplyErrorFormat does."""
     data = text.encode()
@@ -359,7 +360,9 @@ def _encode_into(value: Any, out: list[bytes], protover: int) -> None:
         out.append(value)
         out.append(_CRLF)
     elif t is Status:
-        out.append(b"+" + _one_line(value) + _CRLF)
+        # Status texts are the node's own (OK, PONG, job IDs it generated), never client
+        # bytes, so the hot ADDJOB reply skips the CR/LF scan errors get.
+        out.append(b"+" + value.encode() + _CRLF)
     elif t is int:
         out.append(_SMALL_INTS[value] if 0 <= value < 1024 else b":%d\r\n" % value)
     elif t is list or t is tuple:
