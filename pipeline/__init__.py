@@ -14,4 +14,9 @@ def register(spark: Any) -> None:
     from pipeline.source import TrisqueDataSource
 
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-    spark.dataSource.register(TrisqueDataSource)
+    try:
+        spark.dataSource.register(TrisqueDataSource)
+    except Exception as exc:
+        # Registering again (a second session on the same JVM) is harmless.
+        if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
+            raise

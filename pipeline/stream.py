@@ -100,7 +100,7 @@ class TrisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
         self._ack_ids([job[0] for job in start["jobs"]])
-        want = limit.maxRows if isinstance(limit, ReadMaxRows) else self.opts.max_jobs_per_batch
+        want = limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_jobs_per_batch
         if isinstance(limit, ReadAllAvailable):
             want = 1 << 30
         if self._available_now_left is not None:
