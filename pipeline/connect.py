@@ -6,9 +6,8 @@ job spread over every node. An unreachable node raises with its address in the m
 
 from __future__ import annotations
 
-from protocol.client import Client, TrisqueConnectionError
-
 from pipeline.options import Common
+from protocol.client import Client, TrisqueConnectionError
 
 
 def open_client(common: Common, seeds: list[str] | None = None) -> Client:

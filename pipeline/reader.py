@@ -24,7 +24,7 @@ SNAPSHOT_SCHEMA = (
     "nacks long, additional_deliveries long, body binary"
 )
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 class NodePartition(InputPartition):

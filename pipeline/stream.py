@@ -140,7 +140,7 @@ class TrisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         replayed = [job for job in end["jobs"] if job[0] not in self._bodies]
         if replayed:
             self._reclaim(replayed)
-        for job_id, queue, body_b64 in end["jobs"]:
+        for job_id, queue, _body in end["jobs"]:
             body, nacks, extra = self._bodies[job_id]
             rows.append((job_id, queue, "active", None, None, None, nacks, extra, body))
         n = max(1, min(self.opts.partitions, len(rows)))
@@ -150,7 +150,7 @@ class TrisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Replay after a restart: take the jobs back with WORKING and recover their bodies."""
         client = self.client()
         replies = client.run_many([cmd.working(job[0]) for job in jobs], raise_on_error=False)
-        for job, reply in zip(jobs, replies):
+        for job, reply in zip(jobs, replies, strict=True):
             if isinstance(reply, Exception):
                 raise JobVanishedError(
                     f"job {job[0]} of the batch being replayed is gone from trisque "

@@ -57,7 +57,7 @@ def write_batches(opts: WriteOptions, batches: Iterator[Any], client: Client) ->
         if not pending:
             return
         replies = client.run_many(pending, raise_on_error=False)
-        failed = [call for call, reply in zip(pending, replies) if isinstance(reply, Exception)]
+        failed = [call for call, reply in zip(pending, replies, strict=True) if isinstance(reply, Exception)]
         counts.added += len(pending) - len(failed)
         pending.clear()
         if failed:
