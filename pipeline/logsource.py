@@ -28,7 +28,7 @@ LOG_SCHEMA = (
     "ctime timestamp, retry int, nacks long, deliveries long"
 )
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 class LogReadError(RuntimeError):

@@ -1,0 +1,75 @@
+"""``python -m pipeline.bench [--jobs N]``: the data source's speed against the node's own.
+
+On one fresh node, in one run: the pipelined ADDJOB rate ``trisque-benchmark`` measures
+(produce, 50 clients, pipeline 100, 16-byte bodies), the bulk load rate of N small jobs through
+``df.write.format("trisque")`` (local[2], two write tasks), and the stream consumption rate at
+maxJobsPerBatch 10,000 (AvailableNow into a no-op sink, jobs acked on commit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pipeline.bench")
+    p.add_argument("--jobs", type=int, default=1_000_000)
+    args = p.parse_args(argv)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    from cli.bench_servers import BenchServer, command
+    from pyspark.sql import SparkSession
+
+    import pipeline
+
+    server = BenchServer("trisque", "pipeline-bench").start()
+    try:
+        node = f"127.0.0.1:{server.port}"
+        out = subprocess.run(
+            [sys.executable, "-m", "cli.bench", "produce", "-p", str(server.port), "-c", "50",
+             "-P", "100", "-n", str(args.jobs), "--json", "--quiet"],
+            check=True, capture_output=True, text=True).stdout
+        addjob_rate = float(json.loads(out)["ops_per_sec"])
+        command(server.port, "DEBUG", "FLUSHALL")
+
+        spark = (SparkSession.builder.master("local[2]").appName("trisque-bench")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        pipeline.register(spark)
+        df = spark.range(args.jobs, numPartitions=2).selectExpr(
+            "concat('job-body-', cast(id as string)) as body").cache()
+        df.count()
+        t0 = time.perf_counter()
+        df.write.format("trisque").option("nodes", node).option("queue", "bench") \
+            .mode("append").save()
+        load_rate = args.jobs / (time.perf_counter() - t0)
+
+        with tempfile.TemporaryDirectory() as cp:
+            t0 = time.perf_counter()
+            q = (spark.readStream.format("trisque").option("nodes", node).option("queue", "bench")
+                 .option("maxJobsPerBatch", "10000").load().writeStream.format("noop")
+                 .option("checkpointLocation", cp).trigger(availableNow=True).start())
+            q.awaitTermination()
+            stream_rate = args.jobs / (time.perf_counter() - t0)
+        spark.stop()
+        load = os.getloadavg()
+        print(f"jobs: {args.jobs}  load average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        print(f"trisque-benchmark pipelined ADDJOB: {addjob_rate:12,.0f} jobs/s")
+        print(f"data source bulk load:              {load_rate:12,.0f} jobs/s "
+              f"({load_rate / addjob_rate:.2f}x, target >= 0.8x)")
+        print(f"stream consume, 10,000 per batch:   {stream_rate:12,.0f} jobs/s")
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
