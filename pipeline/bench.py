@@ -24,10 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    from cli.bench_servers import BenchServer, command
     from pyspark.sql import SparkSession
 
     import pipeline
+    from cli.bench_servers import BenchServer, command
 
     server = BenchServer("trisque", "pipeline-bench").start()
     try:
