@@ -16,6 +16,8 @@ import sys
 import tempfile
 import time
 
+from protocol.client import Client
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pipeline.bench")
@@ -27,17 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     import pipeline
-    from cli.bench_servers import BenchServer, command
 
-    server = BenchServer("trisque", "pipeline-bench").start()
+    server, port = _start_node()
     try:
-        node = f"127.0.0.1:{server.port}"
+        node = f"127.0.0.1:{port}"
         out = subprocess.run(
-            [sys.executable, "-m", "cli.bench", "produce", "-p", str(server.port), "-c", "50",
+            [sys.executable, "-m", "cli.bench", "produce", "-p", str(port), "-c", "50",
              "-P", "100", "-n", str(args.jobs), "--json", "--quiet"],
             check=True, capture_output=True, text=True).stdout
         addjob_rate = float(json.loads(out)["ops_per_sec"])
-        command(server.port, "DEBUG", "FLUSHALL")
+        with Client([node]) as c:
+            c.execute("DEBUG", "FLUSHALL")
 
         spark = (SparkSession.builder.master("local[2]").appName("trisque-bench")
                  .config("spark.ui.enabled", "false")
@@ -67,8 +69,33 @@ def main(argv: list[str] | None = None) -> int:
               f"({load_rate / addjob_rate:.2f}x, target >= 0.8x)")
         print(f"stream consume, 10,000 per batch:   {stream_rate:12,.0f} jobs/s")
     finally:
-        server.stop()
+        server.terminate()
+        server.wait(30)
     return 0
+
+
+def _start_node() -> tuple[subprocess.Popen[bytes], int]:
+    """A fresh trisque-server on a free loopback port, its data in a temporary directory.
+    (pipeline may not import cli, so this is not cli.bench_servers.)"""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    directory = tempfile.mkdtemp(prefix="trisque-pipeline-bench-")
+    proc = subprocess.Popen([sys.executable, "-m", "cli.server", "--port", str(port),
+                             "--bind", "127.0.0.1", "--dir", directory],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with Client([f"127.0.0.1:{port}"]) as c:
+                c.ping()
+            return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"trisque-server on 127.0.0.1:{port} did not start")
 
 
 if __name__ == "__main__":
