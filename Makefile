@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -27,7 +27,7 @@ fuzz: $(STAMP)
 		-o addopts="" tests/property $(FUZZ_ARGS) --hypothesis-show-statistics
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check protocol broker cluster node cli tests tools
+	$(VENV)/bin/ruff check protocol broker cluster node cli pipeline tests tools
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)
