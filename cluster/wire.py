@@ -61,6 +61,9 @@ class MessageType(enum.IntEnum):
     YOURJOBS = 22
 
 
+_HEX = frozenset(b"0123456789abcdef")
+
+
 class WireError(Exception):
     """A frame that cannot be accepted; the link should be dropped."""
 
@@ -130,7 +133,8 @@ class FrameDecoder:
 
     def next(self) -> Frame | None:
         buf = self._buf
-        if len(buf) >= 4 and bytes(buf[:4]) != MAGIC:
+        # A wrong prefix is refused as soon as it is seen, not after a full header.
+        if bytes(buf[:4]) != MAGIC[: min(4, len(buf))]:
             raise BadMagic(repr(bytes(buf[:4])))
         if len(buf) < HEADER_SIZE:
             return None
@@ -143,11 +147,10 @@ class FrameDecoder:
             raise UnknownType(f"message type {mtype}") from None
         if length > MAX_BODY:
             raise Oversized(f"body of {length} bytes exceeds {MAX_BODY}")
-        try:
-            sender_id = sender.decode("ascii")
-            int(sender_id, 16)
-        except ValueError:
-            raise MalformedBody("sender is not a hex node ID") from None
+        # int(x, 16) would also accept spaces, "_" and "+": check the digits themselves.
+        if not all(c in _HEX for c in sender):
+            raise MalformedBody("sender is not a 40-hex node ID")
+        sender_id = sender.decode("ascii")
         has_mac = bool(flags & FLAG_MAC)
         total = HEADER_SIZE + length + (MAC_SIZE if has_mac else 0)
         if len(buf) < total:

@@ -38,6 +38,9 @@ def _header(magic=b"TQCB", version=1, flags=0, mtype=1, sender=b"a" * 40, length
     "data, error",
     [
         (b"XXXX", wire.BadMagic),
+        (b"TX", wire.BadMagic),
+        (_header(sender=b" " * 39 + b"a") + b"\x80", wire.MalformedBody),
+        (_header(sender=b"A" * 40) + b"\x80", wire.MalformedBody),
         (_header(version=9) + b"\x80", wire.BadVersion),
         (_header(mtype=999) + b"\x80", wire.UnknownType),
         (_header(length=wire.MAX_BODY + 1), wire.Oversized),
