@@ -1,0 +1,182 @@
+"""The cluster bus codec: frames in, typed messages out, and back (sans-IO).
+
+Theory of operation
+-------------------
+Every bus frame is a fixed 56-byte header followed by a msgpack body and, when a
+``cluster-secret`` is configured, a 32-byte HMAC-SHA256 trailer over header+body:
+
+    magic   4 bytes  b"TQCB"
+    version 1 byte   WIRE_VERSION
+    flags   1 byte   bit 0: an HMAC trailer follows the body
+    type    2 bytes  big-endian message type number (see MessageType)
+    sender  40 bytes the sender's node ID, lowercase hex ASCII
+    length  4 bytes  big-endian body length (not counting the MAC)
+    ... the msgpack body (a map), then the MAC if flagged.
+
+``FrameDecoder`` is incremental: ``feed(bytes)`` and then ``next()`` returns a
+``Frame`` or ``None`` ("not yet": the input is short). Every way a frame can be
+wrong raises its own subclass of ``WireError`` so the transport can log why it
+dropped a link. The trio transport (later, in node/) only moves bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.hmac import HMAC
+
+MAGIC = b"TQCB"
+WIRE_VERSION = 1
+HEADER = struct.Struct(">4sBBH40sI")
+HEADER_SIZE = HEADER.size
+MAC_SIZE = 32
+FLAG_MAC = 0x01
+#: Largest body accepted; larger frames are refused before buffering them.
+MAX_BODY = 16 * 1024 * 1024
+
+
+class MessageType(enum.IntEnum):
+    PING = 1
+    PONG = 2
+    MEET = 3
+    FAIL = 4
+    REPLJOB = 10
+    GOTJOB = 11
+    ENQUEUE = 12
+    WILLQUEUE = 13
+    QUEUED = 14
+    SETACK = 15
+    GOTACK = 16
+    DELJOB = 17
+    WORKING = 18
+    NACK = 19
+    PAUSE = 20
+    NEEDJOBS = 21
+    YOURJOBS = 22
+
+
+_HEX = frozenset(b"0123456789abcdef")
+
+
+class WireError(Exception):
+    """A frame that cannot be accepted; the link should be dropped."""
+
+
+class BadMagic(WireError):
+    pass
+
+
+class BadVersion(WireError):
+    pass
+
+
+class UnknownType(WireError):
+    pass
+
+
+class Oversized(WireError):
+    pass
+
+
+class Truncated(WireError):
+    pass
+
+
+class MalformedBody(WireError):
+    pass
+
+
+class BadMac(WireError):
+    pass
+
+
+@dataclass(frozen=True)
+class Frame:
+    type: MessageType
+    sender: str
+    body: dict[str, Any]
+
+
+def _mac(secret: bytes, data: bytes) -> bytes:
+    h = HMAC(secret, hashes.SHA256())
+    h.update(data)
+    return h.finalize()
+
+
+def encode(frame: Frame, secret: bytes | None = None) -> bytes:
+    if len(frame.sender) != 40:
+        raise ValueError("sender must be a 40-hex node ID")
+    body: bytes = msgpack.packb(frame.body, use_bin_type=True)
+    if len(body) > MAX_BODY:
+        raise Oversized(f"body of {len(body)} bytes exceeds {MAX_BODY}")
+    flags = FLAG_MAC if secret is not None else 0
+    head = HEADER.pack(
+        MAGIC, WIRE_VERSION, flags, int(frame.type), frame.sender.encode(), len(body)
+    )
+    data = head + body
+    return data + _mac(secret, data) if secret is not None else data
+
+
+class FrameDecoder:
+    def __init__(self, secret: bytes | None = None) -> None:
+        self._buf = bytearray()
+        self._secret = secret
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def next(self) -> Frame | None:
+        buf = self._buf
+        # A wrong prefix is refused as soon as it is seen, not after a full header.
+        if bytes(buf[:4]) != MAGIC[: min(4, len(buf))]:
+            raise BadMagic(repr(bytes(buf[:4])))
+        if len(buf) < HEADER_SIZE:
+            return None
+        magic, version, flags, mtype, sender, length = HEADER.unpack_from(buf)
+        if version != WIRE_VERSION:
+            raise BadVersion(f"version {version}, expected {WIRE_VERSION}")
+        try:
+            kind = MessageType(mtype)
+        except ValueError:
+            raise UnknownType(f"message type {mtype}") from None
+        if length > MAX_BODY:
+            raise Oversized(f"body of {length} bytes exceeds {MAX_BODY}")
+        # int(x, 16) would also accept spaces, "_" and "+": check the digits themselves.
+        if not all(c in _HEX for c in sender):
+            raise MalformedBody("sender is not a 40-hex node ID")
+        sender_id = sender.decode("ascii")
+        has_mac = bool(flags & FLAG_MAC)
+        total = HEADER_SIZE + length + (MAC_SIZE if has_mac else 0)
+        if len(buf) < total:
+            return None
+        data = bytes(buf[: HEADER_SIZE + length])
+        if self._secret is not None:
+            if not has_mac:
+                raise BadMac("frame has no MAC but a cluster secret is set")
+            h = HMAC(self._secret, hashes.SHA256())
+            h.update(data)
+            try:
+                h.verify(bytes(buf[HEADER_SIZE + length : total]))
+            except InvalidSignature:
+                raise BadMac("wrong MAC") from None
+        elif has_mac:
+            raise BadMac("frame carries a MAC but no cluster secret is set")
+        del buf[:total]
+        try:
+            body = msgpack.unpackb(data[HEADER_SIZE:], raw=False, strict_map_key=True)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise MalformedBody(f"body is not msgpack: {exc}") from None
+        if not isinstance(body, dict):
+            raise MalformedBody("body is not a map")
+        return Frame(kind, sender_id, body)
+
+    def truncated_at_eof(self) -> None:
+        """Call when the link closes: leftover bytes mean a truncated frame."""
+        if self._buf:
+            raise Truncated(f"{len(self._buf)} bytes of an unfinished frame")
