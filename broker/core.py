@@ -333,7 +333,6 @@ class Broker:
     # =========================================================================================
     # Logging
 
-
     def _log_job(self, job: Job, prev: Any) -> None:
         self.outbox.append(LogRecord("job", job.to_record(), prev))
 

@@ -342,19 +342,26 @@ class Persistence:
             self.log.warning("%s (replies are errors until writes succeed again; further "
                              "failures of this episode are not logged)", error)
         self._write_error = error
-        later = self._open  # submitted after the failed batch: undone too
-        self._next_ticket += 1
-        self._open = _Batch(self._next_ticket)
-        now_ms = int(self._clock() * 1000)
-        for entry in [*reversed(later.entries), *reversed(batch.entries)]:
-            self._undo(entry, now_ms)
+        later = self._take_open_batch()  # submitted after the failed batch: undone too
+        self._undo_newest_first(later, batch)
         self._rewrite_cancel = True  # the snapshot may hold state that was just undone
         self._finish(batch, error)
         if later.entries:
             self._finish(later, error)
 
-    def _undo(self, entry: Any, now_ms: int) -> None:
-        self.broker.undo_entry(entry, now_ms)
+    def _take_open_batch(self) -> _Batch:
+        """The open batch, replaced by a new empty one."""
+        self._next_ticket += 1
+        taken, self._open = self._open, _Batch(self._next_ticket)
+        return taken
+
+    def _undo_newest_first(self, *batches: _Batch) -> None:
+        """Undo the records of ``batches`` (given newest first), newest record first, so
+        memory again matches what the log holds."""
+        now_ms = int(self._clock() * 1000)
+        for batch in batches:
+            for entry in reversed(batch.entries):
+                self.broker.undo_entry(entry, now_ms)
 
     def _finish(self, batch: _Batch, error: str | None) -> None:
         batch.error = error
@@ -542,11 +549,8 @@ class Persistence:
         the log undone and answered with ``error``."""
         self.enabled = False
         self.config.appendonly = False
-        waiting, self._open = self._open, _Batch(self._next_ticket + 1)
-        self._next_ticket += 1
-        now_ms = int(self._clock() * 1000)
-        for entry in reversed(waiting.entries):
-            self._undo(entry, now_ms)
+        waiting = self._take_open_batch()
+        self._undo_newest_first(waiting)
         self._finish(waiting, error)
 
     # -----------------------------------------------------------------------------------------

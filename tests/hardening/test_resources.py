@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from protocol.client import Connection
 from protocol.resp import Error, encode_command
 from tests.support.server import ServerProcess
 
@@ -20,17 +21,13 @@ def _info(srv: ServerProcess, section: str, field: str) -> int:
     raise KeyError(field)
 
 
-def _pipeline(port: int, commands: list[bytes], expect: int) -> bytes:
-    """Send the commands on one connection and read until ``expect`` replies arrived (each
-    reply here is one line)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(b"".join(commands))
-        data = b""
-        while data.count(b"\r\n") < expect:
-            chunk = sock.recv(1 << 20)
-            assert chunk, "closed early"
-            data += chunk
-    return data
+def _pipeline(port: int, commands: list[bytes]) -> list[object]:
+    """Send the commands in one write on one connection; their replies, in order."""
+    conn = Connection(("127.0.0.1", port), 10)
+    try:
+        return conn.exchange(b"".join(commands), len(commands), 30)
+    finally:
+        conn.close()
 
 
 def test_memory_of_acknowledged_jobs_comes_back() -> None:
@@ -41,10 +38,10 @@ def test_memory_of_acknowledged_jobs_comes_back() -> None:
         rss = []
         for _ in range(4):
             adds = [encode_command("ADDJOB", "mem", body, 0) for _ in range(5000)]
-            ids = _pipeline(srv.port, adds, 5000).split(b"\r\n")[:-1]
-            assert all(i.startswith(b"+D-") for i in ids), ids[:3]
-            acks = [encode_command("FASTACK", i[1:]) for i in ids]
-            assert _pipeline(srv.port, acks, 5000).count(b":1\r\n") == 5000
+            ids = _pipeline(srv.port, adds)
+            assert all(isinstance(i, bytes) and i.startswith(b"D-") for i in ids), ids[:3]
+            acks = [encode_command("FASTACK", i) for i in ids]
+            assert _pipeline(srv.port, acks) == [1] * 5000
             time.sleep(1.2)  # the node samples RSS once a second
             rss.append(_info(srv, "memory", "used_memory"))
         assert _info(srv, "jobs", "registered_jobs") == 0

@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 import time
 
-from protocol.resp import NEED_DATA, Error, encode_command
+from protocol.client import Connection
+from protocol.resp import Error, encode_command
 from tests.aof.test_server_durability import Conn
 from tests.support.server import ServerProcess
 
@@ -55,20 +56,14 @@ def _load(port: int, stop: threading.Event, added: set[bytes], acked: set[bytes]
     return threads
 
 
-def _pipelined(conn: Conn, commands: list[tuple[object, ...]]) -> list[object]:
-    """Send every command at once, then read the replies in order."""
-    conn.sock.sendall(b"".join(encode_command(*c) for c in commands))
-    replies: list[object] = []
-    while len(replies) < len(commands):
-        reply = conn.reader.next()
-        if reply is NEED_DATA:
-            data = conn.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("closed")
-            conn.reader.feed(data)
-        else:
-            replies.append(reply)
-    return replies
+def _pipelined(port: int, commands: list[tuple[object, ...]]) -> list[object]:
+    """Send every command in one write, then read the replies in order."""
+    conn = Connection(("127.0.0.1", port), 10)
+    try:
+        payload = b"".join(encode_command(*c) for c in commands)
+        return conn.exchange(payload, len(commands), 60)
+    finally:
+        conn.close()
 
 
 def test_twenty_kill_9_rounds_lose_nothing_acknowledged() -> None:
@@ -87,9 +82,8 @@ def test_twenty_kill_9_rounds_lose_nothing_acknowledged() -> None:
             for t in threads:
                 t.join(10)
             srv.start()
-            conn = Conn(srv.port)
             ids = sorted(added)
-            shown_all = _pipelined(conn, [("SHOW", job_id) for job_id in ids])
+            shown_all = _pipelined(srv.port, [("SHOW", job_id) for job_id in ids])
             for job_id, shown in zip(ids, shown_all, strict=True):
                 assert not isinstance(shown, Error), shown
                 if job_id in acked:
@@ -98,8 +92,7 @@ def test_twenty_kill_9_rounds_lose_nothing_acknowledged() -> None:
                     assert shown is not None, f"round {round_}: acknowledged {job_id!r} lost"
             # Jobs replayed after a crash wait for their retry time (1 h): make them
             # deliverable again so the consumers keep acknowledging in the next round.
-            _pipelined(conn, [("ENQUEUE", job_id) for job_id in sorted(added - ack_sent)])
-            conn.sock.close()
+            _pipelined(srv.port, [("ENQUEUE", job_id) for job_id in sorted(added - ack_sent)])
     assert not errors, errors
     assert len(added) > ROUNDS * 50, f"the load did too little: {len(added)} jobs"
     assert len(acked) > ROUNDS * 10, f"the consumers did too little: {len(acked)} acks"
