@@ -116,6 +116,25 @@ async def test_async_round_trip(node: ServerProcess) -> None:
             assert await p.execute() == [0, "PONG"]
 
 
+async def test_async_scans_follow_the_cursor_to_the_end(node: ServerProcess) -> None:
+    # COUNT 2 over 7 jobs forces several pages: the async iterators must follow the cursor
+    # instead of stopping after the first reply.
+    with trio.fail_after(10):
+        async with AsyncClient([f"127.0.0.1:{node.port}"]) as client:
+            ids = [await client.add_job("aioscan", f"b{i}") for i in range(7)]
+            names = [name async for name in client.qscan(count=2)]
+            assert "aioscan" in names
+            found = [job_id async for job_id in client.jscan(count=2, queue="aioscan")]
+            assert set(found) == set(ids)
+            infos = [i async for i in client.jscan_jobs(count=2, queue="aioscan",
+                                                          states=["queued"])]
+            assert {i.id for i in infos} == set(ids)
+            assert {i.body for i in infos} == {f"b{i}".encode() for i in range(7)}
+            assert all(i.queue == "aioscan" and i.state == "queued" for i in infos)
+            assert await client.del_job(*ids) == 7
+            assert [j async for j in client.jscan(queue="aioscan")] == []
+
+
 @pytest.fixture
 def two_nodes() -> Iterator[tuple[ServerProcess, ServerProcess]]:
     with ServerProcess() as a, ServerProcess() as b:
