@@ -191,18 +191,27 @@ def connect_plan(client: Rules) -> Plan:
     raise TrisqueConnectionError("no trisque node reachable (" + "; ".join(errors) + ")")
 
 
+def acquire_plan(client: Rules, attempt: int) -> Plan:
+    """A connection for a call or a pipeline; None means "try again": the node in use died
+    between two commands, it is forgotten and the next acquire connects elsewhere. Nothing
+    was sent yet, so this failover is safe for every command."""
+    try:
+        conn = yield Acquire()
+    except client.acquire_errors as exc:
+        if client.selector.current is not None:
+            yield Forget(client.selector.current)
+            if attempt == 0:
+                return None
+        raise connection_error(exc) from exc
+    return conn
+
+
 def run_plan(client: Rules, call: Call[Any]) -> Plan:
     """One call with the failover rules of ``protocol.client``'s docstring."""
     for attempt in (0, 1):
-        try:
-            conn = yield Acquire()
-        except client.acquire_errors as exc:
-            # Covers the node we were using dying between two commands.
-            if client.selector.current is not None:
-                yield Forget(client.selector.current)
-                if attempt == 0:
-                    continue
-            raise connection_error(exc) from exc
+        conn = yield from acquire_plan(client, attempt)
+        if conn is None:
+            continue
         try:
             (reply,) = yield Exchange(conn, call.payload, 1,
                                       read_timeout(call, client.socket_timeout))
@@ -239,7 +248,9 @@ def run_many_plan(client: Rules, calls: list[Call[Any]], raise_on_error: bool) -
     timeout = None if any(w is None for w in waits) else max(w for w in waits if w is not None)
     safe = all(c.retry_safe for c in calls)
     for attempt in (0, 1):
-        conn = yield Acquire()
+        conn = yield from acquire_plan(client, attempt)
+        if conn is None:
+            continue
         try:
             replies = yield Exchange(conn, payload, len(calls), timeout)
         except BaseException as exc:

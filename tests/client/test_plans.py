@@ -22,6 +22,7 @@ from protocol.client_plans import (
     Open,
     Release,
     connect_plan,
+    run_many_plan,
     run_plan,
 )
 from protocol.resp import Error
@@ -150,3 +151,37 @@ def test_leaving_moves_to_another_node_and_sends_again() -> None:
 def test_a_timeout_is_not_a_failover() -> None:
     with pytest.raises(TrisqueTimeoutError, match="QLEN"):
         _run(cmd.qlen("q"), [TimeoutError("timed out")])
+
+
+def test_a_pipeline_fails_over_when_its_node_died_between_two_commands() -> None:
+    # The pooled connection's node is gone: acquiring fails before anything is sent, so even a
+    # pipeline holding an ADDJOB may go to another node.
+    rules = Rules("127.0.0.1:7001")
+    rules.selector.current = ("127.0.0.1", 7001)
+    acquires = iter([ConnectionRefusedError(111, "refused"), Conn(("127.0.0.1", 7002))])
+
+    def respond(req: Any) -> Any:
+        if isinstance(req, Acquire):
+            return next(acquires)
+        if isinstance(req, Exchange):
+            return [b"D-00000000-000000000000000000000000-05a1", 3]
+        return None
+
+    calls = [cmd.add_job("q", b"x"), cmd.qlen("q")]
+    seen, result = drive(run_many_plan(rules, calls, True), respond)
+    assert result == ["D-00000000-000000000000000000000000-05a1", 3]
+    assert [type(r) for r in seen] == [Acquire, Forget, Acquire, Exchange, Release]
+    assert Forget(("127.0.0.1", 7001)) in seen
+
+
+def test_a_pipeline_gives_up_when_no_node_can_be_acquired_twice() -> None:
+    rules = Rules("127.0.0.1:7001")
+    rules.selector.current = ("127.0.0.1", 7001)
+
+    def respond(req: Any) -> Any:
+        if isinstance(req, Acquire):
+            return ConnectionRefusedError(111, "refused")
+        return None
+
+    with pytest.raises(TrisqueConnectionError):
+        drive(run_many_plan(rules, [cmd.qlen("q")], True), respond)
