@@ -279,8 +279,7 @@ class _Outbound:
 
 
 class Bus:
-    def __init__(self, core: ClusterCore, config: Config, clock: Clock, node_id: str,
-                 listeners: list[socket.socket], *,
+    def __init__(self, core: ClusterCore, config: Config, clock: Clock, node_id: str, *,
                  save_nodes: Callable[[str], None] = lambda content: None,
                  new_node_id: Callable[[str], None] = lambda node_id: None,
                  rng: random.Random | None = None) -> None:
@@ -288,7 +287,7 @@ class Bus:
         self.config = config
         self.clock = clock
         self.node_id = node_id
-        self.listeners = listeners
+        self.listeners: list[socket.socket] = []
         self.save_nodes = save_nodes
         self.new_node_id = new_node_id
         self.rng = rng or random.Random()
@@ -336,7 +335,10 @@ class Bus:
 
     # -- running ---------------------------------------------------------------------------
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, listeners: list[socket.socket], *,
+                  task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve ``listeners`` (non-blocking sockets on the bus port) until ``stop``."""
+        self.listeners = listeners
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

@@ -53,9 +53,9 @@ async def bus_node(node_id: str | None = None, port: int = 0, secret: str = "",
     node_id = node_id or os.urandom(20).hex()
     core = FakeCore(node_id, port)
     saved: list[str] = []
-    bus = Bus(core, cfg, TrioClock(), node_id, [listener], save_nodes=saved.append)
+    bus = Bus(core, cfg, TrioClock(), node_id, save_nodes=saved.append)
     async with trio.open_nursery() as nursery:
-        await nursery.start(bus.run)
+        await nursery.start(bus.run, [listener])
         yield BusNode(core, bus, port, saved)
         bus.stop()
 
