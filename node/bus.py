@@ -276,6 +276,7 @@ class _Outbound:
     port: int
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     link: Link | None = None
+    up_for: float = 0.0  # how long its last link stayed up (seconds)
 
 
 class Bus:
@@ -365,8 +366,12 @@ class Bus:
             self._nursery.cancel_scope.cancel()
 
     async def _ticker(self) -> None:
+        # On a fixed schedule rather than sleep(TICK_S) after each tick, so the time a tick
+        # takes does not stretch the period past TICK_S.
+        deadline = trio.current_time()
         while True:
-            await trio.sleep(TICK_S)
+            deadline = max(deadline + TICK_S, trio.current_time())
+            await trio.sleep_until(deadline)
             self.core.tick(self.clock.now_ms())
             self.flush()
 
@@ -425,26 +430,32 @@ class Bus:
                     self.core.link_down(ob.node_id, self._next_link, self.clock.now_ms())
                     self.flush()
                 else:
-                    _nodelay(stream.socket)
-                    try:
-                        link = self._new_link(stream, ob.node_id)
-                    except OSError:
-                        await trio.aclose_forcefully(stream)
-                        continue
-                    ob.link = link
-                    started = self.clock.monotonic()
-                    self.core.link_up(ob.node_id, link.id, self.clock.now_ms())
-                    self.flush()
-                    try:
-                        await link.run()
-                    finally:
-                        ob.link = None
-                    if self.clock.monotonic() - started >= RECONNECT_RESET_S:
+                    await self._run_outbound(ob, stream)
+                    if ob.up_for >= RECONNECT_RESET_S:
                         delay = RECONNECT_MIN_S
-                    self.core.link_down(ob.node_id, link.id, self.clock.now_ms())
-                    self.flush()
                 await trio.sleep(delay * (1 + 0.2 * self.rng.random()))
                 delay = min(delay * 2, self.reconnect_max)
+
+    async def _run_outbound(self, ob: _Outbound, stream: trio.SocketStream) -> None:
+        """Report the link up, run it, report it down (a peer already gone reports nothing:
+        the link never was up)."""
+        ob.up_for = 0.0
+        try:
+            link = self._new_link(stream, ob.node_id)
+        except OSError:
+            await trio.aclose_forcefully(stream)
+            return
+        ob.link = link
+        started = self.clock.monotonic()
+        self.core.link_up(ob.node_id, link.id, self.clock.now_ms())
+        self.flush()
+        try:
+            await link.run()
+        finally:
+            ob.link = None
+        ob.up_for = self.clock.monotonic() - started
+        self.core.link_down(ob.node_id, link.id, self.clock.now_ms())
+        self.flush()
 
     # -- events into the core, effects out ---------------------------------------------
 

@@ -171,3 +171,33 @@ def test_a_missing_nodes_conf_is_written_at_once(tmp_path: Path) -> None:
     server = Server(cfg)
     assert server.node_id in (tmp_path / "nodes.conf").read_text()
     assert Server(cfg).node_id == server.node_id
+
+
+async def test_nodes_with_different_secrets_never_join(
+        tmp_path: Path, autojump_clock: trio.abc.Clock,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="trisque")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with node(tmp_path / "a", cluster_secret="one") as (a, _), \
+            node(tmp_path / "b", cluster_secret="two") as (b, cb):
+        assert await cb.call("CLUSTER", "MEET", "127.0.0.1", a.config.port) == b"OK"
+        await trio.sleep(10)  # 5 node timeouts: the handshake entry is long gone
+        assert known(a) == {a.node_id} and known(b) == {b.node_id}
+        lines = [r.getMessage() for r in caplog.records if "BadMac" in r.getMessage()]
+        assert len(lines) == 1, lines  # b retries several times: one line per peer address
+        assert a.bus.counters["links_dropped_bad_frame"] >= 2
+
+
+async def test_config_rewrite_keeps_the_secret(tmp_path: Path,
+                                               autojump_clock: trio.abc.Clock) -> None:
+    conf = tmp_path / "node.conf"
+    conf.write_text("cluster-secret s3cret\nhz 10\n")
+    cfg_dir = tmp_path / "data"
+    cfg_dir.mkdir()
+    async with node(cfg_dir, cluster_secret="s3cret") as (a, ca):
+        a.config.config_file = str(conf)  # as if started with it
+        assert await ca.call("CONFIG", "SET", "cluster-node-timeout", "3000") == b"OK"
+        assert await ca.call("CONFIG", "REWRITE") == b"OK"
+    text = conf.read_text()
+    assert "cluster-secret s3cret" in text and "cluster-node-timeout 3000" in text
