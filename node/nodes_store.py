@@ -89,7 +89,7 @@ class NodesFileWriter:
 
     def submit(self, content: str) -> None:
         if content == self.written and self.pending is None:
-            return
+            return  # the table's save points often repeat the same content
         self.pending = content
         self._wake.set()
 
@@ -101,22 +101,22 @@ class NodesFileWriter:
             self.writes += 1
 
     async def flush(self) -> None:
-        """Write what is pending and wait until it is on disk (errors are logged)."""
+        """Write what is pending and wait until it is on disk (errors are logged, then
+        raised). ``pending`` stays set until its content is durable."""
         async with self._lock:
             content = self.pending
             if content is None:
                 return
-            self.pending = None
             try:
                 await trio.to_thread.run_sync(write_atomic, self.path, content)
             except OSError as exc:
-                if self.pending is None:
-                    self.pending = content  # retried, unless something newer came meanwhile
-                if exc.strerror != self._last_error:
-                    self._last_error = exc.strerror or str(exc)
-                    log.warning("Can't save the cluster config file %s: %s", self.path,
-                                self._last_error)
+                error = exc.strerror or str(exc)
+                if error != self._last_error:  # once per kind of failure, not every retry
+                    self._last_error = error
+                    log.warning("Can't save the cluster config file %s: %s", self.path, error)
                 raise
+            if self.pending is content:  # else a newer one came meanwhile: written next
+                self.pending = None
             self.written = content
             self.writes += 1
             self._last_error = ""

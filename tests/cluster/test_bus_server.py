@@ -77,8 +77,9 @@ async def test_three_nodes_join_through_one_meet_each(tmp_path: Path,
         assert b"cluster_known_nodes:3" in info  # type: ignore[operator]
         assert b"cluster_reachable_nodes:2" in info  # type: ignore[operator]
         # Each node's table is in its nodes.conf.
-        await until(lambda: all(n.node_id in (d / "nodes.conf").read_text()
-                                for d in dirs for n in nodes))
+        for n in nodes:
+            await n.nodes_file.flush()
+        assert all(n.node_id in (d / "nodes.conf").read_text() for d in dirs for n in nodes)
 
 
 async def test_garbage_on_the_bus_port_while_clients_are_served(
@@ -136,7 +137,8 @@ async def test_cluster_reset_hard_gives_new_job_ids_a_new_node_id(
         new = (await ca.call("CLUSTER", "MYID")).decode()  # type: ignore[union-attr]
         assert new != old and a.node_id == new
         assert (await ca.call("ADDJOB", "q", "x", 0)).startswith(f"D-{new[:8]}".encode())  # type: ignore[union-attr]
-        await until(lambda: new in (tmp_path / "nodes.conf").read_text())
+        await a.nodes_file.flush()
+        assert new in (tmp_path / "nodes.conf").read_text()
 
 
 async def test_config_of_the_bus(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
