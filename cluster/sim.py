@@ -243,6 +243,7 @@ class Sim:
         link.src_decoder_secret = secret
         self._deliver(link, to_dst=True, data=data, peer_ip=peer_ip)
         self._drain(node)
+        self._process_due()  # answers due now reach ``outside`` before this returns
 
     # ------------------------------------------------------------------------------------
     # Events
