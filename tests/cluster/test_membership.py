@@ -265,3 +265,43 @@ def test_a_lossy_bus_heals_once_the_losses_stop() -> None:
     sim.run_for(10 * TIMEOUT)
     sim.faults.clear()
     assert sim.run_until(lambda: full_mesh(sim), 5 * TIMEOUT)
+
+
+def test_meet_to_myself_is_dropped_at_once() -> None:
+    sim = cluster(2)
+    sim.command(0, "MEET", "127.0.0.1", str(sim.nodes[0].port))
+    sim.run_for(200)
+    assert len(sim.command(0, "NODES").decode().splitlines()) == 1
+    assert any(line.key.startswith("self-meet:") for line in sim.nodes[0].logs)
+
+
+def test_a_multi_homed_node_pinging_from_another_interface_is_not_an_impostor() -> None:
+    sim = joined(2)
+    b = sim.nodes[1]
+    ping = Frame(MessageType.PING, b.node_id, {"port": b.port, "flags": [], "gossip": []})
+    sim.inject(0, ping, peer_ip="192.168.1.2")
+    assert [f.type for _, f in sim.outside] == [MessageType.PONG]
+    assert f"{b.node_id} 127.0.0.1:{b.port} " in sim.command(0, "NODES").decode()
+
+
+def test_random_bodies_never_raise_out_of_the_core() -> None:
+    import random as _random
+
+    rng = _random.Random(42)
+    sim = joined(3)
+    m = sim.nodes[0].membership
+    known = [n.node_id for n in sim.nodes] + ["d" * 40]
+    values: list[object] = [None, True, -1, 0, 1, 7711, 2**70, "x", "", "1.2.3.4", [], {},
+                            ["leaving", "pfail"], "f" * 40]
+    for _ in range(3000):
+        gossip = [{k: rng.choice(values + known) for k in rng.sample(
+            ["id", "ip", "port", "flags", "ping_sent", "pong_received"], rng.randint(0, 6))}
+            for _ in range(rng.randint(0, 3))]
+        body = {k: rng.choice(values + [gossip]) for k in rng.sample(
+            ["port", "flags", "gossip", "node"], rng.randint(0, 4))}
+        kind = rng.choice([MessageType.PING, MessageType.PONG, MessageType.MEET,
+                           MessageType.FAIL])
+        m.receive(Frame(kind, rng.choice(known), body), 999_999, "10.1.1.1", "127.0.0.1",
+                  rng.choice([None, known[1]]), sim.now)
+        m.take_effects()
+    assert m.myself_id == sim.nodes[0].node_id
