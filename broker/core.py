@@ -735,6 +735,13 @@ class Broker:
     def hello_nodes(self) -> list[list[bytes]]:
         return self.cluster.hello_nodes()
 
+    def set_node_id(self, node_id: str, seed: bytes) -> None:
+        """The node's ID changed (CLUSTER RESET HARD, ``cluster.effects.NewNodeId``): HELLO and
+        new job IDs use the new one. Jobs are gone already: the reset flushed them."""
+        self.node_id = node_id
+        self._myself = (node_id,)
+        self.ids = IdGenerator(node_id, seed)
+
     def set_leaving(self, leaving: bool) -> None:
         self.leaving = leaving
         if leaving:

@@ -34,9 +34,10 @@ Flags of an entry (any combination):
 Trust. Only a MEET adds an unknown sender (as a handshake entry at the link's peer IP and the
 body's port); a PING from an unknown node gets a PONG and nothing more. Gossip is believed
 only from known senders. A forgotten node is blacklisted for 60 s so gossip does not bring it
-back, and its frames are dropped. A frame claiming a known, healthy node's ID from another
-address is dropped and its link closed (a known node that is failing or unconnected is
-instead taken to have moved, as Disque updates the address). Every refusal is a ``LogLine``
+back, and its frames are dropped. A PING/MEET claiming a known, healthy node's ID with another
+port is dropped and its link closed; the same port from another IP is a multi-homed node
+connecting out of another interface and changes nothing; a known node that is failing or
+unconnected is taken to have moved (Disque updates the address). Every refusal is a ``LogLine``
 with a ``key`` for the runtime's rate limit; a malformed body never raises out of ``receive``.
 
 Schedule (``tick``, at least every 100 ms): every second PING the node with the oldest PONG
@@ -91,7 +92,7 @@ class Membership(Table):
             return
         if node.link == link:
             node.link = None
-        if node.ping_sent == 0:
+        if node.link is None and node.ping_sent == 0:
             # Nothing can answer now: count from here so an unreachable node goes pfail.
             node.ping_sent = now_ms
 
@@ -100,9 +101,9 @@ class Membership(Table):
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:
+        self.messages_received += 1  # every bus message, as Disque's stats count them
         if frame.type not in MEMBERSHIP_TYPES:
             return  # a job message: another core's business
-        self.messages_received += 1
         try:
             msg = parse(frame)
         except MalformedBody as exc:
@@ -148,29 +149,34 @@ class Membership(Table):
             sender = None  # a temporary ID is ours; nobody may speak as it
         if outbound_to is None and sender is not None and sender is not self.myself \
                 and asks_answer and (sender.ip, sender.port) != (peer_ip, msg.port):
-            if not sender.failing() and sender.link is not None:
+            healthy = not sender.failing() and sender.link is not None
+            if healthy and sender.port != msg.port:
                 self.log("warning", f"Dropping a {msg.TYPE.name} claiming the ID of "
                          f"{sender_id} ({sender.ip}:{sender.port}) from {peer_ip}:{msg.port}",
                          key=f"id-clash:{sender_id}")
                 self.outbox.append(CloseLink(link))
                 return
-            self.log("warning", f"Address updated for node {sender_id}, now "
-                     f"{peer_ip}:{msg.port}", key=f"moved:{sender_id}")
-            self.set_address(sender, peer_ip, msg.port)
-            self.save()
+            if not healthy:
+                self.log("warning", f"Address updated for node {sender_id}, now "
+                         f"{peer_ip}:{msg.port}", key=f"moved:{sender_id}")
+                self.set_address(sender, peer_ip, msg.port)
+                self.save()
+            # else: same port from another IP while our link to it works: a multi-homed
+            # node connecting out of another interface, nothing to change.
         if asks_answer:
             if sender is None and isinstance(msg, Meet) and sender_id != self.myself_id:
                 # Its real ID is only trusted once our own link to it says so.
                 self.start_handshake(peer_ip, msg.port, now_ms, meet=False)
             self.answer_pong(link, sender_id)
-        if sender is self.myself:
-            return  # our own handshake reached us, or an impostor: nothing to learn
+        if sender is self.myself and outbound_to is None:
+            return  # our own handshake reaching us, or an impostor: nothing to learn
         link_node = self.nodes.get(outbound_to) if outbound_to is not None else None
         if link_node is not None and link_node.link != link:
             link_node = None  # a frame still in flight on a link we have given up
         if link_node is not None:
             if "handshake" in link_node.flags:
-                if not self._complete_handshake(link_node, sender_id, sender):
+                if not self._complete_handshake(link_node, sender_id,
+                                                self.nodes.get(sender_id)):
                     return
                 sender = link_node
             elif link_node.node_id != sender_id:
@@ -182,7 +188,7 @@ class Membership(Table):
                 return
             if isinstance(msg, Pong):
                 self._on_pong(link_node, now_ms)
-        if sender is None:
+        if sender is None or sender is self.myself:
             return
         published = msg.flags & PUBLISHED_FLAGS
         if sender.flags & PUBLISHED_FLAGS != published:
@@ -197,6 +203,9 @@ class Membership(Table):
             self.log("notice", f"Handshake with {node.ip}:{node.port} reached this node itself",
                      key=f"self-meet:{node.ip}:{node.port}")
             self.delete(node)
+            return False
+        if known is not None and "handshake" in known.flags:
+            self.delete(node)  # a peer speaking as one of our temporary IDs: not to be trusted
             return False
         if known is not None:
             if (known.ip, known.port) != (node.ip, node.port) and (

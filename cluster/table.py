@@ -116,8 +116,10 @@ class Table:
         return sum(1 for n in self.nodes.values() if "handshake" not in n.flags)
 
     def reachable_nodes(self) -> int:
-        return sum(1 for n in self.nodes.values()
-                   if not n.flags & {"myself", "handshake", "leaving", "pfail", "fail"})
+        # Disque's list, plus noaddr: a node with no address cannot be reached (Disque
+        # counts it, so replication would pick a node it cannot talk to).
+        return sum(1 for n in self.nodes.values() if not n.flags
+                   & {"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
 
     def hello_nodes(self) -> list[list[bytes]]:
         rows = []
