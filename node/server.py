@@ -62,7 +62,6 @@ from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
 from protocol import errors
 from protocol.commands import COMMANDS
-from protocol.jobid import IdGenerator
 from protocol.resp import NEED_DATA, OK, ProtocolError, RequestParser, Status, encode_into
 
 log = logging.getLogger("trisque")
@@ -453,10 +452,7 @@ class Server:
         """CLUSTER RESET HARD gave this node a new ID: new jobs carry it."""
         log.warning("Cluster: this node's ID is now %s", node_id)
         self.node_id = node_id
-        broker = self.broker
-        broker.node_id = node_id
-        broker._myself = (node_id,)
-        broker.ids = IdGenerator(node_id, os.urandom(20))
+        self.broker.set_node_id(node_id, os.urandom(20))
 
     # -- durability and replies -----------------------------------------------------------
 
