@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -203,3 +204,18 @@ async def test_config_rewrite_keeps_the_secret(tmp_path: Path,
         assert await ca.call("CONFIG", "REWRITE") == b"OK"
     text = conf.read_text()
     assert "cluster-secret s3cret" in text and "cluster-node-timeout 3000" in text
+
+
+async def test_a_busy_bus_port_stops_the_start_with_one_line(tmp_path: Path) -> None:
+    from node.server import ServerError
+
+    port = free_port()
+    cfg = Config()
+    for name, value in (("bind", "127.0.0.1"), ("dir", str(tmp_path)), ("port", str(port))):
+        cfg.set(name, [value])
+    with socket.create_server(("127.0.0.1", port + BUS_PORT_OFFSET)):
+        with pytest.raises(ServerError, match=f"127.0.0.1:{port + BUS_PORT_OFFSET}.*bus"):
+            await Server(cfg).run()
+    # The client port was given back: the node starts once the bus port is free.
+    async with node(tmp_path, port) as (_, conn):
+        assert await conn.call("PING") == b"PONG"
