@@ -305,3 +305,17 @@ def test_random_bodies_never_raise_out_of_the_core() -> None:
                   rng.choice([None, known[1]]), sim.now)
         m.take_effects()
     assert m.myself_id == sim.nodes[0].node_id
+
+
+def test_the_harness_knobs_drop_and_delay_do_what_they_say() -> None:
+    sim = cluster(2)
+    sim.faults[(0, 1)] = Faults(drop=1.0)  # every frame from 0 to 1 is lost
+    sim.command(0, "MEET", "127.0.0.1", str(sim.nodes[1].port))
+    sim.run_for(3 * TIMEOUT)
+    assert all(len(sim.command(i, "NODES").decode().splitlines()) == 1 for i in range(2))
+    slow = cluster(2)
+    slow.faults[(0, 1)] = slow.faults[(1, 0)] = Faults(delay_ms=300)
+    start = slow.now
+    slow.meet_all()
+    assert slow.run_until(lambda: full_mesh(slow), 10_000)
+    assert slow.now - start >= 3 * 300  # MEET to B, B's PING back, A's PONG: three trips
