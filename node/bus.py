@@ -397,16 +397,16 @@ class Bus:
                 sock.close()
                 continue
             _nodelay(sock)
+            self.inbound += 1  # counted here: a burst of accepts must not overshoot the limit
             self._nursery.start_soon(self._serve_inbound, trio.SocketStream(sock))
 
     async def _serve_inbound(self, stream: trio.SocketStream) -> None:
         try:
-            link = self._new_link(stream, None)
-        except OSError:  # the peer is already gone (getpeername failed)
-            await trio.aclose_forcefully(stream)
-            return
-        self.inbound += 1
-        try:
+            try:
+                link = self._new_link(stream, None)
+            except OSError:  # the peer is already gone (getpeername failed)
+                await trio.aclose_forcefully(stream)
+                return
             await link.run()
         finally:
             self.inbound -= 1
