@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from broker.clients import Client
-from broker.core import Broker
+from broker.core import BLOCKED, Broker
 from broker.effects import LogRecord, Reply
 from broker.job import Job
+from cluster.effects import Send
 from cluster.job_messages import JOB_TYPES
 from cluster.jobs import JobCore
 from cluster.sim import Sim, SimNode
@@ -59,14 +60,20 @@ class SimJobNode:
             elif isinstance(effect, Reply):
                 self.cluster.blocked_replies.setdefault(self.node.index, []).append(
                     (effect.client, effect.value))
-        return self.core.take_effects()
+        effects = self.core.take_effects()
+        for e in effects:
+            if isinstance(e, Send):
+                self.cluster.sends.append((self.cluster.sim.now, self.node.node_id, e.node_id,
+                                           e.type, e.body))
+        return effects
 
 
 class JobCluster:
     def __init__(self, n: int = 3, seed: int = 1, tick_ms: int = 20) -> None:
         self.logs: dict[int, list[LogRecord]] = {}
         self.blocked_replies: dict[int, list[tuple[Client, Any]]] = {}
-        self.trace: list[tuple[int, str, str, MessageType, Any]] = []
+        self.trace: list[tuple[int, str, str, MessageType, Any]] = []  # delivered
+        self.sends: list[tuple[int, str, str, MessageType, Any]] = []  # emitted
         self.sim = Sim(seed, tick_ms=tick_ms,
                        core_factories=(lambda node, now: SimJobNode(self, node, now),))
         for _ in range(n):
@@ -141,3 +148,34 @@ class JobCluster:
 
     def run_until(self, pred: Any, max_ms: int) -> bool:
         return self.sim.run_until(pred, max_ms)
+
+    def deliver(self, i: int, sender: int | str, kind: MessageType, body: Any) -> None:
+        """Hand node ``i``'s job core one frame from ``sender`` (an index or a node ID), as
+        if it had just arrived, and carry out what it emits."""
+        sender_id = self.node_id(sender) if isinstance(sender, int) else sender
+        self.jn(i).receive(Frame(kind, sender_id, body), 0, "127.0.0.1", "127.0.0.1", None,
+                           self.sim.now)
+        self.sim.drain(i)
+
+    def sent(self, kind: MessageType, job_id: bytes | None = None,
+             src: int | None = None) -> list[tuple[int, str, str]]:
+        """(time, sender, receiver) of every ``kind`` message *sent* (delivered or not)."""
+        out = []
+        for at, a, b, t, body in self.sends:
+            if t is kind and (src is None or a == self.node_id(src)) and (
+                    job_id is None or body.get("id") == job_id
+                    or (isinstance(body.get("job"), list) and body["job"][0] == job_id)):
+                out.append((at, a, b))
+        return out
+
+    def addjob(self, i: int, *argv: str, settle_ms: int = 500) -> bytes:
+        """ADDJOB on node ``i``; runs until it is answered and returns the job ID."""
+        c = self.client()
+        reply = self.cmd(i, "ADDJOB", *argv, client=c)
+        if reply is not BLOCKED:
+            assert isinstance(reply, str) and reply.startswith("D-"), reply
+            return reply.encode()
+        assert self.run_until(lambda: self.reply_to(i, c) is not None, settle_ms), "no reply"
+        value = self.reply_to(i, c)
+        assert isinstance(value, str) and value.startswith("D-"), value
+        return value.encode()
