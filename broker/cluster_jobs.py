@@ -298,7 +298,11 @@ def add_replica(b: Broker, job: Job, now_ms: int) -> None:
     queueing of it broadcasts QUEUED."""
     job.confirmed = ()
     job.flags |= FLAG_QUEUED_BEFORE | FLAG_REPLICA
-    if job.retry:
+    if job.retry and not job.delay:
+        # The sender's retry time, with this node's own random error: holders that share
+        # one requeue instant would all requeue it (Disque adds the error on every arm).
+        job.qtime = b._requeue_time(job, now_ms)
+    elif job.retry:
         job.flags |= FLAG_WILLQUEUE
     job.awake = job.compute_awake()
     b._register(job)

@@ -69,7 +69,8 @@ class SimJobNode:
 
 
 class JobCluster:
-    def __init__(self, n: int = 3, seed: int = 1, tick_ms: int = 20) -> None:
+    def __init__(self, n: int = 3, seed: int = 1, tick_ms: int = 20,
+                 node_timeout: int = 2000) -> None:
         self.logs: dict[int, list[LogRecord]] = {}
         self.blocked_replies: dict[int, list[tuple[Client, Any]]] = {}
         self.trace: list[tuple[int, str, str, MessageType, Any]] = []  # delivered
@@ -77,7 +78,7 @@ class JobCluster:
         self.sim = Sim(seed, tick_ms=tick_ms,
                        core_factories=(lambda node, now: SimJobNode(self, node, now),))
         for _ in range(n):
-            self.sim.add_node()
+            self.sim.add_node(node_timeout=node_timeout)
         self.sim.meet_all()
         ok = self.sim.run_until(self.meshed, 20_000)
         assert ok, "the cluster did not form"
