@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from broker import admin, cluster_jobs
-from broker.clients import BLOCKED, Client, Waiter
+from broker.clients import BLOCKED as BLOCKED  # re-exported: node/server.py imports it here
+from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
 from broker.config import Config
 from broker.effects import Effect, LogRecord, Reply

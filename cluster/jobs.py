@@ -91,6 +91,9 @@ class JobCore:
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:
+        # CLUSTER INFO's cluster_stats_messages_received counts every bus message (Disque's
+        # only cluster counters: its INFO has no cluster section); job frames reach only here.
+        self.membership.messages_received += 1
         sender = self.membership.nodes.get(frame.sender)
         if sender is None or "handshake" in sender.flags or sender is self.membership.myself:
             self._log("debug", f"{frame.type.name} from unknown node {frame.sender[:8]}",
@@ -309,6 +312,7 @@ class JobCore:
 
     def _send(self, node_id: str, msg: JobMessage) -> None:
         self.stats["sent"] += 1
+        self.membership.messages_sent += 1
         self.outbox.append(Send(node_id, msg.type, msg.body()))
 
     def _to_delivered(self, job: Job, msg: JobMessage) -> None:

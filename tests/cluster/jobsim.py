@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.clients import Client
-from broker.core import BLOCKED, Broker
+from broker.clients import BLOCKED, Client
+from broker.core import Broker
 from broker.effects import LogRecord, Reply
 from broker.job import Job
 from cluster.effects import Send

@@ -140,3 +140,20 @@ def test_duplicated_delayed_and_reordered_messages_lose_no_job() -> None:
             assert c.holders(job_id) == [], job_id
         else:
             assert c.holders(job_id), f"{job_id!r} was lost"
+
+
+def test_cluster_info_counts_job_messages_sent_and_received() -> None:
+    c = JobCluster(3)
+
+    def counters(i: int) -> tuple[int, int]:
+        m = c.sim.nodes[i].membership
+        return m.messages_sent, m.messages_received
+
+    sent0, received0 = counters(0)
+    c.addjob(0, "q", "x", "500")  # two REPLJOB out, two GOTJOB in (plus pings meanwhile)
+    sent1, received1 = counters(0)
+    assert sent1 - sent0 >= 2 and received1 - received0 >= 2
+    assert c.jn(0).core.stats["sent"] == 2 and c.jn(0).core.stats["received"] == 2
+    info = c.sim.command(0, "INFO")
+    assert f"cluster_stats_messages_sent:{c.sim.nodes[0].membership.messages_sent}" in (
+        info.decode())
