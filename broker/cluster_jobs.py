@@ -43,6 +43,13 @@ Broker = Any
 #: DELAYED_JOB_ADD_NODE_MIN_PERIOD).
 ADD_NODE_PERIOD_MS: Final = 50
 
+#: Ack GC attempts: 1 s doubling to 3 min, at most 10 doublings counted, with a random error
+#: of +-250 ms (Disque's JOB_GC_RETRY_MIN_PERIOD, _MAX_PERIOD, _COUNT_MAX, DISQUE_TIME_ERR).
+GC_MIN_PERIOD_MS: Final = 1000
+GC_MAX_PERIOD_MS: Final = 180_000
+GC_RETRY_COUNT_MAX: Final = 10
+TIME_ERR_MS: Final = 500
+
 NOREPL_TIMEOUT: Final = Error(
     "NOREPL Timeout reached before replicating to the requested number of nodes")
 NOREPL_REMOVED: Final = Error(
@@ -216,7 +223,9 @@ def acknowledge(b: Broker, job: Job, now_ms: int) -> bool:
     job.transition(_ACKED)
     job.confirmed = ()
     job.flags |= FLAG_REPLICA
-    job.qtime = now_ms  # the first GC attempt
+    # The next GC attempt (ACKJOB also tries at once; a SETACK receiver waits): Disque's
+    # updateJobAwakeTime for an acked job.
+    job.qtime = now_ms + GC_MIN_PERIOD_MS + b.rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2
     b._reschedule(job)
     b._log_job(job, prev)
     return True

@@ -427,8 +427,6 @@ class Broker:
                 else:
                     self._unregister(job)
                 continue
-            if job.state is _WAIT_REPL and self.replication is not None:
-                job.flags |= FLAG_REPLICA
             was_queued = job.state is _QUEUED
             if job.state is not _ACTIVE:
                 job.transition(_ACTIVE)  # nothing is in a queue until it is put back below

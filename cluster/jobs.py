@@ -33,6 +33,12 @@ import random
 from typing import Any, Final
 
 from broker import cluster_jobs
+from broker.cluster_jobs import (
+    GC_MAX_PERIOD_MS,
+    GC_MIN_PERIOD_MS,
+    GC_RETRY_COUNT_MAX,
+    TIME_ERR_MS,
+)
 from broker.core import Broker
 from broker.job import Job, JobState
 from cluster.effects import ClusterEffect, LinkId, LogLine, Send
@@ -50,13 +56,6 @@ from cluster.job_messages import (
 )
 from cluster.membership import Membership
 from cluster.wire import Frame, MalformedBody, MessageType
-
-#: Ack GC attempts: 1 s doubling to 3 min, with +-250 ms of error (Disque's
-#: JOB_GC_RETRY_MIN_PERIOD, _MAX_PERIOD, _COUNT_MAX and DISQUE_TIME_ERR).
-GC_MIN_PERIOD_MS: Final = 1000
-GC_MAX_PERIOD_MS: Final = 180_000
-GC_RETRY_COUNT_MAX: Final = 10
-TIME_ERR_MS: Final = 500
 
 _WAIT_REPL: Final = JobState.WAIT_REPL
 _ACTIVE: Final = JobState.ACTIVE
