@@ -145,3 +145,59 @@ def test_setack_while_replicating_answers_the_client_then_acks() -> None:
     c.deliver(0, 1, M.SETACK, {"id": job_id, "mayhave": 3})
     assert c.reply_to(0, client) == job_id.decode()
     assert c.job(0, job_id).state.value == "acked"
+
+
+def test_setack_from_a_node_that_knows_fewer_holders_gets_no_gotack_but_starts_our_gc() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500")  # delivered: all three
+    c.sim.partition({0}, {1, 2})  # keep the answers and the GC on node 0 observable
+    before = len(c.sends)
+    c.deliver(0, 1, M.SETACK, {"id": job_id, "mayhave": 2})
+    out = [(t, d, b) for _, s, d, t, b in c.sends[before:] if s == c.node_id(0)]
+    assert c.job(0, job_id).state.value == "acked"
+    # No GOTACK (we know more holders than the sender): our own GC sends SETACK(3).
+    assert {t for t, _, _ in out} == {M.SETACK}
+    assert {b["mayhave"] for _, _, b in out} == {3}
+
+
+def test_setack_zero_about_a_known_job_is_answered_gotack_known_and_starts_our_gc() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500")
+    c.sim.partition({0}, {1, 2})
+    before = len(c.sends)
+    c.deliver(0, 1, M.SETACK, {"id": job_id, "mayhave": 0})
+    out = [(t, d, b) for _, s, d, t, b in c.sends[before:] if s == c.node_id(0)]
+    assert (M.GOTACK, c.node_id(1), {"id": job_id, "known": True}) in out
+    assert any(t is M.SETACK for t, _, _ in out)
+
+
+def test_gotack_rules_of_the_readme() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500", "REPLICATE", "2")
+    holder = next(i for i in c.holders(job_id) if i != 0)
+    outsider = next(i for i in range(3) if i not in c.holders(job_id))
+    c.sim.partition({0}, {1, 2})
+    c.cmd(0, "ACKJOB", job_id)
+    job = c.job(0, job_id)
+    assert job is not None and job.confirmed == (c.node_id(0),)
+    # known=false from a node not in delivered: not counted.
+    c.deliver(0, outsider, M.GOTACK, {"id": job_id, "known": False})
+    assert c.node_id(outsider) not in job.confirmed
+    # known=true from it: it has a copy after all, so it joins delivered and confirmed.
+    c.deliver(0, outsider, M.GOTACK, {"id": job_id, "known": True})
+    assert c.node_id(outsider) in job.delivered and c.node_id(outsider) in job.confirmed
+    assert c.job(0, job_id) is job  # the holder still has to confirm
+    c.deliver(0, holder, M.GOTACK, {"id": job_id, "known": True})
+    assert c.job(0, job_id) is None  # every copy confirmed: DELJOB to all, freed
+    dels = {d for _, s, d, t, _ in c.sends if t is M.DELJOB and s == c.node_id(0)}
+    assert dels == {c.node_id(holder), c.node_id(outsider)}
+
+
+def test_a_dummy_ack_is_dropped_as_soon_as_a_node_that_knows_the_job_answers() -> None:
+    c = JobCluster(3)
+    c.sim.partition({0}, {1, 2})
+    odd = b"D-00000000-000000000000000000000000-05a1"
+    c.cmd(0, "ACKJOB", odd)
+    assert c.job(0, odd) is not None
+    c.deliver(0, 1, M.GOTACK, {"id": odd, "known": True})
+    assert c.job(0, odd) is None
