@@ -307,12 +307,14 @@ def add_replica(b: Broker, job: Job, now_ms: int) -> None:
     queueing of it broadcasts QUEUED."""
     job.confirmed = ()
     job.flags |= FLAG_QUEUED_BEFORE | FLAG_REPLICA
-    if job.retry and not job.delay:
-        # The sender's retry time, with this node's own random error: holders that share
-        # one requeue instant would all requeue it (Disque adds the error on every arm).
-        job.qtime = b._requeue_time(job, now_ms)
-    elif job.retry:
-        job.flags |= FLAG_WILLQUEUE
+    if job.retry:
+        # A copy is queued here only if nobody else did within RETRY: from now, or from the
+        # end of the DELAY (the origin queues a delayed job then, without telling anyone), and
+        # with this node's own random error, so holders never share one requeue instant.
+        # (Disque keeps the sender's qtime: every holder of a delayed job would queue it when
+        # the delay ends.)
+        base = max(job.qtime, now_ms) if job.delay else now_ms
+        job.qtime = b._requeue_time(job, base)
     job.awake = job.compute_awake()
     b._register(job)
     b._log_job(job, None)

@@ -143,3 +143,17 @@ def test_pause_bcast_reaches_every_node() -> None:
     assert c.cmd(1, "PAUSE", "other", "in") == "in"  # without BCAST: local only
     c.run_for(10)
     assert c.cmd(0, "PAUSE", "other", "state") == "none"
+
+
+def test_a_delayed_job_is_queued_by_its_origin_when_the_delay_ends_and_nowhere_else() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500", "DELAY", "2", "RETRY", "5")
+    assert c.queued_on(job_id) == [] and sorted(c.holders(job_id)) == [0, 1, 2]
+    assert all(c.job(i, job_id).state.value == "active" for i in range(3))
+    c.run_for(2100)
+    assert c.queued_on(job_id) == [0]
+    c.run_for(3000)  # the replicas wait RETRY past the delay before they would requeue
+    assert c.queued_on(job_id) == [0]
+    assert c.cmd(0, "GETJOB", "NOHANG", "FROM", "q")[0][1] == job_id
+    c.run_for(5000)
+    assert len(c.queued_on(job_id)) == 1  # not acked: one holder requeued it
