@@ -790,6 +790,13 @@ class Broker:
             for waiter in list(q.waiters):
                 self._unblock(waiter)
                 self.outbox.append(Reply(waiter.client, NULL_ARRAY))
+        for job_id in list(self.repl_wait):
+            job = self.jobs.get(job_id)
+            if job is not None:
+                cluster_jobs.abort_wait(self, job, cluster_jobs.NOREPL_REMOVED)
+        if self.replication is not None:
+            for job_id in self.jobs:
+                self.replication.forget(job_id)
         self.jobs.clear()
         self.job_bytes = 0
         self.job_scan.clear()

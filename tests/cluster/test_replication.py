@@ -169,3 +169,14 @@ def test_a_client_gone_while_waiting_drops_the_job_and_its_copies() -> None:
     c.run_for(1000)
     assert all(c.broker(i).jobs == {} for i in range(3))
     assert c.reply_to(0, client) is None
+
+
+def test_flushall_answers_a_waiting_addjob_instead_of_leaving_it_blocked() -> None:
+    c = JobCluster(3)
+    for j in (1, 2):
+        c.sim.faults[(j, 0)] = Faults(drop=1.0)
+    client = c.client()
+    assert c.cmd(0, "ADDJOB", "q", "x", "0", client=client) is BLOCKED
+    assert c.cmd(0, "DEBUG", "FLUSHALL") == "OK"
+    assert c.reply_to(0, client).startswith("NOREPL job removed")
+    assert c.broker(0).blocked_clients == 0 and c.broker(0).repl_wait == {}
