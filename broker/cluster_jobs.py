@@ -268,8 +268,6 @@ def free(b: Broker, job: Job) -> None:
     """Forget a job for good (GC done, DELJOB, FASTACK), with its ``del`` record."""
     if b.jobs.get(job.id) is not job:
         return
-    if job.id in b.repl_wait:
-        abort_wait(b, job, NOREPL_REMOVED)
     prev = job.to_record()
     b._unregister(job)
     b.outbox.append(LogRecord("del", job.id, prev))

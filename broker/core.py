@@ -64,7 +64,6 @@ _QUEUED: Final = JobState.QUEUED
 _ACKED: Final = JobState.ACKED
 
 
-
 DEFAULT_TTL: Final = 24 * 3600
 DEFAULT_RETRY: Final = 300
 # Re-queue times get a random error in [-250, 250) ms so nodes holding the same job do not
@@ -229,6 +228,11 @@ class Broker:
             self.timers.schedule(job.id, job.awake)
 
     def _unregister(self, job: Job) -> None:
+        if self.repl_wait and job.id in self.repl_wait:
+            # Gone before its replication level was reached (TTL, DELJOB, DEBUG commands):
+            # its client is answered and the partial copies are deleted, as Disque's
+            # unregisterJob does.
+            cluster_jobs.abort_wait(self, job, cluster_jobs.NOREPL_REMOVED)
         if job.state is _QUEUED:
             q = self.queues.get(job.queue)
             if q is not None:
@@ -314,8 +318,6 @@ class Broker:
     def _job_timer(self, job: Job, now_ms: int) -> None:
         if now_ms >= job.etime:
             # TTL reached: the job goes away whatever its state.
-            if job.id in self.repl_wait:
-                cluster_jobs.abort_wait(self, job, cluster_jobs.NOREPL_REMOVED)
             prev = job.to_record()
             self._unregister(job)
             self.outbox.append(LogRecord("del", job.id, prev))

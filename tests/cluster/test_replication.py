@@ -180,3 +180,18 @@ def test_flushall_answers_a_waiting_addjob_instead_of_leaving_it_blocked() -> No
     assert c.cmd(0, "DEBUG", "FLUSHALL") == "OK"
     assert c.reply_to(0, client).startswith("NOREPL job removed")
     assert c.broker(0).blocked_clients == 0 and c.broker(0).repl_wait == {}
+
+
+def test_a_job_deleted_while_replicating_answers_its_client() -> None:
+    c = JobCluster(3)
+    for j in (1, 2):
+        c.sim.faults[(j, 0)] = Faults(drop=1.0)
+    client = c.client()
+    assert c.cmd(0, "ADDJOB", "q", "x", "0", client=client) is BLOCKED
+    job_id = next(iter(c.broker(0).jobs))
+    assert c.cmd(0, "DELJOB", job_id) == 1
+    assert c.reply_to(0, client) == (
+        "NOREPL job removed (expired?) before the requested replication level was achieved")
+    assert c.broker(0).blocked_clients == 0
+    c.run_for(20)
+    assert c.holders(job_id) == []  # the partial copies got DELJOB
