@@ -62,6 +62,10 @@ class SimJobNode:
                     (effect.client, effect.value))
         effects = self.core.take_effects()
         for e in effects:
+            if isinstance(e, Send) and e.type is MessageType.GOTJOB:
+                # The durability rule: a GOTJOB only for a job whose record is in the log.
+                assert any(r.kind == "job" and r.payload[0] == e.body["id"]
+                           for r in self.cluster.logs[self.node.index]), "GOTJOB before log"
             if isinstance(e, Send):
                 self.cluster.sends.append((self.cluster.sim.now, self.node.node_id, e.node_id,
                                            e.type, e.body))
