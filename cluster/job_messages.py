@@ -32,10 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.job import Job, record_problem
+from cluster.messages import is_node_id
 from cluster.wire import Frame, MalformedBody, MessageType
 from protocol.jobid import is_valid
 
 MAX_QUEUE_NAME = 64 * 1024
+MAX_NODES = 10_000  # nodes a REPLJOB may name as holders
 
 
 def _id(body: dict[str, Any]) -> bytes:
@@ -161,6 +163,8 @@ def parse(frame: Frame) -> JobMessage:
             raise MalformedBody("field 'job': a replicated job is sent active")
         if not record[12]:
             raise MalformedBody("field 'job': no node may have a copy")
+        if len(record[12]) > MAX_NODES or not all(is_node_id(n) for n in record[12]):
+            raise MalformedBody("field 'job': its nodes must be 40-hex node IDs")
         return ReplJob(record, _bool(body, "noreply"))
     if t is MessageType.ENQUEUE:
         return Enqueue(_id(body), _int(body, "delay", 0, 2**31))
