@@ -157,3 +157,17 @@ def test_cluster_info_counts_job_messages_sent_and_received() -> None:
     info = c.sim.command(0, "INFO")
     assert f"cluster_stats_messages_sent:{c.sim.nodes[0].membership.messages_sent}" in (
         info.decode())
+
+
+def test_a_leaving_node_or_a_queue_paused_in_input_takes_no_replica() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500", "REPLICATE", "1")
+    record = c.job(0, job_id).to_record()
+    record[3] = "active"
+    c.broker(1).set_leaving(True)
+    c.deliver(1, 0, M.REPLJOB, {"job": record, "noreply": False})
+    assert job_id not in c.broker(1).jobs
+    assert c.cmd(2, "PAUSE", "q", "in") == "in"
+    c.deliver(2, 0, M.REPLJOB, {"job": record, "noreply": False})
+    assert job_id not in c.broker(2).jobs
+    assert c.sent(M.GOTJOB, job_id) == []
