@@ -92,6 +92,7 @@ def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
     job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000
     additional = replicate if external else replicate - 1
     reply: Any
+    log_now = False
     if (replicate > 1 or external) and not cmd.async_:
         job.confirmed = () if external else (b.node_id,)
         b._register(job, schedule=False)
@@ -109,12 +110,14 @@ def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
                 job.transition(_ACTIVE)
                 job.awake = job.compute_awake()
                 b._register(job)
-            b._log_job(job, None)
+            log_now = True
         else:
             job.transition(_ACTIVE)
         reply = Status(job.id.decode("ascii"))
     if additional > 0:
         rep.replicate(job, additional, cmd.async_, now_ms)
+    if log_now:
+        b._log_job(job, None)  # after replicate: the record names the nodes asked
     if discard_local_copy:
         rep.enqueue_elsewhere(job, job.delay)
     return reply

@@ -79,3 +79,11 @@ def test_single_node_logs_and_acked_records_without_the_replica_flag_load_as_bef
     b.load_record(("job", job.to_record()), 2000)
     b.finish_load(2000, False)
     assert b.jobs == {}  # an acked single-node job is gone, as it always was
+
+
+def test_an_async_job_is_logged_with_the_nodes_it_was_sent_to() -> None:
+    c = JobCluster(3)
+    reply = c.cmd(0, "ADDJOB", "q", "x", "0", "ASYNC")
+    job_id = reply.encode()
+    record = next(r.payload for r in c.logs[0] if r.kind == "job" and r.payload[0] == job_id)
+    assert set(record[12]) == {c.node_id(i) for i in range(3)}
