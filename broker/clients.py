@@ -6,7 +6,19 @@ records authentication, protocol version, name and the ``Waiter`` of a blocked G
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+
+
+class _Blocked:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "BLOCKED"
+
+
+#: What ``Broker.execute`` returns for a client that must wait (GETJOB, synchronous ADDJOB);
+#: it lives here so ``broker.cluster_jobs`` can return it without importing ``broker.core``.
+BLOCKED: Final = _Blocked()
 
 
 class Client:

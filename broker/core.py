@@ -20,7 +20,8 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import admin
+from broker import admin, cluster_jobs
+from broker.clients import BLOCKED as BLOCKED  # re-exported: node/server.py imports it here
 from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
 from broker.config import Config
@@ -28,12 +29,14 @@ from broker.effects import Effect, LogRecord, Reply
 from broker.job import (
     FLAG_DELIVERED,
     FLAG_QUEUED_BEFORE,
+    FLAG_REPLICA,
     FLAG_WILLQUEUE,
     Job,
     JobState,
     validate_record,
 )
 from broker.queue import PAUSE_ALL, PAUSE_IN, PAUSE_NAMES, PAUSE_NONE, PAUSE_OUT, Queue
+from broker.replication import Replication
 from broker.scan import ScanList
 from broker.timers import TimerWheel
 from broker.version import VERSION as _VERSION
@@ -60,15 +63,6 @@ _ACTIVE: Final = JobState.ACTIVE
 _QUEUED: Final = JobState.QUEUED
 _ACKED: Final = JobState.ACKED
 
-
-class _Blocked:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "BLOCKED"
-
-
-BLOCKED: Final = _Blocked()
 
 DEFAULT_TTL: Final = 24 * 3600
 DEFAULT_RETRY: Final = 300
@@ -108,6 +102,11 @@ class Broker:
         # The node table's view (HELLO, CLUSTER, reachable nodes); the runtime replaces it with
         # the membership core when the cluster bus runs.
         self.cluster: ClusterView = SoloCluster(config, node_id)
+        # The cluster job core (``cluster.jobs.JobCore``) when the bus runs; None: one node,
+        # and every path below is the single-node one (see broker/replication.py).
+        self.replication: Replication | None = None
+        # ADDJOBs blocked until their job is replicated: job ID -> cluster_jobs.ReplWait.
+        self.repl_wait: dict[bytes, cluster_jobs.ReplWait] = {}
         # Memory: the driver samples the process RSS now and then (``used_memory``); between
         # samples the bytes of jobs created or freed since are added, so a burst of ADDJOBs
         # (or one huge body) is judged before it is accepted, not a second later.
@@ -138,7 +137,7 @@ class Broker:
         if t is Error:
             return cmd
         if t is AddJob:
-            return self._addjob(cmd, now_ms)  # type: ignore[arg-type]
+            return self._addjob(cmd, client, now_ms)  # type: ignore[arg-type]
         if t is GetJob:
             return self._getjob(cmd, client, now_ms)  # type: ignore[arg-type]
         if t is JobsCommand:
@@ -229,11 +228,18 @@ class Broker:
             self.timers.schedule(job.id, job.awake)
 
     def _unregister(self, job: Job) -> None:
+        if self.repl_wait and job.id in self.repl_wait:
+            # Gone before its replication level was reached (TTL, DELJOB, DEBUG commands):
+            # its client is answered and the partial copies are deleted, as Disque's
+            # unregisterJob does.
+            cluster_jobs.abort_wait(self, job, cluster_jobs.NOREPL_REMOVED)
         if job.state is _QUEUED:
             q = self.queues.get(job.queue)
             if q is not None:
                 q.remove(job)
         del self.jobs[job.id]
+        if self.replication is not None:
+            self.replication.forget(job.id)
         self.job_bytes -= len(job.body) + JOB_OVERHEAD_BYTES
         self.job_scan.discard(self._job_alive)
         # The scan list may keep the object until it compacts; its body goes now.
@@ -274,6 +280,10 @@ class Broker:
         if not job.qtime or (not job.retry and job.flags & FLAG_DELIVERED):
             return False
         job.transition(_QUEUED)
+        if self.replication is not None and (nack or job.flags & FLAG_QUEUED_BEFORE):
+            # Re-queued (or NACKed) here: the other holders move their retry time and
+            # dequeue their copy if this node's ID is greater (Disque's enqueueJob).
+            self.replication.queued(job, nack)
         if nack:
             job.nacks += 1
         elif job.flags & FLAG_QUEUED_BEFORE:
@@ -313,11 +323,19 @@ class Broker:
             self.outbox.append(LogRecord("del", job.id, prev))
             return
         if job.state is _ACKED:
-            self._unregister(job)
+            if self.replication is not None:
+                cluster_jobs.gc(self, job, now_ms)
+            else:
+                self._unregister(job)
+            return
+        if job.state is _WAIT_REPL:
+            cluster_jobs.replication_timer(self, job, now_ms)
             return
         if job.flags & FLAG_WILLQUEUE and job.qtime and now_ms >= job.qtime - 500:
-            # The early wake-up: in a cluster this is when WILLQUEUE goes to the other holders.
+            # The early wake-up: WILLQUEUE goes to the other holders of a job not queued here.
             job.flags &= ~FLAG_WILLQUEUE
+            if self.replication is not None and job.state is _ACTIVE:
+                self.replication.will_queue(job)
         if job.qtime and now_ms >= job.qtime:
             if job.state is _ACTIVE:
                 q = self.queues.get(job.queue)
@@ -403,7 +421,13 @@ class Broker:
         """
         for job in list(self.jobs.values()):
             if job.state is _ACKED:
-                self._unregister(job)
+                if self.replication is not None and job.flags & FLAG_REPLICA:
+                    # A cluster ACK is kept until every holder knows (ack GC, started again).
+                    job.qtime = now_ms
+                    job.awake = job.compute_awake()
+                    self.timers.schedule(job.id, job.awake)
+                else:
+                    self._unregister(job)
                 continue
             was_queued = job.state is _QUEUED
             if job.state is not _ACTIVE:
@@ -442,7 +466,7 @@ class Broker:
             return 3
         return 2 if used > limit // 100 * 95 else 1
 
-    def _addjob(self, cmd: AddJob, now_ms: int) -> Any:
+    def _addjob(self, cmd: AddJob, client: Client, now_ms: int) -> Any:
         level = self.memory_level(len(cmd.body) + JOB_OVERHEAD_BYTES)
         if level >= 3:
             return errors.OOM
@@ -469,6 +493,9 @@ class Broker:
         retry = cmd.retry
         if retry is None:
             retry = max(1, min(DEFAULT_RETRY, ttl // 10))
+        if self.replication is not None:
+            return cluster_jobs.addjob(self, cmd, client, now_ms, replicate, external, ttl, retry,
+                                       q.name if q is not None else cmd.queue)
         job = Job(
             # Jobs of one queue share its name object instead of holding a copy each.
             self.ids.next_id(ttl, retry), q.name if q is not None else cmd.queue, cmd.body,
@@ -561,6 +588,8 @@ class Broker:
         """The connection closed: forget its blocked GETJOB, so no job is handed to it."""
         if client.waiter is not None:
             self._unblock(client.waiter)
+        if self.repl_wait:
+            cluster_jobs.client_gone(self, client)
 
     def _jobs_command(self, cmd: JobsCommand, now_ms: int) -> Any:
         name = cmd.name
@@ -569,6 +598,8 @@ class Broker:
             return None if job is None else self._show(job, now_ms)
         if name == "WORKING":
             return self._working(cmd.ids[0], now_ms)
+        if self.replication is not None and name in ("ACKJOB", "FASTACK"):
+            return cluster_jobs.ack_command(self, name, cmd.ids, now_ms)
         count = 0
         jobs = self.jobs
         for job_id in cmd.ids:
@@ -615,6 +646,8 @@ class Broker:
             job.qtime = self._requeue_time(job, now_ms)
         self._reschedule(job)
         self._log_job(job, prev)
+        if self.replication is not None:
+            self.replication.working(job)
         return job.retry
 
     def _show(self, job: Job, now_ms: int) -> list[Any]:
@@ -712,6 +745,8 @@ class Broker:
             if was_out and not new & PAUSE_OUT and q.waiters:
                 # Output resumed: clients blocked meanwhile get the jobs that piled up.
                 self._serve_waiters(q, now_ms)
+        if "bcast" in cmd.options and self.replication is not None:
+            self.replication.pause(cmd.queue, q.pause if q is not None else PAUSE_NONE)
         return Status(PAUSE_NAMES[q.pause] if q is not None else "none")
 
     def _evict_idle_queues(self, now_ms: int) -> None:
@@ -757,6 +792,13 @@ class Broker:
             for waiter in list(q.waiters):
                 self._unblock(waiter)
                 self.outbox.append(Reply(waiter.client, NULL_ARRAY))
+        for job_id in list(self.repl_wait):
+            job = self.jobs.get(job_id)
+            if job is not None:
+                cluster_jobs.abort_wait(self, job, cluster_jobs.NOREPL_REMOVED)
+        if self.replication is not None:
+            for job_id in self.jobs:
+                self.replication.forget(job_id)
         self.jobs.clear()
         self.job_bytes = 0
         self.job_scan.clear()

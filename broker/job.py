@@ -53,6 +53,9 @@ _ACKED: Final = JobState.ACKED
 FLAG_DELIVERED: Final = 1  # handed to a client at least once (GETJOB)
 FLAG_WILLQUEUE: Final = 2  # wake up WILLQUEUE_ADVANCE_MS before qtime (set when a retry is armed)
 FLAG_QUEUED_BEFORE: Final = 4  # queued at least once: a later queueing is an additional delivery
+# Held as part of a cluster (created or received with replication on): an ACKED record of it
+# is replayed as an acked job that takes part in ack GC again, not dropped (issue 9).
+FLAG_REPLICA: Final = 8
 
 # A job is re-queued WILLQUEUE_ADVANCE ms after it wakes up: in a cluster the wake-up tells
 # the other holders first, so they can object if they already queued it.
@@ -150,7 +153,10 @@ class Job:
         """The next time this job needs attention: requeue (a little early, see
         WILLQUEUE_ADVANCE_MS), the end of its delay, or expiry."""
         at = self.etime + 1000
-        if self.qtime and self.state is not _ACKED:
+        if self.state is _ACKED:
+            # An acked job kept for the cluster's ack GC: qtime is its next GC attempt.
+            return min(at, self.qtime) if self.qtime else at
+        if self.qtime:
             due = self.qtime - WILLQUEUE_ADVANCE_MS if self.flags & FLAG_WILLQUEUE else self.qtime
             at = min(at, due)
         return at

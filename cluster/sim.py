@@ -207,6 +207,11 @@ class Sim:
         self._drain(node)
         return reply
 
+    def drain(self, i: int) -> None:
+        """Carry out the effects node ``i``'s cores emitted outside an event (a test called
+        a core directly, as a client command does)."""
+        self._drain(self.nodes[i])
+
     def set_leaving(self, i: int, leaving: bool) -> None:
         self.nodes[i].membership.set_leaving(leaving, self.now)
         self._drain(self.nodes[i])

@@ -1,0 +1,375 @@
+"""The broker's half of replicated jobs: what ADDJOB, ACKJOB, FASTACK and the job timers do
+when the node is part of a cluster (``Broker.replication`` is set).
+
+Theory of operation
+-------------------
+Disque's job state machine (README, "Disque state machine") is followed step by step; the
+messages themselves are the cluster job core's (``cluster/jobs.py``), reached through the
+``broker.replication.Replication`` Protocol. This module only changes broker state: it is
+also what the job core calls when a peer's message changes a job (``acknowledge``,
+``free``, ``replication_achieved``, ``enqueue``, ``dequeue``, ``set_requeue``...), so every
+state change of a job still happens inside ``broker/`` with its log record.
+
+Synchronous ADDJOB. The job is registered in WAIT_REPL, the client is blocked (the command
+returns ``BLOCKED``) and a ``ReplWait`` remembers it by job ID. The job's timer in the
+broker's one wheel fires every ``ADD_NODE_PERIOD_MS``: one more node is asked (and REPLJOB
+re-sent to every node asked before); at the ADDJOB ms-timeout the client gets
+``NOREPL_TIMEOUT``, DELJOB goes to every node asked, and the job is dropped. When
+``job.repl`` nodes (myself included unless replicating externally) confirmed with GOTJOB,
+``replication_achieved`` queues the job, emits its log record and then the ``Reply`` with
+the ID: the runtime sends a ``Reply`` only after the log records before it are durable.
+
+Acked jobs. ACKJOB (or SETACK) makes a job ACKED and logs it (a ``job`` record in state
+acked, flag ``FLAG_REPLICA``); its ``qtime`` is then the next garbage-collection attempt
+(``Replication.try_gc`` decides, with Disque's exponential schedule). A job is freed when
+every node that may have a copy confirmed (GOTACK), with a ``del`` record.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from broker.clients import BLOCKED, Client
+from broker.effects import LogRecord, Reply
+from broker.job import FLAG_QUEUED_BEFORE, FLAG_REPLICA, FLAG_WILLQUEUE, Job, JobState
+from protocol.commands import AddJob
+from protocol.resp import Error, Status
+
+#: ``broker.core.Broker``, which imports this module: naming the class here would be an
+#: import cycle (tests/test_layering.py), so the handlers take it untyped.
+Broker = Any
+
+#: While a synchronous ADDJOB waits, one more node is asked this often (Disque's
+#: DELAYED_JOB_ADD_NODE_MIN_PERIOD).
+ADD_NODE_PERIOD_MS: Final = 50
+
+#: Ack GC attempts: 1 s doubling to 3 min, at most 10 doublings counted, with a random error
+#: of +-250 ms (Disque's JOB_GC_RETRY_MIN_PERIOD, _MAX_PERIOD, _COUNT_MAX, DISQUE_TIME_ERR).
+GC_MIN_PERIOD_MS: Final = 1000
+GC_MAX_PERIOD_MS: Final = 180_000
+GC_RETRY_COUNT_MAX: Final = 10
+TIME_ERR_MS: Final = 500
+
+NOREPL_TIMEOUT: Final = Error(
+    "NOREPL Timeout reached before replicating to the requested number of nodes")
+NOREPL_REMOVED: Final = Error(
+    "NOREPL job removed (expired?) before the requested replication level was achieved")
+
+_WAIT_REPL: Final = JobState.WAIT_REPL
+_ACTIVE: Final = JobState.ACTIVE
+_QUEUED: Final = JobState.QUEUED
+_ACKED: Final = JobState.ACKED
+
+
+class ReplWait:
+    """A client blocked in ADDJOB until its job is replicated."""
+
+    __slots__ = ("client", "deadline", "added")
+
+    def __init__(self, client: Client, deadline: int, added: int) -> None:
+        self.client = client
+        self.deadline = deadline  # ms; 0: no timeout
+        self.added = added  # when a node was last added to job.delivered
+
+
+def _rep(b: Broker) -> Any:
+    assert b.replication is not None
+    return b.replication
+
+
+# =============================================================================================
+# ADDJOB
+
+def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
+           external: bool, ttl: int, retry: int, queue: bytes) -> Any:
+    """Disque's addjobCommand after the checks ``Broker._addjob`` already made."""
+    rep = _rep(b)
+    discard_local_copy = cmd.async_ and external
+    job = Job(b.ids.next_id(ttl, retry), queue, cmd.body, repl=replicate, ttl=ttl,
+              retry=retry, delay=cmd.delay, ctime=b._new_ctime(now_ms),
+              delivered=() if external else (b.node_id,), state=_WAIT_REPL)
+    job.flags |= FLAG_REPLICA
+    job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000
+    additional = replicate if external else replicate - 1
+    reply: Any
+    log_now = False
+    if (replicate > 1 or external) and not cmd.async_:
+        job.confirmed = () if external else (b.node_id,)
+        b._register(job, schedule=False)
+        wait = ReplWait(client, now_ms + cmd.timeout_ms if cmd.timeout_ms else 0, now_ms)
+        b.repl_wait[job.id] = wait
+        b.blocked_clients += 1
+        _schedule_wait(b, job, wait, now_ms)
+        reply = BLOCKED
+    else:
+        if not discard_local_copy:
+            if job.delay == 0 and not external:
+                b._register(job, schedule=False)
+                b._enqueue(job, now_ms)
+            else:
+                job.transition(_ACTIVE)
+                job.awake = job.compute_awake()
+                b._register(job)
+            log_now = True
+        else:
+            job.transition(_ACTIVE)
+        reply = Status(job.id.decode("ascii"))
+    if additional > 0:
+        rep.replicate(job, additional, cmd.async_, now_ms)
+    if log_now:
+        b._log_job(job, None)  # after replicate: the record names the nodes asked
+    if discard_local_copy:
+        rep.enqueue_elsewhere(job, job.delay)
+    return reply
+
+
+def _schedule_wait(b: Broker, job: Job, wait: ReplWait, now_ms: int) -> None:
+    at = max(wait.added + ADD_NODE_PERIOD_MS, now_ms + 1)
+    if wait.deadline:
+        at = min(at, wait.deadline)
+    job.awake = min(at, job.etime)
+    b.timers.schedule(job.id, job.awake)
+
+
+def replication_timer(b: Broker, job: Job, now_ms: int) -> None:
+    """The timer of a job in WAIT_REPL: the ADDJOB timeout, or one more node every 50 ms."""
+    wait = b.repl_wait.get(job.id)
+    if wait is None or b.replication is None:
+        # Nobody waits any more (cannot happen: client_gone drops the job); do not leak it.
+        b._unregister(job)
+        return
+    if wait.deadline and now_ms >= wait.deadline:
+        abort_wait(b, job, NOREPL_TIMEOUT)
+        b._unregister(job)
+        return
+    if now_ms - wait.added >= ADD_NODE_PERIOD_MS:
+        if b.replication.replicate(job, 1, False, now_ms) > 0:
+            wait.added = now_ms
+    _schedule_wait(b, job, wait, now_ms)
+
+
+def abort_wait(b: Broker, job: Job, reply: Error) -> None:
+    """The blocked ADDJOB of ``job`` fails with ``reply``; best-effort DELJOB of the copies.
+    The caller unregisters the job."""
+    wait = b.repl_wait.pop(job.id, None)
+    if wait is None:
+        return
+    b.blocked_clients -= 1
+    b.outbox.append(Reply(wait.client, reply))
+    if b.replication is not None:
+        b.replication.deljob(job.id, job.delivered)
+
+
+def client_gone(b: Broker, client: Client) -> None:
+    """A client blocked in ADDJOB disconnected: as Disque, the job is dropped (DELJOB)."""
+    for job_id, wait in list(b.repl_wait.items()):
+        if wait.client is client:
+            del b.repl_wait[job_id]
+            b.blocked_clients -= 1
+            job = b.jobs.get(job_id)
+            if job is not None:
+                if b.replication is not None:
+                    b.replication.deljob(job_id, job.delivered)
+                b._unregister(job)
+
+
+def got_job(b: Broker, job_id: bytes, sender: str, now_ms: int) -> bool:
+    """GOTJOB from ``sender``: counted only from a node this node asked (in
+    ``job.delivered``): a node never asked cannot hold the copy the client is promised."""
+    job = b.jobs.get(job_id)
+    if job is None or job.state is not _WAIT_REPL or sender not in job.delivered:
+        return False
+    if sender not in job.confirmed:
+        job.confirmed += (sender,)
+    if len(job.confirmed) >= job.repl:
+        replication_achieved(b, job, now_ms)
+    return True
+
+
+def replication_achieved(b: Broker, job: Job, now_ms: int) -> bool:
+    """Disque's jobReplicationAchieved. False if the job left this node (external)."""
+    wait = b.repl_wait.pop(job.id, None)
+    if wait is not None:
+        b.blocked_clients -= 1
+    job.transition(_ACTIVE)
+    job.confirmed = ()
+    if b.node_id not in job.delivered:
+        # Replicated externally: one of the holders queues it; this node forgets it.
+        _rep(b).enqueue_elsewhere(job, job.delay)
+        if wait is not None:
+            b.outbox.append(Reply(wait.client, Status(job.id.decode("ascii"))))
+        b._unregister(job)
+        return False
+    if job.delay == 0:
+        b._enqueue(job, now_ms)
+    else:
+        b._reschedule(job)
+    b._log_job(job, None)
+    if wait is not None:
+        b.outbox.append(Reply(wait.client, Status(job.id.decode("ascii"))))
+    return True
+
+
+# =============================================================================================
+# Acknowledgements
+
+def acknowledge(b: Broker, job: Job, now_ms: int) -> bool:
+    """Disque's ACK-JOB: False if the job was acked already."""
+    if job.state is _ACKED:
+        return False
+    if job.state is _WAIT_REPL:
+        # Acked before ADDJOB reached its replication level: the client gets its ID now.
+        if not replication_achieved(b, job, now_ms):
+            return False
+    prev = job.to_record()
+    b._dequeue(job)
+    job.transition(_ACKED)
+    job.confirmed = ()
+    job.flags |= FLAG_REPLICA
+    # The next GC attempt (ACKJOB also tries at once; a SETACK receiver waits): Disque's
+    # updateJobAwakeTime for an acked job.
+    job.qtime = now_ms + GC_MIN_PERIOD_MS + b.rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2
+    b._reschedule(job)
+    b._log_job(job, prev)
+    return True
+
+
+def dummy_ack(b: Broker, job_id: bytes, now_ms: int) -> Job | None:
+    """An ACK for a job this node does not know: held as an acked job with no
+    ``delivered`` nodes, only for at-least-once IDs (odd TTL field), on a cluster of more
+    than one node, and never on a leaving node (Disque's ackjobCommand)."""
+    if b.leaving or _rep(b).cluster_size() <= 1:
+        return None
+    try:
+        ttl_field = int(job_id[-4:], 16)
+    except ValueError:
+        return None  # an ID from elsewhere whose TTL field is not hex: no way to tell
+    if not ttl_field & 1:
+        return None
+    ttl = max(1, min(ttl_field * 60, 3600 * 24 * 365 * 10))
+    job = Job(job_id, b"", b"", repl=1, ttl=ttl, retry=0, delay=0,
+              ctime=now_ms * 1_000_000, delivered=(), state=_ACKED)
+    job.flags |= FLAG_REPLICA
+    job.qtime = now_ms
+    job.awake = job.compute_awake()
+    b._register(job)
+    b._log_job(job, None)
+    return job
+
+
+def gc(b: Broker, job: Job, now_ms: int) -> None:
+    """One GC attempt on an acked job (its timer, ACKJOB, or a SETACK that asks for it)."""
+    nxt = _rep(b).try_gc(job, now_ms)
+    if not nxt:
+        free(b, job)
+        return
+    job.qtime = nxt
+    b._reschedule(job)
+
+
+def free(b: Broker, job: Job) -> None:
+    """Forget a job for good (GC done, DELJOB, FASTACK), with its ``del`` record."""
+    if b.jobs.get(job.id) is not job:
+        return
+    prev = job.to_record()
+    b._unregister(job)
+    b.outbox.append(LogRecord("del", job.id, prev))
+
+
+def ack_command(b: Broker, name: str, ids: tuple[bytes, ...] | list[bytes],
+                now_ms: int) -> int:
+    """ACKJOB / FASTACK on a cluster node; returns Disque's count."""
+    rep = _rep(b)
+    known = 0
+    for job_id in ids:
+        job = b.jobs.get(job_id)
+        if name == "FASTACK":
+            if job is None:
+                rep.deljob(job_id, None)
+            else:
+                rep.deljob(job_id, job.delivered)
+                free(b, job)
+                known += 1
+            continue
+        if job is None:
+            job = dummy_ack(b, job_id, now_ms)
+        elif acknowledge(b, job, now_ms):
+            known += 1
+        if job is not None and b.jobs.get(job_id) is job:
+            gc(b, job, now_ms)
+    return known
+
+
+# =============================================================================================
+# What peers' messages do to a job (called by cluster/jobs.py)
+
+def add_replica(b: Broker, job: Job, now_ms: int) -> None:
+    """A REPLJOB's job (ACTIVE, as ``cluster.job_messages`` checked), new here: a later
+    queueing of it broadcasts QUEUED."""
+    job.confirmed = ()
+    job.flags |= FLAG_QUEUED_BEFORE | FLAG_REPLICA
+    if job.retry:
+        # A copy is queued here only if nobody else did within RETRY: from now, or from the
+        # end of the DELAY (the origin queues a delayed job then, without telling anyone), and
+        # with this node's own random error, so holders never share one requeue instant.
+        # (Disque keeps the sender's qtime: every holder of a delayed job would queue it when
+        # the delay ends.)
+        base = max(job.qtime, now_ms) if job.delay else now_ms
+        job.qtime = b._requeue_time(job, base)
+    job.awake = job.compute_awake()
+    b._register(job)
+    b._log_job(job, None)
+
+
+def merge_delivered(job: Job, nodes: tuple[str, ...] | list[str]) -> bool:
+    new = tuple(n for n in dict.fromkeys(nodes) if n not in job.delivered)
+    if new:
+        job.delivered += new
+    return bool(new)
+
+
+def enqueue(b: Broker, job: Job, now_ms: int, delay: int) -> None:
+    """ENQUEUE from the node that created the job without keeping a copy."""
+    prev = job.to_record()
+    job.flags &= ~FLAG_QUEUED_BEFORE  # the first queueing: no QUEUED broadcast
+    if delay == 0:
+        if not b._enqueue(job, now_ms):
+            return
+    else:
+        job.qtime = now_ms + delay * 1000
+        b._reschedule(job)
+    b._log_job(job, prev)
+
+
+def requeue_later(b: Broker, job: Job, now_ms: int, dequeue: bool, nack: bool,
+                  deliv: bool) -> None:
+    """QUEUED / WORKING from another holder: dequeue (if told), move the retry time."""
+    prev = job.to_record()
+    if dequeue:
+        b._dequeue(job)
+    if job.retry:
+        job.flags |= FLAG_WILLQUEUE
+        job.qtime = b._requeue_time(job, now_ms)
+        b._reschedule(job)
+    if nack:
+        job.nacks += 1
+    if deliv:
+        job.deliveries += 1
+    b._log_job(job, prev)
+
+
+def set_pause(b: Broker, queue: bytes, flags: int, now_ms: int) -> None:
+    """PAUSE from a peer (PAUSE ... BCAST on another node): the queue's flags become these."""
+    from broker.queue import PAUSE_OUT
+
+    q = b.queues.get(queue)
+    if q is None:
+        if not flags:
+            return
+        q = b._queue_for(queue, now_ms)
+    was_out = q.pause & PAUSE_OUT
+    q.pause = flags
+    if was_out and not flags & PAUSE_OUT and q.waiters:
+        b._serve_waiters(q, now_ms)
+
+

@@ -1,0 +1,338 @@
+"""The cluster job core: replicated jobs' messages (issue 9), sans-IO.
+
+Theory of operation
+-------------------
+Disque's job state machine (README, "Disque implementation details") is split in two. The
+broker owns jobs, queues, blocked clients and the one timer wheel, and calls this core
+through ``broker.replication.Replication`` when a command or a timer must tell other nodes
+(REPLJOB at ADDJOB and every 50 ms while slow, WILLQUEUE 500 ms before a requeue, QUEUED on
+a requeue or NACK, WORKING, SETACK during ack GC, DELJOB, ENQUEUE, PAUSE). This core owns
+those messages: it picks nodes from the membership core's table, emits ``Send`` effects,
+and handles the same messages from peers (``receive``), changing jobs only through
+``broker.cluster_jobs`` so every change carries its append-log record.
+
+Handlers (one per message type, ``_on_<type>``), each the README's step list:
+REPLJOB -> ``_on_repljob``, GOTJOB -> ``_on_gotjob``, ENQUEUE -> ``_on_enqueue``,
+WILLQUEUE -> ``_on_willqueue``, QUEUED and WORKING -> ``_on_queued``, SETACK ->
+``_on_setack``, GOTACK -> ``_on_gotack``, DELJOB -> ``_on_deljob``, PAUSE -> ``_on_pause``.
+
+Invariants: a frame is handled only from a sender in the node table (not in handshake), as
+Disque's ``if (!sender) return``; a malformed body is logged (key ``malformed-job:<ip>``)
+and dropped, never raised; no handler calls back into a broker command, and no broker call
+re-enters this core except to emit messages. State kept here: the GC retry count of acked
+jobs (Disque's ``gc_retry``), dropped when the broker forgets the job.
+
+Ordering the runtime must keep (durability): take the broker's effects *before* this
+core's after every event, and send a GOTJOB only once the log records emitted before it are
+durable (a node answers GOTJOB only for a job it will still have after kill -9).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Final
+
+from broker import cluster_jobs
+from broker.cluster_jobs import (
+    GC_MAX_PERIOD_MS,
+    GC_MIN_PERIOD_MS,
+    GC_RETRY_COUNT_MAX,
+    TIME_ERR_MS,
+)
+from broker.core import Broker
+from broker.job import Job, JobState
+from cluster.effects import ClusterEffect, LinkId, LogLine, Send
+from cluster.job_messages import (
+    JOB_TYPES,
+    Enqueue,
+    GotAck,
+    JobMessage,
+    JobRef,
+    PauseQueue,
+    Queued,
+    ReplJob,
+    SetAck,
+    parse,
+)
+from cluster.membership import Membership
+from cluster.wire import Frame, MalformedBody, MessageType
+
+_WAIT_REPL: Final = JobState.WAIT_REPL
+_ACTIVE: Final = JobState.ACTIVE
+_QUEUED: Final = JobState.QUEUED
+_ACKED: Final = JobState.ACKED
+
+_UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
+
+
+class JobCore:
+    HANDLES: frozenset[MessageType] = JOB_TYPES
+
+    def __init__(self, broker: Broker, membership: Membership,
+                 rng: random.Random | None = None) -> None:
+        self.broker = broker
+        self.membership = membership
+        self.rng = rng or random.Random()
+        self.outbox: list[ClusterEffect] = []
+        self.gc_retry: dict[bytes, int] = {}
+        self.stats: dict[str, int] = {"sent": 0, "received": 0, "malformed": 0}
+        broker.replication = self
+
+    # =========================================================================================
+    # The runtime's side (cluster/effects.py)
+
+    def take_effects(self) -> list[ClusterEffect]:
+        effects, self.outbox = self.outbox, []
+        return effects
+
+    def tick(self, now_ms: int) -> None:
+        """Nothing: every job timer is in the broker's wheel (``Broker.tick``)."""
+
+    def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
+                outbound_to: str | None, now_ms: int) -> None:
+        # CLUSTER INFO's cluster_stats_messages_received counts every bus message (Disque's
+        # only cluster counters: its INFO has no cluster section); job frames reach only here.
+        self.membership.messages_received += 1
+        sender = self.membership.nodes.get(frame.sender)
+        if sender is None or "handshake" in sender.flags or sender is self.membership.myself:
+            self._log("debug", f"{frame.type.name} from unknown node {frame.sender[:8]}",
+                      f"unknown-job-sender:{peer_ip}")
+            return
+        try:
+            msg = parse(frame)
+        except MalformedBody as exc:
+            self.stats["malformed"] += 1
+            self._log("warning", f"malformed {frame.type.name} from {frame.sender[:8]}: {exc}",
+                      f"malformed-job:{peer_ip}")
+            return
+        self.stats["received"] += 1
+        handler = _HANDLERS[msg.type]
+        handler(self, msg, sender.node_id, now_ms)
+
+    # =========================================================================================
+    # broker.replication.Replication
+
+    def cluster_size(self) -> int:
+        return self.membership.size()
+
+    def _reachable(self) -> list[str]:
+        return [n.node_id for n in self.membership.nodes.values()
+                if not n.flags & _UNREACHABLE and n.link is not None]
+
+    def _others(self) -> list[str]:
+        me = self.membership.myself_id
+        return [n.node_id for n in self.membership.nodes.values()
+                if n.node_id != me and "handshake" not in n.flags]
+
+    def replicate(self, job: Job, count: int, noreply: bool, now_ms: int) -> int:
+        added = 0
+        if count > 0:
+            candidates = self._reachable()
+            self.rng.shuffle(candidates)
+            for node_id in candidates:
+                if node_id not in job.delivered:
+                    job.delivered += (node_id,)
+                    added += 1
+                    if added == count:
+                        break
+        record = job.to_record()
+        record[3] = _ACTIVE.value  # the copy is ACTIVE at the receiver
+        record[13] = []
+        for node_id in job.delivered:
+            if node_id == self.membership.myself_id:
+                continue
+            quiet = noreply or node_id in job.confirmed
+            self._send(node_id, ReplJob(record, quiet))
+        return added
+
+    def enqueue_elsewhere(self, job: Job, delay: int) -> None:
+        me = self.membership.myself_id
+        pool = [n for n in (job.confirmed or job.delivered) if n != me]
+        if pool:
+            self._send(self.rng.choice(pool), Enqueue(job.id, delay))
+
+    def queued(self, job: Job, nack: bool) -> None:
+        self._to_delivered(job, Queued(job.id, nack, not nack))
+
+    def will_queue(self, job: Job) -> None:
+        self._to_delivered(job, JobRef(MessageType.WILLQUEUE, job.id))
+
+    def working(self, job: Job) -> None:
+        self._to_delivered(job, JobRef(MessageType.WORKING, job.id))
+
+    def deljob(self, job_id: bytes, nodes: tuple[str, ...] | None) -> None:
+        me = self.membership.myself_id
+        for node_id in (self._others() if nodes is None else nodes):
+            if node_id != me:
+                self._send(node_id, JobRef(MessageType.DELJOB, job_id))
+
+    def try_gc(self, job: Job, now_ms: int) -> int:
+        """Disque's tryJobGC. 0: free the job now; else the time of the next attempt."""
+        me = self.membership.myself_id
+        dummy = not job.delivered
+        retry = self.gc_retry.get(job.id, 0)
+        if retry != GC_RETRY_COUNT_MAX:
+            self.gc_retry[job.id] = retry + 1
+        if not job.confirmed:
+            job.confirmed = (me,)
+        all_reached = not dummy and set(job.delivered) <= set(job.confirmed)
+        if all_reached or (dummy and self.cluster_size() == 1):
+            return 0
+        targets = job.delivered if job.delivered else tuple(self._others())
+        for node_id in targets:
+            if node_id != me and node_id not in job.confirmed:
+                self._send(node_id, SetAck(job.id, len(job.delivered)))
+        period = min(GC_MIN_PERIOD_MS * (1 << retry), GC_MAX_PERIOD_MS)
+        return now_ms + period + self.rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2
+
+    def forget(self, job_id: bytes) -> None:
+        self.gc_retry.pop(job_id, None)
+
+    def pause(self, queue: bytes, flags: int) -> None:
+        for node_id in self._others():
+            self._send(node_id, PauseQueue(queue, flags))
+
+    # =========================================================================================
+    # Handlers: one per message type, Disque's README steps
+
+    def _on_repljob(self, msg: ReplJob, sender: str, now_ms: int) -> None:
+        b = self.broker
+        # Not while short of memory or leaving: no GOTJOB, the sender tries another node.
+        if b.memory_level() > 0 or b.leaving:
+            return
+        job = msg.job()
+        q = b.queues.get(job.queue)
+        if q is not None and q.pause & 1:  # paused in input
+            return
+        existing = b.jobs.get(job.id)
+        if existing is not None:
+            # Step 2: a duplicate (or a refresh every 50 ms): learn the other holders.
+            if existing.state is not _ACKED:
+                cluster_jobs.merge_delivered(existing, job.delivered)
+        else:
+            cluster_jobs.add_replica(b, job, now_ms)
+        if not msg.noreply:
+            self._send(sender, JobRef(MessageType.GOTJOB, job.id))
+
+    def _on_gotjob(self, msg: JobRef, sender: str, now_ms: int) -> None:
+        if not cluster_jobs.got_job(self.broker, msg.job_id, sender, now_ms):
+            job = self.broker.jobs.get(msg.job_id)
+            if job is not None and job.state is _WAIT_REPL:
+                self._log("debug", f"GOTJOB from {sender[:8]}, a node not asked",
+                          f"gotjob-not-asked:{sender}")
+
+    def _on_enqueue(self, msg: Enqueue, sender: str, now_ms: int) -> None:
+        b = self.broker
+        job = b.jobs.get(msg.job_id)
+        if job is None or job.state not in (_WAIT_REPL, _ACTIVE):
+            return
+        q = b.queues.get(job.queue)
+        if q is not None and q.pause & 1:
+            return
+        if job.state is _WAIT_REPL:
+            return  # ours, still replicating: the origin queues it when replicated
+        cluster_jobs.enqueue(b, job, now_ms, msg.delay)
+
+    def _on_queued(self, msg: Queued | JobRef, sender: str, now_ms: int) -> None:
+        b = self.broker
+        job = b.jobs.get(msg.job_id)
+        if job is None:
+            return
+        if job.state is _ACKED:
+            # Someone queued a job acked here: make it drop it.
+            self._send(sender, SetAck(job.id, len(job.delivered)))
+            return
+        if job.state is _WAIT_REPL:
+            return
+        working = msg.type is MessageType.WORKING
+        dequeue = job.state is _QUEUED and (working or sender > b.node_id)
+        nack = isinstance(msg, Queued) and msg.nack
+        deliv = isinstance(msg, Queued) and msg.deliv
+        cluster_jobs.requeue_later(b, job, now_ms, dequeue, nack, deliv)
+
+    def _on_willqueue(self, msg: JobRef, sender: str, now_ms: int) -> None:
+        job = self.broker.jobs.get(msg.job_id)
+        if job is None:
+            return
+        if job.state in (_ACTIVE, _QUEUED):
+            cluster_jobs.merge_delivered(job, (sender,))
+        if job.state is _QUEUED:
+            self._to_delivered(job, Queued(job.id))
+        elif job.state is _ACKED:
+            self._send(sender, SetAck(job.id, len(job.delivered)))
+
+    def _on_setack(self, msg: SetAck, sender: str, now_ms: int) -> None:
+        b = self.broker
+        job = b.jobs.get(msg.job_id)
+        if job is not None:
+            cluster_jobs.acknowledge(b, job, now_ms)
+            if b.jobs.get(msg.job_id) is not job:
+                job = None  # externally replicated: it just left this node
+        if job is None or len(job.delivered) <= msg.may_have:
+            self._send(sender, GotAck(msg.job_id, job is not None))
+        else:
+            if msg.may_have == 0:
+                self._send(sender, GotAck(msg.job_id, True))
+            cluster_jobs.gc(b, job, now_ms)
+
+    def _on_gotack(self, msg: GotAck, sender: str, now_ms: int) -> None:
+        b = self.broker
+        job = b.jobs.get(msg.job_id)
+        if job is None or job.state is not _ACKED:
+            return
+        dummy = not job.delivered
+        if dummy and msg.known:
+            cluster_jobs.free(b, job)  # an authoritative node has it: drop the dummy
+            return
+        if not job.confirmed:
+            job.confirmed = (self.membership.myself_id,)
+        if msg.known or sender in job.delivered:
+            cluster_jobs.merge_delivered(job, (sender,))
+        if msg.known or sender in job.delivered or dummy:
+            if sender not in job.confirmed:
+                job.confirmed += (sender,)
+        if dummy:
+            if len(job.confirmed) >= self.cluster_size():
+                cluster_jobs.free(b, job)  # nobody knows the job: a wrong ID
+            return
+        if set(job.delivered) <= set(job.confirmed):
+            self.deljob(job.id, job.delivered)
+            cluster_jobs.free(b, job)
+
+    def _on_deljob(self, msg: JobRef, sender: str, now_ms: int) -> None:
+        job = self.broker.jobs.get(msg.job_id)
+        if job is not None:
+            cluster_jobs.free(self.broker, job)
+
+    def _on_pause(self, msg: PauseQueue, sender: str, now_ms: int) -> None:
+        cluster_jobs.set_pause(self.broker, msg.queue, msg.flags, now_ms)
+
+    # =========================================================================================
+
+    def _send(self, node_id: str, msg: JobMessage) -> None:
+        self.stats["sent"] += 1
+        self.membership.messages_sent += 1
+        self.outbox.append(Send(node_id, msg.type, msg.body()))
+
+    def _to_delivered(self, job: Job, msg: JobMessage) -> None:
+        me = self.membership.myself_id
+        for node_id in job.delivered:
+            if node_id != me:
+                self._send(node_id, msg)
+
+    def _log(self, level: str, text: str, key: str) -> None:
+        self.outbox.append(LogLine(level, text, key))
+
+
+_HANDLERS: Final[dict[MessageType, Any]] = {
+    MessageType.REPLJOB: JobCore._on_repljob,
+    MessageType.GOTJOB: JobCore._on_gotjob,
+    MessageType.ENQUEUE: JobCore._on_enqueue,
+    MessageType.WILLQUEUE: JobCore._on_willqueue,
+    MessageType.QUEUED: JobCore._on_queued,
+    MessageType.WORKING: JobCore._on_queued,
+    MessageType.SETACK: JobCore._on_setack,
+    MessageType.GOTACK: JobCore._on_gotack,
+    MessageType.DELJOB: JobCore._on_deljob,
+    MessageType.PAUSE: JobCore._on_pause,
+}

@@ -1,0 +1,203 @@
+"""Acknowledgements and their garbage collection (issue 9): Disque's "Acknowledged jobs
+garbage collection state machine" — SETACK, GOTACK into job.confirmed, DELJOB when every
+copy confirmed, dummy ACKs, FASTACK, and the GC schedule."""
+
+from __future__ import annotations
+
+from cluster.sim import Faults
+from cluster.wire import MessageType as M
+from tests.cluster.jobsim import JobCluster
+
+UNKNOWN_ODD = b"D-00000000-000000000000000000000000-05a1"  # at-least-once TTL field
+UNKNOWN_EVEN = b"D-00000000-000000000000000000000000-05a0"  # at-most-once
+
+
+def test_ackjob_on_a_replica_runs_setack_gotack_deljob_and_frees_every_copy() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500")
+    assert c.cmd(1, "ACKJOB", job_id) == 1
+    c.run_for(50)
+    me, others = c.node_id(1), {c.node_id(0), c.node_id(2)}
+    assert {(s, d) for s, d in c.messages(M.SETACK, job_id)} == {(me, o) for o in others}
+    assert {(s, d) for s, d in c.messages(M.GOTACK, job_id)} == {(o, me) for o in others}
+    assert {(s, d) for s, d in c.messages(M.DELJOB, job_id)} == {(me, o) for o in others}
+    assert c.holders(job_id) == []
+    # SETACK carried how many nodes the acker believes may have a copy.
+    assert {b["mayhave"] for _, _, _, t, b in c.trace if t is M.SETACK} == {3}
+    # The acked state and the final deletion are in each log.
+    assert any(r.kind == "job" and r.payload[3] == "acked" for r in c.logs[1])
+    assert any(r.kind == "del" and r.payload == job_id for r in c.logs[1])
+
+
+def test_acking_again_is_zero_and_an_acked_job_is_never_requeued() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500", "RETRY", "2")
+    c.sim.partition({1}, {0, 2})  # 1 keeps its acked copy: it cannot reach the others
+    assert c.cmd(1, "ACKJOB", job_id) == 1
+    assert c.cmd(1, "ACKJOB", job_id) == 0
+    assert c.job(1, job_id).state.value == "acked"
+    c.run_for(3000)
+    assert c.job(1, job_id) is not None and c.job(1, job_id).state.value == "acked"
+
+
+def test_ack_during_a_partition_then_heal_removes_every_copy() -> None:
+    c = JobCluster(3, node_timeout=1000)
+    job_id = c.addjob(0, "q", "x", "500", "RETRY", "2")
+    assert c.cmd(0, "GETJOB", "NOHANG", "FROM", "q")[0][1] == job_id
+    c.sim.partition({0, 1}, {2})
+    assert c.cmd(1, "ACKJOB", job_id) == 1
+    c.run_for(4000)
+    # 2 did not hear of the ACK and requeued its copy: a duplicate Disque's design allows.
+    assert c.queued_on(job_id) == [2]
+    assert c.holders(job_id) != []  # 0 and 1 cannot finish GC without 2's GOTACK
+    c.sim.heal()
+    assert c.run_until(lambda: c.holders(job_id) == [], 20_000)
+
+
+def test_a_lost_gotack_is_covered_by_the_other_holders_own_gc() -> None:
+    c = JobCluster(3, node_timeout=60_000)
+    job_id = c.addjob(0, "q", "x", "500")
+    c.sim.faults[(2, 1)] = Faults(drop=1.0)  # 2's GOTACKs to the acker are lost
+    assert c.cmd(1, "ACKJOB", job_id) == 1
+    # 0 and 2 acked on SETACK and run their own GC: one of them collects every GOTACK and
+    # sends DELJOB, which 1 (still missing 2's GOTACK) obeys.
+    assert c.run_until(lambda: c.holders(job_id) == [], 5000)
+    senders = {s for s, _ in c.messages(M.DELJOB, job_id)}
+    assert senders and c.node_id(1) not in senders
+
+
+def test_gc_of_a_job_whose_holder_is_down_retries_with_exponential_backoff() -> None:
+    c = JobCluster(3, node_timeout=60_000)
+    job_id = c.addjob(0, "q", "x", "500")
+    c.sim.kill(2)
+    t0 = c.sim.now
+    assert c.cmd(1, "ACKJOB", job_id) == 1
+    c.run_for(20_000)
+    tries = [at - t0 for at, _, dst in c.sent(M.SETACK, job_id, src=1) if dst == c.node_id(2)]
+    gaps = [b - a for a, b in zip(tries, tries[1:], strict=False)]
+    # 1 s, 2 s, 4 s, 8 s (+-250 ms) between attempts: Disque's schedule.
+    assert len(gaps) >= 4
+    for k, gap in enumerate(gaps[:4]):
+        assert abs(gap - 1000 * 2**k) <= 300, gaps
+    assert sorted(c.holders(job_id)) == [0, 1]  # acked, waiting for 2
+    c.sim.restart(2)
+    assert c.run_until(lambda: c.holders(job_id) == [], 60_000)
+
+
+def test_a_dummy_ack_is_broadcast_as_setack_zero_and_collected() -> None:
+    c = JobCluster(3)
+    assert c.cmd(0, "ACKJOB", UNKNOWN_ODD) == 0
+    dummy = c.job(0, UNKNOWN_ODD)
+    assert dummy is not None and dummy.state.value == "acked" and dummy.delivered == ()
+    c.run_for(50)
+    assert {b["mayhave"] for _, _, _, t, b in c.trace if t is M.SETACK} == {0}
+    assert len(c.messages(M.SETACK, UNKNOWN_ODD)) == 2
+    assert {b["known"] for _, _, _, t, b in c.trace if t is M.GOTACK} == {False}
+    assert c.holders(UNKNOWN_ODD) == []  # nobody knows it: dropped
+
+
+def test_no_dummy_ack_for_at_most_once_ids_nor_on_a_leaving_node() -> None:
+    c = JobCluster(3)
+    assert c.cmd(0, "ACKJOB", UNKNOWN_EVEN) == 0
+    assert c.holders(UNKNOWN_EVEN) == [] and c.sends == []
+    c.broker(1).set_leaving(True)
+    assert c.cmd(1, "ACKJOB", UNKNOWN_ODD) == 0
+    assert c.holders(UNKNOWN_ODD) == [] and c.sends == []
+
+
+def test_a_dummy_ack_on_a_node_without_the_job_acks_the_copies_elsewhere() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500", "REPLICATE", "2")
+    outsider = next(i for i in range(3) if i not in c.holders(job_id))
+    assert c.cmd(outsider, "ACKJOB", job_id) == 0
+    assert c.run_until(lambda: c.holders(job_id) == [], 5000)
+    assert c.queued_on(job_id) == []
+
+
+def test_fastack_deletes_every_copy_best_effort_and_broadcasts_unknown_ids() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500")
+    assert c.cmd(2, "FASTACK", job_id) == 1
+    c.run_for(20)
+    assert c.holders(job_id) == []
+    assert len(c.messages(M.DELJOB, job_id)) == 2
+    assert c.cmd(2, "FASTACK", UNKNOWN_ODD) == 0
+    c.run_for(20)
+    assert len(c.messages(M.DELJOB, UNKNOWN_ODD)) == 2
+
+
+def test_deljob_command_is_local_only() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500")
+    assert c.cmd(0, "DELJOB", job_id) == 1
+    c.run_for(20)
+    assert sorted(c.holders(job_id)) == [1, 2]
+    assert c.messages(M.DELJOB) == []
+
+
+def test_setack_while_replicating_answers_the_client_then_acks() -> None:
+    c = JobCluster(3)
+    c.sim.faults[(1, 0)] = Faults(drop=1.0)  # 1's GOTJOB never arrives
+    c.sim.faults[(2, 0)] = Faults(drop=1.0)
+    client = c.client()
+    c.cmd(0, "ADDJOB", "q", "x", "0", client=client)
+    job_id = next(iter(c.broker(0).jobs))
+    c.deliver(0, 1, M.SETACK, {"id": job_id, "mayhave": 3})
+    assert c.reply_to(0, client) == job_id.decode()
+    assert c.job(0, job_id).state.value == "acked"
+
+
+def test_setack_from_a_node_that_knows_fewer_holders_gets_no_gotack_but_starts_our_gc() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500")  # delivered: all three
+    c.sim.partition({0}, {1, 2})  # keep the answers and the GC on node 0 observable
+    before = len(c.sends)
+    c.deliver(0, 1, M.SETACK, {"id": job_id, "mayhave": 2})
+    out = [(t, d, b) for _, s, d, t, b in c.sends[before:] if s == c.node_id(0)]
+    assert c.job(0, job_id).state.value == "acked"
+    # No GOTACK (we know more holders than the sender): our own GC sends SETACK(3).
+    assert {t for t, _, _ in out} == {M.SETACK}
+    assert {b["mayhave"] for _, _, b in out} == {3}
+
+
+def test_setack_zero_about_a_known_job_is_answered_gotack_known_and_starts_our_gc() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500")
+    c.sim.partition({0}, {1, 2})
+    before = len(c.sends)
+    c.deliver(0, 1, M.SETACK, {"id": job_id, "mayhave": 0})
+    out = [(t, d, b) for _, s, d, t, b in c.sends[before:] if s == c.node_id(0)]
+    assert (M.GOTACK, c.node_id(1), {"id": job_id, "known": True}) in out
+    assert any(t is M.SETACK for t, _, _ in out)
+
+
+def test_gotack_rules_of_the_readme() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500", "REPLICATE", "2")
+    holder = next(i for i in c.holders(job_id) if i != 0)
+    outsider = next(i for i in range(3) if i not in c.holders(job_id))
+    c.sim.partition({0}, {1, 2})
+    c.cmd(0, "ACKJOB", job_id)
+    job = c.job(0, job_id)
+    assert job is not None and job.confirmed == (c.node_id(0),)
+    # known=false from a node not in delivered: not counted.
+    c.deliver(0, outsider, M.GOTACK, {"id": job_id, "known": False})
+    assert c.node_id(outsider) not in job.confirmed
+    # known=true from it: it has a copy after all, so it joins delivered and confirmed.
+    c.deliver(0, outsider, M.GOTACK, {"id": job_id, "known": True})
+    assert c.node_id(outsider) in job.delivered and c.node_id(outsider) in job.confirmed
+    assert c.job(0, job_id) is job  # the holder still has to confirm
+    c.deliver(0, holder, M.GOTACK, {"id": job_id, "known": True})
+    assert c.job(0, job_id) is None  # every copy confirmed: DELJOB to all, freed
+    dels = {d for _, s, d, t, _ in c.sends if t is M.DELJOB and s == c.node_id(0)}
+    assert dels == {c.node_id(holder), c.node_id(outsider)}
+
+
+def test_a_dummy_ack_is_dropped_as_soon_as_a_node_that_knows_the_job_answers() -> None:
+    c = JobCluster(3)
+    c.sim.partition({0}, {1, 2})
+    odd = b"D-00000000-000000000000000000000000-05a1"
+    c.cmd(0, "ACKJOB", odd)
+    assert c.job(0, odd) is not None
+    c.deliver(0, 1, M.GOTACK, {"id": odd, "known": True})
+    assert c.job(0, odd) is None

@@ -1,0 +1,84 @@
+"""The job messages' bodies (cluster/job_messages.py): every message survives the codec, and
+every malformed field is refused with MalformedBody (issue 9)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.job import Job
+from cluster.job_messages import (
+    Enqueue,
+    GotAck,
+    JobRef,
+    PauseQueue,
+    Queued,
+    ReplJob,
+    SetAck,
+    parse,
+)
+from cluster.wire import Frame, FrameDecoder, MalformedBody, MessageType, encode
+
+ID = b"D-aaaaaaaa-000000000000000000000000-05a1"
+NODE = "a" * 40
+
+
+def _record() -> list[object]:
+    job = Job(ID, b"q", b"body", repl=3, ttl=100, retry=10, delay=0, ctime=5 * 10**15,
+              delivered=(NODE, "b" * 40))
+    return job.to_record()
+
+
+def _through_the_wire(kind: MessageType, body: dict[str, object]) -> Frame:
+    dec = FrameDecoder(None)
+    dec.feed(encode(Frame(kind, NODE, body), None))
+    frame = dec.next()
+    assert frame is not None
+    return frame
+
+
+@pytest.mark.parametrize("msg", [
+    ReplJob(_record(), True), JobRef(MessageType.GOTJOB, ID), Enqueue(ID, 7),
+    JobRef(MessageType.WILLQUEUE, ID), Queued(ID, True, False), SetAck(ID, 3),
+    GotAck(ID, True), JobRef(MessageType.DELJOB, ID), JobRef(MessageType.WORKING, ID),
+    PauseQueue(b"q", 3),
+], ids=lambda m: m.type.name)
+def test_every_job_message_round_trips(msg: object) -> None:
+    frame = _through_the_wire(msg.type, msg.body())  # type: ignore[attr-defined]
+    assert parse(frame) == msg
+
+
+BAD = [
+    (MessageType.GOTJOB, {}), (MessageType.GOTJOB, {"id": "D-not-bytes"}),
+    (MessageType.GOTJOB, {"id": b"D-short"}), (MessageType.DELJOB, {"id": 5}),
+    (MessageType.ENQUEUE, {"id": ID}), (MessageType.ENQUEUE, {"id": ID, "delay": -1}),
+    (MessageType.ENQUEUE, {"id": ID, "delay": True}),
+    (MessageType.QUEUED, {"id": ID, "nack": 1}),
+    (MessageType.SETACK, {"id": ID, "mayhave": "3"}), (MessageType.SETACK, {"id": ID}),
+    (MessageType.GOTACK, {"id": ID, "known": "yes"}),
+    (MessageType.PAUSE, {"queue": "q", "flags": 1}), (MessageType.PAUSE, {"queue": b"q"}),
+    (MessageType.PAUSE, {"queue": b"q", "flags": 4}), (MessageType.PAUSE, {"queue": b"", "flags": 1}),
+    (MessageType.REPLJOB, {}), (MessageType.REPLJOB, {"job": [1, 2]}),
+    (MessageType.REPLJOB, {"job": _record(), "noreply": "no"}),
+    (MessageType.NACK, {"id": ID}), (MessageType.PING, {"id": ID}),
+]
+
+
+@pytest.mark.parametrize(("kind", "body"), BAD)
+def test_malformed_bodies_are_refused(kind: MessageType, body: dict[str, object]) -> None:
+    with pytest.raises(MalformedBody):
+        parse(Frame(kind, NODE, body))
+
+
+@pytest.mark.parametrize("change", [
+    (3, "acked"), (3, "queued"), (12, []), (12, ["not-a-node"]), (0, b"D-bad"), (4, 0),
+], ids=str)
+def test_a_repljob_record_that_is_not_an_active_copy_is_refused(change: tuple[int, object]) -> None:
+    record = _record()
+    record[change[0]] = change[1]
+    with pytest.raises(MalformedBody):
+        parse(Frame(MessageType.REPLJOB, NODE, {"job": record}))
+
+
+def test_a_body_that_is_not_a_map_is_refused() -> None:
+    with pytest.raises(MalformedBody):
+        parse(Frame(MessageType.GOTJOB, NODE, [ID]))  # type: ignore[arg-type]
