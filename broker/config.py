@@ -80,9 +80,17 @@ DIRECTIVES: dict[str, Directive] = {
         _D("client-query-buffer-limit", "memory", 1073741824, True, "Largest input a client may have pending (unparsed bytes plus a command read in part); past it the client is closed, as Redis does. At least 1mb."),
         _D("cluster-node-timeout", "int", 15000, True, "Milliseconds after which an unreachable node is failing."),
         _D("cluster-config-file", "string", "nodes.conf", False, "File in dir where the node keeps its ID and peers."),
+        _D("cluster-secret", "string", "", False, "Shared secret of the cluster bus: every bus frame carries an HMAC-SHA256 under it, and a frame with a missing or wrong MAC is dropped (empty: no MAC, as Disque's bus). Every node of a cluster needs the same one. CONFIG GET shows whether it is set, never its value."),
     ]
 }
 
+
+# Directives whose value CONFIG GET never shows (CONFIG REWRITE still writes it to the file,
+# which is the operator's): the bus secret is a shared key, and anyone who can run CONFIG GET
+# could otherwise join a node of their own to the cluster. Shown as "" when unset and as
+# HIDDEN_VALUE when set, so an operator can still check that it is configured.
+SECRET_DIRECTIVES = frozenset({"cluster-secret"})
+HIDDEN_VALUE = "(hidden)"
 
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
@@ -257,7 +265,10 @@ class Config:
         out: list[bytes] = []
         for d in DIRECTIVES.values():
             if fnmatch.fnmatchcase(d.name, pattern.lower()):
-                out += [d.name.encode(), self.get(d.name).encode()]
+                value = self.get(d.name)
+                if d.name in SECRET_DIRECTIVES and value:
+                    value = HIDDEN_VALUE
+                out += [d.name.encode(), value.encode()]
         return out
 
     def config_set(self, name: str, value: str) -> str | None:

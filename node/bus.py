@@ -1,0 +1,545 @@
+"""The cluster bus on trio: links to the other nodes, frames in and out, the core's effects.
+
+Theory of operation
+-------------------
+The cluster core (``cluster/membership.py``) decides everything; this module only moves bytes
+and time, following the contract of ``cluster/effects.py``:
+
+* **Listener.** One per client listener address, on the client port + ``BUS_PORT_OFFSET``
+  (fixed, as in Disque). The server opens the sockets (so "port in use" stops the start with
+  one line) and hands them over. At most ``MAX_INBOUND`` inbound links at once; past that a new
+  connection is closed at once (rate-limited log line).
+* **Links.** Every link, inbound or outbound, is a ``Link`` with an int ``LinkId`` that is
+  never reused in the process. It runs two tasks: a reader that feeds a ``FrameDecoder`` and
+  hands every complete frame to ``core.receive`` (with the peer's and our own IP and, for an
+  outbound link, the table ID it was opened for), and a writer that drains the link's send
+  queue. A ``WireError`` (bad magic, version, type, oversized, malformed body, bad MAC, a frame
+  cut by EOF) closes the link with one log line per (peer address, reason) every
+  ``LOG_EVERY_S``. An inbound peer that sends no complete frame within
+  ``first_frame_timeout`` (``min(FIRST_FRAME_TIMEOUT_S, cluster-node-timeout)``) is closed,
+  and so is one silent for ``idle_timeout`` (``max(IDLE_TIMEOUT_MIN_S, 4 x node timeout)``:
+  a live peer pings far more often) - a peer that vanished without a FIN does not hold a
+  descriptor for ever. Outbound links need no read timeout: the core's PING/PONG watches them
+  and answers with ``CloseLink``.
+* **Sends never block the node.** ``Send``/``Answer`` encode the frame and append it to the
+  link's queue without waiting. A link whose unsent bytes pass ``SEND_QUEUE_LIMIT``, or whose
+  peer accepts no byte for ``send_stall_timeout`` (the node timeout, at least 1 s), is closed:
+  a peer that stopped reading costs bounded memory and is then handled as a dead link. A
+  ``Send`` to a node whose outbound link is not up, or an ``Answer`` on a closed link, is
+  dropped and counted (``counters``); the core's timers make up for it.
+* **Outbound links are kept up.** ``Connect(node_id, ip, port)`` starts a keeper task that
+  connects (timeout ``min(CONNECT_TIMEOUT_S, node timeout / 2)``), reports ``link_up``, runs
+  the link, reports ``link_down`` when it closes (or when connecting failed), waits, and
+  tries again. The wait starts at ``RECONNECT_MIN_S`` and doubles after each failure up to
+  ``min(RECONNECT_MAX_S, node timeout / 4)``, with up to 20 % random jitter so that a
+  restarted node is not hit by every peer in the same millisecond; a link that stayed up
+  ``RECONNECT_RESET_S`` resets it. With the defaults a peer that comes back is reconnected
+  within about a second, far inside the 15 s node timeout. ``Connect`` for a node already
+  kept at the same address does nothing; at another address the keeper restarts there.
+  ``Disconnect`` cancels the keeper and closes its link; no ``link_down`` follows (the core
+  asked for it). ``CloseLink`` closes one link; an outbound one is reconnected by its keeper
+  if the node is still wanted, after ``link_down``.
+* **Effects go through one place.** After every event handed to the core (a frame,
+  ``link_up``/``link_down``, a ``tick`` every ``TICK_S``, a client command that touched the
+  cluster) the caller runs ``Bus.flush``, which takes the core's effects and routes each one
+  in ``Bus.route``: links, sends, the nodes file (``save_nodes`` callback), the node ID
+  (``new_node_id`` callback) and log lines (at most one per key every ``LOG_EVERY_S``, the
+  number suppressed meanwhile added to the next one).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import trio
+
+from broker.config import Config
+from cluster.effects import (
+    Answer,
+    CloseLink,
+    ClusterEffect,
+    Connect,
+    Disconnect,
+    LinkId,
+    LogLine,
+    NewNodeId,
+    SaveNodes,
+    Send,
+)
+from cluster.wire import Frame, FrameDecoder, MessageType, WireError, encode
+from node.clock import Clock
+
+log = logging.getLogger("trisque.bus")
+
+BUS_PORT_OFFSET = 10000
+TICK_S = 0.1
+READ_SIZE = 65536
+MAX_INBOUND = 256
+FIRST_FRAME_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_MIN_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+RECONNECT_MIN_S = 0.1
+RECONNECT_MAX_S = 1.0
+RECONNECT_RESET_S = 5.0
+# A frame may be 16 MiB (cluster.wire.MAX_BODY): room for a few, not for an unbounded backlog.
+SEND_QUEUE_LIMIT = 64 * 1024 * 1024
+SEND_CHUNK = 256 * 1024
+LOG_EVERY_S = 10.0
+
+_LEVELS = {"debug": logging.DEBUG, "notice": logging.INFO, "warning": logging.WARNING}
+
+
+class ClusterCore(Protocol):
+    """What the bus needs of the cluster core (``cluster.membership.Membership``)."""
+
+    outbox: list[ClusterEffect]
+
+    def take_effects(self) -> list[ClusterEffect]: ...
+
+    def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
+                outbound_to: str | None, now_ms: int) -> None: ...
+
+    def link_up(self, node_id: str, link: LinkId, now_ms: int) -> None: ...
+
+    def link_down(self, node_id: str, link: LinkId, now_ms: int) -> None: ...
+
+    def tick(self, now_ms: int) -> None: ...
+
+
+class LogLimiter:
+    """At most one line per key every ``every_s`` seconds; the next line that gets through
+    says how many were suppressed."""
+
+    def __init__(self, logger: logging.Logger, clock: Clock, every_s: float = LOG_EVERY_S) -> None:
+        self.logger = logger
+        self.clock = clock
+        self.every_s = every_s
+        self._seen: dict[str, list[float]] = {}  # key -> [last time written, suppressed]
+
+    def emit(self, key: str, level: int, text: str) -> bool:
+        now = self.clock.monotonic()
+        entry = self._seen.get(key)
+        if entry is not None and now - entry[0] < self.every_s:
+            entry[1] += 1
+            return False
+        if len(self._seen) > 4096:  # a flood of distinct keys must not grow this for ever
+            self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.every_s}
+        suppressed = int(entry[1]) if entry is not None else 0
+        self._seen[key] = [now, 0]
+        if suppressed:
+            text += f" ({suppressed} similar lines suppressed)"
+        self.logger.log(level, text)
+        return True
+
+
+def _host(addr: Any) -> str:
+    host = str(addr[0]) if isinstance(addr, tuple) else str(addr)
+    return host[7:] if host.startswith("::ffff:") else host
+
+
+class Link:
+    """One bus connection. ``run`` returns when it is closed, whoever closed it."""
+
+    def __init__(self, bus: Bus, link_id: LinkId, stream: trio.SocketStream,
+                 outbound_to: str | None) -> None:
+        self.bus = bus
+        self.id = link_id
+        self.stream = stream
+        self.outbound_to = outbound_to
+        sock = stream.socket
+        self.peer_ip = _host(sock.getpeername())
+        self.local_ip = _host(sock.getsockname())
+        self.queue: deque[bytes] = deque()
+        self.unsent = 0  # bytes queued or being written
+        self.closed = False
+        self._wakeup = trio.Event()
+        self._scope = trio.CancelScope()
+
+    def __repr__(self) -> str:
+        way = f"to {self.outbound_to[:8]}" if self.outbound_to else "inbound"
+        return f"<bus link {self.id} {way} {self.peer_ip}>"
+
+    def enqueue(self, data: bytes) -> bool:
+        if self.closed:
+            return False
+        if self.unsent + len(data) > SEND_QUEUE_LIMIT:
+            self.bus.counters["links_closed_slow"] += 1
+            self.bus.limiter.emit(f"slow:{self.peer_ip}", logging.WARNING,
+                                  f"Cluster bus: closing link to {self.peer_ip}: more than "
+                                  f"{SEND_QUEUE_LIMIT} bytes unsent (peer not reading)")
+            self.close()
+            return False
+        self.queue.append(data)
+        self.unsent += len(data)
+        self._wakeup.set()
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        self._scope.cancel()
+
+    async def run(self) -> None:
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._guarded, self._write)
+                    await self._guarded(self._read)
+                    nursery.cancel_scope.cancel()
+        finally:
+            self.closed = True
+            self.queue.clear()
+            self.bus.links.pop(self.id, None)
+            await trio.aclose_forcefully(self.stream)
+
+    async def _guarded(self, part: Callable[[], Awaitable[None]]) -> None:
+        """Run the reader or the writer; whatever ends it closes the link (errors are caught
+        here, not raised through the nursery, so they are never wrapped in groups)."""
+        bus = self.bus
+        try:
+            await part()
+        except WireError as exc:
+            bus.counters["links_dropped_bad_frame"] += 1
+            reason = type(exc).__name__
+            bus.limiter.emit(f"wire:{self.peer_ip}:{reason}", logging.WARNING,
+                             f"Cluster bus: dropping link from {self.peer_ip}: {reason} ({exc})")
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the peer went away: the normal end of a link
+        self.close()
+
+    async def _read(self) -> None:
+        bus = self.bus
+        decoder = FrameDecoder(bus.secret)
+        spoke = False
+        while not self.closed:
+            if self.outbound_to is None:
+                timeout = bus.idle_timeout if spoke else bus.first_frame_timeout
+            else:
+                timeout = float("inf")
+            with trio.move_on_after(timeout) as waited:
+                data = await self.stream.receive_some(READ_SIZE)
+            if waited.cancelled_caught:
+                key = "idle" if spoke else "silent"
+                bus.counters[f"links_closed_{key}"] += 1
+                what = "no frame" if spoke else "no complete frame"
+                bus.limiter.emit(f"{key}:{self.peer_ip}", logging.WARNING,
+                                 f"Cluster bus: closing link from {self.peer_ip}: {what} "
+                                 f"in {timeout:g} s")
+                return
+            if not data:
+                decoder.truncated_at_eof()
+                return
+            decoder.feed(data)
+            while not self.closed:
+                frame = decoder.next()
+                if frame is None:
+                    break
+                spoke = True
+                bus.deliver(self, frame)
+
+    async def _write(self) -> None:
+        bus = self.bus
+        while True:
+            if not self.queue:
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+                continue
+            data = b"".join(self.queue)
+            self.queue.clear()
+            view = memoryview(data)
+            while view:
+                chunk = view[:SEND_CHUNK]
+                with trio.move_on_after(bus.send_stall_timeout) as waited:
+                    await self.stream.send_all(chunk)
+                if waited.cancelled_caught:
+                    bus.counters["links_closed_slow"] += 1
+                    bus.limiter.emit(f"stall:{self.peer_ip}", logging.WARNING,
+                                     f"Cluster bus: closing link to {self.peer_ip}: peer read "
+                                     f"nothing for {bus.send_stall_timeout:g} s")
+                    self.close()
+                    return
+                self.unsent -= len(chunk)
+                view = view[len(chunk):]
+
+
+@dataclass
+class _Outbound:
+    """An outbound link the core wants kept up."""
+
+    node_id: str
+    ip: str
+    port: int
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    link: Link | None = None
+
+
+class Bus:
+    def __init__(self, core: ClusterCore, config: Config, clock: Clock, node_id: str,
+                 listeners: list[socket.socket], *,
+                 save_nodes: Callable[[str], None] = lambda content: None,
+                 new_node_id: Callable[[str], None] = lambda node_id: None,
+                 rng: random.Random | None = None) -> None:
+        self.core = core
+        self.config = config
+        self.clock = clock
+        self.node_id = node_id
+        self.listeners = listeners
+        self.save_nodes = save_nodes
+        self.new_node_id = new_node_id
+        self.rng = rng or random.Random()
+        # Read once: changing the secret of a running node would split it from its cluster.
+        self.secret: bytes | None = config.cluster_secret.encode() or None
+        self.links: dict[LinkId, Link] = {}
+        self.outbound: dict[str, _Outbound] = {}
+        self.inbound = 0
+        self._next_link = 0
+        self.limiter = LogLimiter(log, clock)
+        self.counters: dict[str, int] = dict.fromkeys((
+            "frames_received", "frames_sent", "sends_dropped", "links_refused",
+            "links_dropped_bad_frame", "links_closed_silent", "links_closed_idle",
+            "links_closed_slow", "connect_failures"), 0)
+        self._nursery: trio.Nursery | None = None
+
+    # -- timeouts (read live: CONFIG SET cluster-node-timeout applies at once) -------------
+
+    @property
+    def node_timeout(self) -> float:
+        return float(self.config.cluster_node_timeout) / 1000
+
+    @property
+    def first_frame_timeout(self) -> float:
+        return min(FIRST_FRAME_TIMEOUT_S, self.node_timeout)
+
+    @property
+    def idle_timeout(self) -> float:
+        return max(IDLE_TIMEOUT_MIN_S, 4 * self.node_timeout)
+
+    @property
+    def send_stall_timeout(self) -> float:
+        return max(1.0, self.node_timeout)
+
+    @property
+    def connect_timeout(self) -> float:
+        return max(0.05, min(CONNECT_TIMEOUT_S, self.node_timeout / 2))
+
+    @property
+    def reconnect_max(self) -> float:
+        return max(RECONNECT_MIN_S, min(RECONNECT_MAX_S, self.node_timeout / 4))
+
+    def addresses(self) -> list[tuple[str, int]]:
+        return [_addr(ls.getsockname()) for ls in self.listeners]
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for sock in self.listeners:
+                    nursery.start_soon(self._accept, trio.socket.from_stdlib_socket(sock))
+                nursery.start_soon(self._ticker)
+                for ob in self.outbound.values():  # Connects routed before the bus ran
+                    nursery.start_soon(self._keep, ob)
+                self.flush()  # Connects for the nodes of a table loaded from nodes.conf
+                task_status.started(self)
+        finally:
+            self._nursery = None
+            for ls in self.listeners:
+                ls.close()
+
+    def stop(self) -> None:
+        """Close every link and stop listening (``run`` then returns)."""
+        for ob in self.outbound.values():
+            ob.scope.cancel()
+        self.outbound.clear()
+        for link in list(self.links.values()):
+            link.close()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _ticker(self) -> None:
+        while True:
+            await trio.sleep(TICK_S)
+            self.core.tick(self.clock.now_ms())
+            self.flush()
+
+    async def _accept(self, listener: trio.socket.SocketType) -> None:
+        assert self._nursery is not None
+        while True:
+            try:
+                sock, peer = await listener.accept()
+            except OSError as exc:
+                self.limiter.emit("accept", logging.WARNING,
+                                  f"Cluster bus: accepting a connection: {exc.strerror}")
+                await trio.sleep(0.1)
+                continue
+            if self.inbound >= MAX_INBOUND:
+                self.counters["links_refused"] += 1
+                self.limiter.emit("inbound-limit", logging.WARNING,
+                                  f"Cluster bus: refusing a link from {_host(peer)}: "
+                                  f"{MAX_INBOUND} inbound links already open")
+                sock.close()
+                continue
+            _nodelay(sock)
+            self._nursery.start_soon(self._serve_inbound, trio.SocketStream(sock))
+
+    async def _serve_inbound(self, stream: trio.SocketStream) -> None:
+        try:
+            link = self._new_link(stream, None)
+        except OSError:  # the peer is already gone (getpeername failed)
+            await trio.aclose_forcefully(stream)
+            return
+        self.inbound += 1
+        try:
+            await link.run()
+        finally:
+            self.inbound -= 1
+
+    def _new_link(self, stream: trio.SocketStream, outbound_to: str | None) -> Link:
+        self._next_link += 1
+        link = Link(self, self._next_link, stream, outbound_to)
+        self.links[link.id] = link
+        return link
+
+    async def _keep(self, ob: _Outbound) -> None:
+        """Keep ``ob``'s link up until it is cancelled (Disconnect, a new address, stop)."""
+        delay = RECONNECT_MIN_S
+        with ob.scope:
+            while True:
+                try:
+                    with trio.fail_after(self.connect_timeout):
+                        stream = await trio.open_tcp_stream(ob.ip, ob.port)
+                except (OSError, trio.TooSlowError) as exc:
+                    self.counters["connect_failures"] += 1
+                    self._next_link += 1
+                    self.limiter.emit(f"connect:{ob.node_id}", logging.DEBUG,
+                                      f"Cluster bus: connecting to {ob.ip}:{ob.port} "
+                                      f"({ob.node_id[:8]}): {exc or 'timed out'}")
+                    self.core.link_down(ob.node_id, self._next_link, self.clock.now_ms())
+                    self.flush()
+                else:
+                    _nodelay(stream.socket)
+                    try:
+                        link = self._new_link(stream, ob.node_id)
+                    except OSError:
+                        await trio.aclose_forcefully(stream)
+                        continue
+                    ob.link = link
+                    started = self.clock.monotonic()
+                    self.core.link_up(ob.node_id, link.id, self.clock.now_ms())
+                    self.flush()
+                    try:
+                        await link.run()
+                    finally:
+                        ob.link = None
+                    if self.clock.monotonic() - started >= RECONNECT_RESET_S:
+                        delay = RECONNECT_MIN_S
+                    self.core.link_down(ob.node_id, link.id, self.clock.now_ms())
+                    self.flush()
+                await trio.sleep(delay * (1 + 0.2 * self.rng.random()))
+                delay = min(delay * 2, self.reconnect_max)
+
+    # -- events into the core, effects out ---------------------------------------------
+
+    def deliver(self, link: Link, frame: Frame) -> None:
+        self.counters["frames_received"] += 1
+        self.core.receive(frame, link.id, link.peer_ip, link.local_ip, link.outbound_to,
+                          self.clock.now_ms())
+        self.flush()
+
+    def flush(self) -> None:
+        """Take the core's effects and route them (after every event into the core)."""
+        if self.core.outbox:
+            for effect in self.core.take_effects():
+                self.route(effect)
+
+    def route(self, effect: ClusterEffect) -> None:
+        """The one place a cluster effect goes where it belongs."""
+        t = type(effect)
+        if t is Send:
+            assert isinstance(effect, Send)
+            ob = self.outbound.get(effect.node_id)
+            self._send(ob.link if ob is not None else None, effect.type, effect.body)
+        elif t is Answer:
+            assert isinstance(effect, Answer)
+            self._send(self.links.get(effect.link), effect.type, effect.body)
+        elif t is Connect:
+            assert isinstance(effect, Connect)
+            self._connect(effect)
+        elif t is Disconnect:
+            assert isinstance(effect, Disconnect)
+            ob = self.outbound.pop(effect.node_id, None)
+            if ob is not None:
+                ob.scope.cancel()
+                if ob.link is not None:
+                    ob.link.close()
+        elif t is CloseLink:
+            assert isinstance(effect, CloseLink)
+            link = self.links.get(effect.link)
+            if link is not None:
+                link.close()
+        elif t is SaveNodes:
+            assert isinstance(effect, SaveNodes)
+            self.save_nodes(effect.content)
+        elif t is NewNodeId:
+            assert isinstance(effect, NewNodeId)
+            self.node_id = effect.node_id
+            self.new_node_id(effect.node_id)
+        elif t is LogLine:
+            assert isinstance(effect, LogLine)
+            self.limiter.emit(f"core:{effect.key or effect.text}",
+                              _LEVELS.get(effect.level, logging.INFO), effect.text)
+        else:
+            raise AssertionError(f"unknown cluster effect {effect!r}")
+
+    def _send(self, link: Link | None, mtype: MessageType, body: dict[str, Any]) -> None:
+        if link is None or link.closed:
+            self.counters["sends_dropped"] += 1
+            return
+        try:
+            data = encode(Frame(mtype, self.node_id, body), self.secret)
+        except (WireError, ValueError, TypeError) as exc:
+            self.counters["sends_dropped"] += 1
+            self.limiter.emit(f"encode:{mtype.name}", logging.WARNING,
+                              f"Cluster bus: cannot encode a {mtype.name} message: {exc}")
+            return
+        if link.enqueue(data):
+            self.counters["frames_sent"] += 1
+        else:
+            self.counters["sends_dropped"] += 1
+
+    def _connect(self, want: Connect) -> None:
+        ob = self.outbound.get(want.node_id)
+        if ob is not None:
+            if (ob.ip, ob.port) == (want.ip, want.bus_port):
+                return
+            ob.scope.cancel()
+            if ob.link is not None:
+                ob.link.close()
+        ob = _Outbound(want.node_id, want.ip, want.bus_port)
+        self.outbound[want.node_id] = ob
+        if self._nursery is not None:  # else run() starts it
+            self._nursery.start_soon(self._keep, ob)
+
+    def info(self) -> list[tuple[str, int]]:
+        """The bus's own counters (the core counts the messages it handles)."""
+        return [(f"cluster_bus_{k}", v) for k, v in self.counters.items()] + [
+            ("cluster_bus_links", len(self.links)),
+            ("cluster_bus_outbound_up", sum(1 for ob in self.outbound.values() if ob.link)),
+        ]
+
+
+def _addr(sockname: Any) -> tuple[str, int]:
+    return str(sockname[0]), int(sockname[1])
+
+
+def _nodelay(sock: Any) -> None:
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
