@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from broker import intents
 from broker.clients import Client
+from broker.cluster_view import ClusterView
 from broker.config import Config
 from broker.info import render
 from broker.version import VERSION
@@ -34,6 +35,7 @@ class Broker(Protocol):
     jobs: Mapping[bytes, Any]
     queues: Mapping[bytes, Any]
     info_sources: dict[str, Callable[[], list[tuple[str, Any]]]]
+    cluster: ClusterView
 
     def hello_nodes(self) -> list[list[bytes]]: ...
 
@@ -113,24 +115,14 @@ def cluster(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         if len(rest) != 1 or flag not in (b"yes", b"no"):
             return errors.BAD_LEAVING_ARG
         b.set_leaving(flag == b"yes")
+        b.cluster.set_leaving(flag == b"yes", now_ms)
         return OK
-    if sub == b"info" and not rest:
-        n = 1 + b.reachable_nodes()
-        return (
-            "cluster_state:ok\r\n"
-            f"cluster_known_nodes:{n}\r\n"
-            f"cluster_reachable_nodes:{b.reachable_nodes()}\r\n"
-            f"cluster_size:{n}\r\n"
-            "cluster_stats_messages_sent:0\r\n"
-            "cluster_stats_messages_received:0\r\n"
-        ).encode()
-    if sub == b"nodes" and not rest:
-        return f"{b.node_id} :{b.config.port} myself 0 0 connected\n".encode()
-    if sub == b"myid" and not rest:
-        return b.node_id.encode()
-    if sub == b"meet":
-        return errors.NO_CLUSTER_BUS
-    return errors.BAD_CLUSTER_SUB
+    reply = b.cluster.command(sub, rest, now_ms)
+    if sub == b"reset" and reply is OK:
+        # Disque's CLUSTER RESET (soft or hard) also drops every job: their replicas
+        # lived on nodes this one has just forgotten.
+        b.flushall()
+    return reply
 
 def config(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     sub = cmd.args[0].lower()

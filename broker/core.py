@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from broker import admin
 from broker.clients import Client, Waiter
+from broker.cluster_view import ClusterView, SoloCluster
 from broker.config import Config
 from broker.effects import Effect, LogRecord, Reply
 from broker.job import (
@@ -104,6 +105,9 @@ class Broker:
         self.queue_scan: ScanList[Queue] = ScanList()
         self.outbox: list[Effect] = []  # see broker/effects.py
         self.leaving = False
+        # The node table's view (HELLO, CLUSTER, reachable nodes); the runtime replaces it with
+        # the membership core when the cluster bus runs.
+        self.cluster: ClusterView = SoloCluster(config, node_id)
         # Memory: the driver samples the process RSS now and then (``used_memory``); between
         # samples the bytes of jobs created or freed since are added, so a burst of ADDJOBs
         # (or one huge body) is judged before it is accepted, not a second later.
@@ -725,12 +729,18 @@ class Broker:
     # Commands: server and cluster
 
     def reachable_nodes(self) -> int:
-        """Other nodes reachable now (the cluster bus overrides this)."""
-        return 0
+        """Other nodes reachable now."""
+        return self.cluster.reachable_nodes()
 
     def hello_nodes(self) -> list[list[bytes]]:
-        priority = b"100" if self.leaving else b"1"
-        return [[self.node_id.encode(), b"", str(self.config.port).encode(), priority]]
+        return self.cluster.hello_nodes()
+
+    def set_node_id(self, node_id: str, seed: bytes) -> None:
+        """The node's ID changed (CLUSTER RESET HARD, ``cluster.effects.NewNodeId``): HELLO and
+        new job IDs use the new one. Jobs are gone already: the reset flushed them."""
+        self.node_id = node_id
+        self._myself = (node_id,)
+        self.ids = IdGenerator(node_id, seed)
 
     def set_leaving(self, leaving: bool) -> None:
         self.leaving = leaving

@@ -55,6 +55,20 @@ BAD_CLIENT_NAME: Final = Error(
     "ERR Client names cannot contain spaces, newlines or special characters.")
 BAD_DB_INDEX: Final = Error("ERR DB index is out of range")
 NO_SUCH_CLIENT: Final = Error("ERR No such client")
+INVALID_NODE_ID: Final = Error("ERR Invalid node identifier")
+CANT_FORGET_MYSELF: Final = Error("ERR I tried hard but I can't forget myself...")
+
+
+def invalid_port(port: str) -> Error:
+    return Error(f"ERR Invalid TCP port specified: {port}")
+
+
+def invalid_node_address(ip: str, port: str) -> Error:
+    return Error(f"ERR Invalid node address specified: {ip}:{port}")
+
+
+def unknown_node(node_id: str) -> Error:
+    return Error(f"ERR Unknown node {node_id}")
 
 
 def hello_syntax(option: str) -> Error:

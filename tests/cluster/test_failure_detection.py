@@ -1,0 +1,107 @@
+"""The failure rule on one core, driven by hand: who answers, what gossip says, and when.
+
+Three nodes (me, B, C): size 3, so FAIL needs myself plus one report (3 // 2 + 1 = 2)."""
+
+from __future__ import annotations
+
+import random
+
+from broker.config import Config
+from cluster.effects import Send
+from cluster.membership import Membership
+from cluster.messages import Gossip, Ping, Pong
+from cluster.nodes_file import parse
+from cluster.wire import Frame, MessageType
+
+ME, B, C = "a" * 40, "b" * 40, "c" * 40
+T0 = 1_000_000
+TIMEOUT = 2000
+LINK = {B: 1, C: 2}
+
+
+def core() -> Membership:
+    config = Config()
+    config.set("cluster-node-timeout", [str(TIMEOUT)])
+    saved = parse(f"{ME} 10.0.0.1:7711 myself 0 0 connected\n"
+                  f"{B} 10.0.0.2:7712 noflags 0 1 connected\n"
+                  f"{C} 10.0.0.3:7713 noflags 0 1 connected\n")
+    m = Membership(config, ME, random.Random(0), T0, saved)
+    for node_id, link in LINK.items():
+        m.link_up(node_id, link, T0)
+    return m
+
+
+def pong(m: Membership, node_id: str, now: int) -> None:
+    body = Pong(7712, frozenset()).to_body()
+    m.receive(Frame(MessageType.PONG, node_id, body), LINK[node_id], "10.0.0.9", "10.0.0.1",
+              node_id, now)
+
+
+def drive(m: Membership, start: int, end: int, answering: set[str]) -> None:
+    """Tick every 100 ms; the nodes in ``answering`` answer every PING at once."""
+    for now in range(start, end, 100):
+        m.tick(now)
+        for effect in m.take_effects():
+            if isinstance(effect, Send) and effect.type is MessageType.PING \
+                    and effect.node_id in answering:
+                pong(m, effect.node_id, now)
+
+
+def report_from_b(m: Membership, now: int, flags: frozenset[str]) -> None:
+    gossip = (Gossip(C, "10.0.0.3", 7713, flags, 0, 0),)
+    body = Ping(7712, frozenset(), gossip).to_body()
+    m.receive(Frame(MessageType.PING, B, body), 50, "10.0.0.2", "10.0.0.1", None, now)
+
+
+def test_pfail_alone_is_not_fail_and_one_report_makes_the_majority() -> None:
+    m = core()
+    drive(m, T0, T0 + 3 * TIMEOUT, answering={B})
+    assert m.nodes[C].flags == {"pfail"}  # no PONG within the timeout, nobody agrees yet
+    report_from_b(m, T0 + 3 * TIMEOUT, frozenset({"pfail"}))
+    assert m.nodes[C].flags == {"fail"}
+    fails = [e for e in m.take_effects() if isinstance(e, Send) and e.type is MessageType.FAIL]
+    assert [e.node_id for e in fails] == [B] and fails[0].body == {"node": C}
+    pong(m, C, T0 + 3 * TIMEOUT + 1)  # it answers again: FAIL clears at once
+    assert m.nodes[C].flags == set()
+
+
+def test_a_failure_report_older_than_twice_the_timeout_does_not_count() -> None:
+    m = core()
+    report_from_b(m, T0, frozenset({"pfail"}))
+    drive(m, T0, T0 + 2500, answering={B, C})  # C still answers: the report is B's view only
+    drive(m, T0 + 2500, T0 + 2500 + 2 * TIMEOUT, answering={B})
+    assert m.nodes[C].flags == {"pfail"}  # B's report is more than 2 x timeout old
+    report_from_b(m, T0 + 7000, frozenset({"fail"}))
+    assert m.nodes[C].flags == {"fail"}
+
+
+def test_a_report_withdrawn_by_gossip_no_longer_counts() -> None:
+    m = core()
+    report_from_b(m, T0, frozenset({"pfail"}))
+    report_from_b(m, T0 + 1, frozenset())  # B sees C fine again
+    drive(m, T0, T0 + 3 * TIMEOUT, answering={B})
+    assert m.nodes[C].flags == {"pfail"}
+
+
+def test_gossip_carries_a_tenth_of_the_table_and_failing_nodes_first() -> None:
+    config = Config()
+    lines = [f"{ME} 10.0.0.1:7711 myself 0 0 connected"]
+    others = [f"{i:040x}" for i in range(1, 40)]
+    lines += [f"{o} 10.0.1.{i}:7711 {'fail' if i == 7 else 'noflags'} 0 1 connected"
+              for i, o in enumerate(others)]
+    m = Membership(config, ME, random.Random(0), T0, parse("\n".join(lines)))
+    m.take_effects()
+    m.link_up(others[0], 1, T0)
+    (ping,) = [e for e in m.take_effects() if isinstance(e, Send)]
+    gossip = ping.body["gossip"]
+    assert len(gossip) == 4  # 40 nodes / 10
+    assert gossip[0]["id"] == others[7] and gossip[0]["flags"] == ["fail"]
+    assert others[0] not in [g["id"] for g in gossip]  # never the recipient
+
+
+def test_an_unreachable_node_goes_pfail_without_any_link() -> None:
+    m = core()
+    m.link_down(C, LINK[C], T0 + 10)  # connect refused, over and over
+    drive(m, T0 + 10, T0 + 10 + TIMEOUT + 200, answering={B})
+    assert m.nodes[C].flags == {"pfail"} and m.nodes[B].flags == set()
+    assert m.reachable_nodes() == 1
