@@ -19,8 +19,9 @@ and time, following the contract of ``cluster/effects.py``:
   ``first_frame_timeout`` (``min(FIRST_FRAME_TIMEOUT_S, cluster-node-timeout)``) is closed,
   and so is one silent for ``idle_timeout`` (``max(IDLE_TIMEOUT_MIN_S, 4 x node timeout)``:
   a live peer pings far more often) - a peer that vanished without a FIN does not hold a
-  descriptor for ever. Outbound links need no read timeout: the core's PING/PONG watches them
-  and answers with ``CloseLink``.
+  descriptor for ever. Both are deadlines that only a complete frame moves, so dribbling a
+  byte now and then buys nothing. Outbound links need no read timeout: the core's PING/PONG
+  watches them and answers with ``CloseLink``.
 * **Sends never block the node.** ``Send``/``Answer`` encode the frame and append it to the
   link's queue without waiting. A link whose unsent bytes pass ``SEND_QUEUE_LIMIT``, or whose
   peer accepts no byte for ``send_stall_timeout`` (the node timeout, at least 1 s), is closed:
@@ -39,9 +40,11 @@ and time, following the contract of ``cluster/effects.py``:
   ``Disconnect`` cancels the keeper and closes its link; no ``link_down`` follows (the core
   asked for it). ``CloseLink`` closes one link; an outbound one is reconnected by its keeper
   if the node is still wanted, after ``link_down``.
-* **Effects go through one place.** After every event handed to the core (a frame,
-  ``link_up``/``link_down``, a ``tick`` every ``TICK_S``, a client command that touched the
-  cluster) the caller runs ``Bus.flush``, which takes the core's effects and routes each one
+* **Effects go through one place.** Every event handed to the core (a frame,
+  ``link_up``/``link_down``, a ``tick`` every ``TICK_S``) goes through ``Bus.event``, which
+  then runs ``Bus.flush`` (the server calls ``flush`` after a client command that touched the
+  cluster); an exception out of the core is logged with its traceback (rate-limited) and the
+  node goes on. ``flush`` takes the core's effects and routes each one
   in ``Bus.route``: links, sends, the nodes file (``save_nodes`` callback), the node ID
   (``new_node_id`` callback) and log lines (at most one per key every ``LOG_EVERY_S``, the
   number suppressed meanwhile added to the next one).
@@ -122,7 +125,7 @@ class LogLimiter:
         self.every_s = every_s
         self._seen: dict[str, list[float]] = {}  # key -> [last time written, suppressed]
 
-    def emit(self, key: str, level: int, text: str) -> bool:
+    def emit(self, key: str, level: int, text: str, exc_info: bool = False) -> bool:
         now = self.clock.monotonic()
         entry = self._seen.get(key)
         if entry is not None and now - entry[0] < self.every_s:
@@ -134,7 +137,7 @@ class LogLimiter:
         self._seen[key] = [now, 0]
         if suppressed:
             text += f" ({suppressed} similar lines suppressed)"
-        self.logger.log(level, text)
+        self.logger.log(level, text, exc_info=exc_info)
         return True
 
 
@@ -207,7 +210,7 @@ class Link:
             bus.counters["links_dropped_bad_frame"] += 1
             reason = type(exc).__name__
             bus.limiter.emit(f"wire:{self.peer_ip}:{reason}", logging.WARNING,
-                             f"Cluster bus: dropping link from {self.peer_ip}: {reason} ({exc})")
+                             f"Cluster bus: dropping link with {self.peer_ip}: {reason} ({exc})")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the peer went away: the normal end of a link
         self.close()
@@ -216,20 +219,24 @@ class Link:
         bus = self.bus
         decoder = FrameDecoder(bus.secret)
         spoke = False
+        # Absolute deadlines, moved only by complete frames: a peer dribbling a byte now and
+        # then does not keep a link open any longer than a silent one.
+        last_frame = trio.current_time()
         while not self.closed:
-            if self.outbound_to is None:
-                timeout = bus.idle_timeout if spoke else bus.first_frame_timeout
+            if self.outbound_to is not None:
+                deadline = float("inf")  # the core's PING/PONG watches outbound links
             else:
-                timeout = float("inf")
-            with trio.move_on_after(timeout) as waited:
+                deadline = last_frame + (bus.idle_timeout if spoke else bus.first_frame_timeout)
+            with trio.move_on_at(deadline) as waited:
                 data = await self.stream.receive_some(READ_SIZE)
             if waited.cancelled_caught:
                 key = "idle" if spoke else "silent"
                 bus.counters[f"links_closed_{key}"] += 1
                 what = "no frame" if spoke else "no complete frame"
+                waited_s = trio.current_time() - last_frame
                 bus.limiter.emit(f"{key}:{self.peer_ip}", logging.WARNING,
                                  f"Cluster bus: closing link from {self.peer_ip}: {what} "
-                                 f"in {timeout:g} s")
+                                 f"in {waited_s:.1f} s")
                 return
             if not data:
                 decoder.truncated_at_eof()
@@ -240,6 +247,7 @@ class Link:
                 if frame is None:
                     break
                 spoke = True
+                last_frame = trio.current_time()
                 bus.deliver(self, frame)
 
     async def _write(self) -> None:
@@ -276,11 +284,11 @@ class _Outbound:
     port: int
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     link: Link | None = None
+    up_for: float = 0.0  # how long its last link stayed up (seconds)
 
 
 class Bus:
-    def __init__(self, core: ClusterCore, config: Config, clock: Clock, node_id: str,
-                 listeners: list[socket.socket], *,
+    def __init__(self, core: ClusterCore, config: Config, clock: Clock, node_id: str, *,
                  save_nodes: Callable[[str], None] = lambda content: None,
                  new_node_id: Callable[[str], None] = lambda node_id: None,
                  rng: random.Random | None = None) -> None:
@@ -288,7 +296,7 @@ class Bus:
         self.config = config
         self.clock = clock
         self.node_id = node_id
-        self.listeners = listeners
+        self.listeners: list[socket.socket] = []
         self.save_nodes = save_nodes
         self.new_node_id = new_node_id
         self.rng = rng or random.Random()
@@ -302,7 +310,7 @@ class Bus:
         self.counters: dict[str, int] = dict.fromkeys((
             "frames_received", "frames_sent", "sends_dropped", "links_refused",
             "links_dropped_bad_frame", "links_closed_silent", "links_closed_idle",
-            "links_closed_slow", "connect_failures"), 0)
+            "links_closed_slow", "connect_failures", "core_errors"), 0)
         self._nursery: trio.Nursery | None = None
 
     # -- timeouts (read live: CONFIG SET cluster-node-timeout applies at once) -------------
@@ -336,7 +344,10 @@ class Bus:
 
     # -- running ---------------------------------------------------------------------------
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, listeners: list[socket.socket], *,
+                  task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve ``listeners`` (non-blocking sockets on the bus port) until ``stop``."""
+        self.listeners = listeners
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -363,10 +374,13 @@ class Bus:
             self._nursery.cancel_scope.cancel()
 
     async def _ticker(self) -> None:
+        # On a fixed schedule rather than sleep(TICK_S) after each tick, so the time a tick
+        # takes does not stretch the period past TICK_S.
+        deadline = trio.current_time()
         while True:
-            await trio.sleep(TICK_S)
-            self.core.tick(self.clock.now_ms())
-            self.flush()
+            deadline = max(deadline + TICK_S, trio.current_time())
+            await trio.sleep_until(deadline)
+            self.event(self.core.tick, self.clock.now_ms())
 
     async def _accept(self, listener: trio.socket.SocketType) -> None:
         assert self._nursery is not None
@@ -420,37 +434,52 @@ class Bus:
                     self.limiter.emit(f"connect:{ob.node_id}", logging.DEBUG,
                                       f"Cluster bus: connecting to {ob.ip}:{ob.port} "
                                       f"({ob.node_id[:8]}): {exc or 'timed out'}")
-                    self.core.link_down(ob.node_id, self._next_link, self.clock.now_ms())
-                    self.flush()
+                    self.event(self.core.link_down, ob.node_id, self._next_link,
+                               self.clock.now_ms())
                 else:
-                    _nodelay(stream.socket)
-                    try:
-                        link = self._new_link(stream, ob.node_id)
-                    except OSError:
-                        await trio.aclose_forcefully(stream)
-                        continue
-                    ob.link = link
-                    started = self.clock.monotonic()
-                    self.core.link_up(ob.node_id, link.id, self.clock.now_ms())
-                    self.flush()
-                    try:
-                        await link.run()
-                    finally:
-                        ob.link = None
-                    if self.clock.monotonic() - started >= RECONNECT_RESET_S:
+                    await self._run_outbound(ob, stream)
+                    if ob.up_for >= RECONNECT_RESET_S:
                         delay = RECONNECT_MIN_S
-                    self.core.link_down(ob.node_id, link.id, self.clock.now_ms())
-                    self.flush()
                 await trio.sleep(delay * (1 + 0.2 * self.rng.random()))
                 delay = min(delay * 2, self.reconnect_max)
+
+    async def _run_outbound(self, ob: _Outbound, stream: trio.SocketStream) -> None:
+        """Report the link up, run it, report it down (a peer already gone reports nothing:
+        the link never was up)."""
+        ob.up_for = 0.0
+        try:
+            link = self._new_link(stream, ob.node_id)
+        except OSError:
+            await trio.aclose_forcefully(stream)
+            return
+        ob.link = link
+        started = self.clock.monotonic()
+        self.event(self.core.link_up, ob.node_id, link.id, self.clock.now_ms())
+        try:
+            await link.run()
+        finally:
+            ob.link = None
+        ob.up_for = self.clock.monotonic() - started
+        self.event(self.core.link_down, ob.node_id, link.id, self.clock.now_ms())
 
     # -- events into the core, effects out ---------------------------------------------
 
     def deliver(self, link: Link, frame: Frame) -> None:
         self.counters["frames_received"] += 1
-        self.core.receive(frame, link.id, link.peer_ip, link.local_ip, link.outbound_to,
-                          self.clock.now_ms())
-        self.flush()
+        self.event(self.core.receive, frame, link.id, link.peer_ip, link.local_ip,
+                   link.outbound_to, self.clock.now_ms())
+
+    def event(self, handler: Callable[..., None], *args: Any) -> None:
+        """Hand one event to the core, then route its effects. A bug met there is logged
+        (with its traceback, rate-limited) and the node goes on, as a client connection's
+        would: one bad message must not take the node down."""
+        try:
+            handler(*args)
+            self.flush()
+        except Exception:
+            self.counters["core_errors"] += 1
+            self.limiter.emit(f"core-error:{getattr(handler, '__name__', '?')}", logging.ERROR,
+                              "Cluster bus: unexpected error in the cluster core", exc_info=True)
 
     def flush(self) -> None:
         """Take the core's effects and route them (after every event into the core)."""

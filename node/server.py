@@ -14,6 +14,12 @@ as intents (``broker/intents.py``) and are carried out by ``Server.carry_out``. 
 calls ``broker.tick`` at the broker's next deadline, at least ``hz`` times a second. A client
 blocked in GETJOB keeps its later pipelined commands in its buffer until it is answered, and
 its connection is still read, so a disconnect is noticed and the broker forgets the waiter.
+
+The cluster: the node's ID and its peers come from ``cluster-config-file`` (``node/nodes_store``;
+a missing file is a new node, written at once; a corrupt one stops the start). The membership
+core (``cluster.membership.Membership``) is the broker's ``cluster`` view, and ``node/bus.py``
+runs its links and timers; a client command that changed the table (CLUSTER MEET, FORGET,
+RESET, LEAVING) has its cluster effects routed by the bus right after it runs.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import gc
 import hashlib
 import logging
 import os
+import random
 import resource
 import signal
 import socket
@@ -47,8 +54,11 @@ from broker.intents import (
     RewriteLog,
     Shutdown,
 )
-from node import config_file
+from cluster.membership import Membership
+from node import config_file, nodes_store
+from node.bus import BUS_PORT_OFFSET, Bus
 from node.clock import Clock, WallClock
+from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
 from protocol import errors
 from protocol.commands import COMMANDS
@@ -312,6 +322,8 @@ class Connection:
                 ticket = server.route(broker.take_effects(), others)
                 if ticket and reply is not BLOCKED:
                     logged.append((len(out), ticket))
+            if server.cluster.outbox:  # CLUSTER MEET, FORGET, RESET, LEAVING...
+                server.bus.flush()
             if reply is BLOCKED:
                 break
             encode_into(reply, out, client.protover)
@@ -387,8 +399,28 @@ class Server:
     def __init__(self, config: Config, clock: Clock | None = None) -> None:
         self.config = config
         self.clock: Clock = clock or WallClock()
-        self.node_id = load_node_id(config)
-        self.broker = Broker(config, self.node_id, os.urandom(20), now_ms=self.clock.now_ms())
+        now_ms = self.clock.now_ms()
+        # The node's identity and its peers: nodes.conf, or a new node if there is none.
+        nodes_path = os.path.join(config.dir, config.cluster_config_file)
+        try:
+            saved = nodes_store.load(nodes_path)
+        except NodesStoreError as exc:
+            raise ServerError(str(exc)) from None
+        self.node_id = saved.myself_id if saved is not None else os.urandom(20).hex()
+        self.broker = Broker(config, self.node_id, os.urandom(20), now_ms=now_ms)
+        self.cluster = Membership(config, self.node_id, random.Random(os.urandom(16)), now_ms,
+                                  saved)
+        self.broker.cluster = self.cluster
+        self.nodes_file = NodesFileWriter(nodes_path)
+        self.bus = Bus(self.cluster, config, self.clock, self.node_id,
+                       save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id)
+        self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
+        if saved is None:
+            try:
+                self.nodes_file.write_now()  # a new node's ID is durable before it is used
+            except OSError as exc:
+                raise ServerError(f"Can't write the cluster config file {nodes_path}: "
+                                  f"{exc.strerror}") from None
         self.persistence = Persistence(config, self.broker, log,
                                        clock=lambda: self.clock.now_ms() / 1000)
         self.connections: set[Connection] = set()
@@ -415,6 +447,12 @@ class Server:
         self.cmdstats: dict[bytes, list[int]] = {name: [0, 0] for name in COMMANDS}
         self.monitors: set[Connection] = set()
         self._install_info()
+
+    def _new_node_id(self, node_id: str) -> None:
+        """CLUSTER RESET HARD gave this node a new ID: new jobs carry it."""
+        log.warning("Cluster: this node's ID is now %s", node_id)
+        self.node_id = node_id
+        self.broker.set_node_id(node_id, os.urandom(20))
 
     # -- durability and replies -----------------------------------------------------------
 
@@ -684,10 +722,18 @@ class Server:
         gc.set_threshold(50_000, 20, 100)
         gc.freeze()
         listeners = open_listeners(cfg)
+        try:
+            bus_listeners = open_listeners(cfg, cfg.port + BUS_PORT_OFFSET)
+        except ServerError as exc:
+            for ls in listeners:
+                ls.close()
+            raise ServerError(f"{exc} (the cluster bus port)") from None
         self.listening = [ls.getsockname()[:2] for ls in listeners]
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             await nursery.start(self.persistence.run)
+            await nursery.start(self.nodes_file.run)
+            await nursery.start(self.bus.run, bus_listeners)
             nursery.start_soon(self.timers)
             for listener in listeners:
                 nursery.start_soon(self.accept, listener)
@@ -711,6 +757,14 @@ class Server:
 
     async def _finish(self) -> None:
         self.stopping = True
+        self.bus.stop()
+        self.cluster.save()  # the table as it is now (link states included), as Disque does
+        self.bus.flush()
+        try:
+            # No timeout: a write in a worker thread cannot be interrupted anyway.
+            await self.nodes_file.flush()
+        except OSError as exc:
+            log.error("Error while saving the cluster config file: %s", exc)
         try:
             with trio.fail_after(60):
                 await self.persistence.shutdown(self.shutdown_rewrite)
@@ -723,19 +777,21 @@ class Server:
 # Helpers
 
 
-def open_listeners(cfg: Config) -> list[socket.socket]:
-    """Listening sockets for ``bind`` (all interfaces when empty), non-blocking."""
+def open_listeners(cfg: Config, port: int | None = None) -> list[socket.socket]:
+    """Listening sockets for ``bind`` (all interfaces when empty), non-blocking, on ``port``
+    (the client port unless given: the cluster bus listens on the same addresses)."""
+    port = cfg.port if port is None else port
     listeners = []
     addresses: list[tuple[str, int]] = []
     if cfg.bind:
-        addresses = [(host, cfg.port) for host in cfg.bind.split()]
+        addresses = [(host, port) for host in cfg.bind.split()]
     try:
         if not addresses:
             if socket.has_dualstack_ipv6():
-                listeners.append(socket.create_server(("", cfg.port), family=socket.AF_INET6,
+                listeners.append(socket.create_server(("", port), family=socket.AF_INET6,
                                                       backlog=cfg.tcp_backlog, dualstack_ipv6=True))
             else:
-                listeners.append(socket.create_server(("", cfg.port), backlog=cfg.tcp_backlog))
+                listeners.append(socket.create_server(("", port), backlog=cfg.tcp_backlog))
         for host, port in addresses:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             listeners.append(socket.create_server((host, port), family=family,
@@ -744,36 +800,10 @@ def open_listeners(cfg: Config) -> list[socket.socket]:
         for ls in listeners:
             ls.close()
         where = cfg.bind or "*"
-        raise ServerError(f"Could not listen on {where}:{cfg.port}: {exc.strerror}") from None
+        raise ServerError(f"Could not listen on {where}:{port}: {exc.strerror}") from None
     for ls in listeners:
         ls.setblocking(False)
     return listeners
-
-
-def load_node_id(config: Config) -> str:
-    """The node keeps its ID across restarts in the cluster config file."""
-    path = os.path.join(config.dir, config.cluster_config_file)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) >= 2 and "myself" in parts[2:] + parts[1:2] and len(parts[0]) == 40:
-                    return parts[0]
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise ServerError(f"Can't read {path}: {exc.strerror}") from None
-    node_id = os.urandom(20).hex()
-    try:
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(f"{node_id} :{config.port} myself 0 0 connected\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ServerError(f"Can't write {path}: {exc.strerror}") from None
-    return node_id
 
 
 # Descriptors kept for the node itself (listeners, the append log, the log file, the cluster

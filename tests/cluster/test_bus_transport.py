@@ -53,9 +53,9 @@ async def bus_node(node_id: str | None = None, port: int = 0, secret: str = "",
     node_id = node_id or os.urandom(20).hex()
     core = FakeCore(node_id, port)
     saved: list[str] = []
-    bus = Bus(core, cfg, TrioClock(), node_id, [listener], save_nodes=saved.append)
+    bus = Bus(core, cfg, TrioClock(), node_id, save_nodes=saved.append)
     async with trio.open_nursery() as nursery:
-        await nursery.start(bus.run)
+        await nursery.start(bus.run, [listener])
         yield BusNode(core, bus, port, saved)
         bus.stop()
 
@@ -283,3 +283,52 @@ async def test_core_log_lines_are_rate_limited_per_key(
         lines = [line for line in bus_lines(caplog) if "failing" in line]
         assert lines == ["node x is failing", "node x is failing (4 similar lines suppressed)"]
         assert "something else" in bus_lines(caplog)
+
+
+async def test_a_peer_dribbling_bytes_is_closed_at_the_first_frame_deadline(
+        autojump_clock: trio.abc.Clock) -> None:
+    async with bus_node(node_timeout=30_000) as a:
+        data = wire.encode(Frame(MessageType.PING, "c" * 40, {"pad": "x" * 100}))
+        stream = await trio.open_tcp_stream("127.0.0.1", a.port)
+        start = trio.current_time()
+        sent = 0
+        with trio.fail_after(60):
+            while True:
+                try:
+                    await stream.send_all(data[sent:sent + 1])
+                except trio.BrokenResourceError:
+                    break
+                sent += 1
+                with trio.move_on_after(1):  # a byte a second, never a whole frame in time
+                    try:
+                        if await stream.receive_some(10) == b"":
+                            break
+                    except trio.BrokenResourceError:  # reset: closed with our bytes unread
+                        break
+        assert trio.current_time() - start <= busmod.FIRST_FRAME_TIMEOUT_S + 1.5
+        assert a.bus.counters["links_closed_silent"] == 1 and a.core.received == []
+
+
+async def test_an_error_in_the_core_is_logged_and_the_bus_goes_on(
+        autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="trisque")
+    async with bus_node() as a, bus_node() as b:
+        real = b.core.receive
+        calls = 0
+
+        def buggy(*args: object) -> None:
+            nonlocal calls
+            calls += 1
+            if calls <= 3:
+                raise RuntimeError("a bug in the core")
+            real(*args)  # type: ignore[arg-type]
+
+        a.core.meet("127.0.0.1", b.port)
+        a.bus.flush()
+        await until(lambda: a.core.known() == {b.id} and b.core.known() == {a.id})
+        b.core.receive = buggy  # type: ignore[method-assign]
+        seen = len(b.core.received)
+        await until(lambda: len(b.core.received) > seen + 3)  # PINGs after the failing ones
+        assert b.bus.counters["core_errors"] == 3
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and errors[0].exc_info is not None
