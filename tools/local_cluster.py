@@ -62,12 +62,14 @@ def cluster_nodes(port: int) -> list[list[str]]:
 
 
 def joined(ports: list[int]) -> bool:
-    """Every node lists every port, with no handshake, pfail or fail flag."""
+    """Every node lists every port, connected, with no handshake, pfail or fail flag."""
     for port in ports:
         lines = cluster_nodes(port)
         seen = {fields[1].rsplit(":", 1)[1] for fields in lines}
         flags = {flag for fields in lines for flag in fields[2].split(",")}
-        if seen != {str(p) for p in ports} or flags & {"handshake", "pfail", "fail", "noaddr"}:
+        links = {fields[5] for fields in lines}
+        if (seen != {str(p) for p in ports} or links != {"connected"}
+                or flags & {"handshake", "pfail", "fail", "noaddr"}):
             return False
     return True
 
@@ -115,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--join-timeout", type=float, default=30.0)
     args = parser.parse_args(argv)
 
+    # Both stop the nodes, even when started from a shell that ignores SIGINT in background jobs.
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     # The nodes run this checkout's code even when the venv's package is installed from
     # another one (python -m looks in the current directory, which need not be this one).
