@@ -145,14 +145,7 @@ def test_make_cluster_script_joins_three_nodes_and_stops_them_on_ctrl_c(tmp_path
     output: list[str] = []
     try:
         assert script.stdout is not None
-        deadline = time.monotonic() + 45
-        while select.select([script.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            line = script.stdout.readline().decode()
-            if not line:
-                break
-            output.append(line)
-            if "Ctrl-C" in line:
-                break
+        output = _read_until(script.stdout.fileno(), "Ctrl-C", deadline=time.monotonic() + 45)
         nodes = [line.split() for line in output if len(line.split()) == 6]
         assert len(nodes) == 3, "".join(output)
         assert sorted(int(n[1].rsplit(":", 1)[1]) for n in nodes) == sorted(ports)
@@ -161,7 +154,7 @@ def test_make_cluster_script_joins_three_nodes_and_stops_them_on_ctrl_c(tmp_path
         # What a terminal's Ctrl-C does: SIGINT to the foreground process group.
         os.killpg(script.pid, signal.SIGINT)
         rest, _ = script.communicate(timeout=30)
-        output.append(rest.decode())
+        output += rest.decode().splitlines(keepends=True)
         assert script.returncode == 0, "".join(output)
     finally:
         if script.poll() is None:
@@ -172,6 +165,19 @@ def test_make_cluster_script_joins_three_nodes_and_stops_them_on_ctrl_c(tmp_path
         with pytest.raises(OSError):
             send_command(port, "PING", timeout=1.0)
         assert not _running(pid), f"node {port} (pid {pid}) still running"
+
+
+def _read_until(fd: int, marker: str, deadline: float) -> list[str]:
+    """The lines read from ``fd`` up to the first one containing ``marker``, end of file or
+    the deadline. Unbuffered (os.read): select() does not see what a buffered reader holds."""
+    data = b""
+    while marker.encode() not in data:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").splitlines(keepends=True)
 
 
 def _running(pid: int) -> bool:
