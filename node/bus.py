@@ -339,9 +339,6 @@ class Bus:
     def reconnect_max(self) -> float:
         return max(RECONNECT_MIN_S, min(RECONNECT_MAX_S, self.node_timeout / 4))
 
-    def addresses(self) -> list[tuple[str, int]]:
-        return [_addr(ls.getsockname()) for ls in self.listeners]
-
     # -- running ---------------------------------------------------------------------------
 
     async def run(self, listeners: list[socket.socket], *,
@@ -400,16 +397,16 @@ class Bus:
                 sock.close()
                 continue
             _nodelay(sock)
+            self.inbound += 1  # counted here: a burst of accepts must not overshoot the limit
             self._nursery.start_soon(self._serve_inbound, trio.SocketStream(sock))
 
     async def _serve_inbound(self, stream: trio.SocketStream) -> None:
         try:
-            link = self._new_link(stream, None)
-        except OSError:  # the peer is already gone (getpeername failed)
-            await trio.aclose_forcefully(stream)
-            return
-        self.inbound += 1
-        try:
+            try:
+                link = self._new_link(stream, None)
+            except OSError:  # the peer is already gone (getpeername failed)
+                await trio.aclose_forcefully(stream)
+                return
             await link.run()
         finally:
             self.inbound -= 1
@@ -554,17 +551,6 @@ class Bus:
         self.outbound[want.node_id] = ob
         if self._nursery is not None:  # else run() starts it
             self._nursery.start_soon(self._keep, ob)
-
-    def info(self) -> list[tuple[str, int]]:
-        """The bus's own counters (the core counts the messages it handles)."""
-        return [(f"cluster_bus_{k}", v) for k, v in self.counters.items()] + [
-            ("cluster_bus_links", len(self.links)),
-            ("cluster_bus_outbound_up", sum(1 for ob in self.outbound.values() if ob.link)),
-        ]
-
-
-def _addr(sockname: Any) -> tuple[str, int]:
-    return str(sockname[0]), int(sockname[1])
 
 
 def _nodelay(sock: Any) -> None:

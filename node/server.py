@@ -411,6 +411,8 @@ class Server:
         self.cluster = Membership(config, self.node_id, random.Random(os.urandom(16)), now_ms,
                                   saved)
         self.broker.cluster = self.cluster
+        if self.cluster.leaving:  # CLUSTER LEAVING yes survives a restart, as in Disque
+            self.broker.set_leaving(True)
         self.nodes_file = NodesFileWriter(nodes_path)
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
                        save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id)

@@ -219,3 +219,13 @@ async def test_a_busy_bus_port_stops_the_start_with_one_line(tmp_path: Path) -> 
     # The client port was given back: the node starts once the bus port is free.
     async with node(tmp_path, port) as (_, conn):
         assert await conn.call("PING") == b"PONG"
+
+
+async def test_the_leaving_flag_survives_a_restart(tmp_path: Path,
+                                                   autojump_clock: trio.abc.Clock) -> None:
+    port = free_port()
+    async with node(tmp_path, port) as (a, ca):
+        assert await ca.call("CLUSTER", "LEAVING", "yes") == b"OK"
+    async with node(tmp_path, port) as (a, ca):
+        assert await ca.call("CLUSTER", "LEAVING") == b"yes"
+        assert "leaving" in str(await ca.call("ADDJOB", "q", "x", 0))

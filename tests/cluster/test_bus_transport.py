@@ -16,7 +16,7 @@ import trio
 
 from broker.config import Config
 from cluster import wire
-from cluster.effects import LogLine, Send
+from cluster.effects import Connect, Disconnect, LogLine, Send
 from cluster.wire import Frame, MessageType
 from node import bus as busmod
 from node.bus import Bus
@@ -332,3 +332,20 @@ async def test_an_error_in_the_core_is_logged_and_the_bus_goes_on(
         assert b.bus.counters["core_errors"] == 3
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and errors[0].exc_info is not None
+
+
+async def test_connect_is_idempotent_and_follows_a_new_address(
+        autojump_clock: trio.abc.Clock) -> None:
+    async with bus_node() as a, bus_node() as b, bus_node() as c:
+        peer = "f" * 40
+        a.bus.route(Connect(peer, "127.0.0.1", b.port))
+        await until(lambda: peer in a.core.up)
+        first = a.core.up[peer]
+        a.bus.route(Connect(peer, "127.0.0.1", b.port))  # the same: nothing happens
+        await trio.sleep(1)
+        assert a.core.up[peer] == first and len(b.core.received) > 0
+        a.bus.route(Connect(peer, "127.0.0.1", c.port))  # moved: the keeper follows
+        await until(lambda: a.core.up.get(peer, first) != first and c.core.received != [])
+        a.bus.route(Disconnect(peer))
+        await until(lambda: not a.bus.links.get(a.core.up[peer]))
+        assert peer not in a.bus.outbound
