@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, free_port
 
 T = TypeVar("T")
 
@@ -74,6 +74,20 @@ def parse_hello(reply: Any) -> tuple[str, list[tuple[str, str, int, int]]]:
                                for i, ip, port, prio in reply[2:]]
 
 
+def free_ports(n: int) -> list[int]:
+    """n client ports whose client and bus ports (p, p + 10000) are all free and all distinct:
+    free_port alone holds nothing, so two calls may give 30000 and 20000, whose bus port is
+    the other's client port."""
+    ports: list[int] = []
+    taken: set[int] = set()
+    while len(ports) < n:
+        p = free_port()
+        if not {p, p + 10000} & taken:
+            ports.append(p)
+            taken |= {p, p + 10000}
+    return ports
+
+
 class WaitTimeout(AssertionError):
     pass
 
@@ -106,11 +120,11 @@ class LocalCluster:
                  directives: list[dict[str, Any]] | None = None) -> None:
         self.node_timeout_ms = node_timeout_ms
         self.nodes: list[ServerProcess] = []
-        for i in range(size):
+        for i, port in enumerate(free_ports(size)):
             directory = base / f"node{i}"
             directory.mkdir(parents=True)
             extra = directives[i] if directives else {}
-            self.nodes.append(ServerProcess(directory=str(directory),
+            self.nodes.append(ServerProcess(port=port, directory=str(directory),
                                             cluster_node_timeout=node_timeout_ms, **extra))
 
     # -- processes -------------------------------------------------------------------------

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import NODE_TIMEOUT_MS, LocalCluster, wait_until
-from tests.support.server import REPO, free_port, repo_env, send_command
+from tests.support.cluster import NODE_TIMEOUT_MS, LocalCluster, free_ports, wait_until
+from tests.support.server import REPO, repo_env, send_command
 
 pytestmark = pytest.mark.cluster_processes
 
@@ -136,7 +136,7 @@ def test_different_secrets_never_join_and_the_same_secret_does(local_cluster: Fa
 
 
 def test_make_cluster_script_joins_three_nodes_and_stops_them_on_ctrl_c(tmp_path: Path) -> None:
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     script = subprocess.Popen(
         [sys.executable, "-m", "tools.local_cluster", "--dir", str(tmp_path), "--node-timeout",
          str(NODE_TIMEOUT_MS), "--ports", *map(str, ports)],
