@@ -157,9 +157,7 @@ def test_make_cluster_script_joins_three_nodes_and_stops_them_on_ctrl_c(tmp_path
         output += rest.decode().splitlines(keepends=True)
         assert script.returncode == 0, "".join(output)
     finally:
-        if script.poll() is None:
-            script.kill()
-            script.wait(10)
+        _no_orphans(script, [tmp_path / str(p) / "trisque.pid" for p in ports])
     assert "all nodes stopped" in output[-1]
     for port, pid in zip(ports, pids, strict=True):
         with pytest.raises(OSError):
@@ -178,6 +176,26 @@ def _read_until(fd: int, marker: str, deadline: float) -> list[str]:
             break
         data += chunk
     return data.decode(errors="replace").splitlines(keepends=True)
+
+
+def _no_orphans(script: subprocess.Popen[bytes], pidfiles: list[Path]) -> None:
+    """After a failed test: SIGTERM lets the script stop its nodes; what is left is killed
+    (the nodes run in their own sessions, so killing the script alone would orphan them)."""
+    if script.poll() is None:
+        script.terminate()
+        try:
+            script.wait(20)
+        except subprocess.TimeoutExpired:
+            script.kill()
+            script.wait(10)
+    for pidfile in pidfiles:
+        try:
+            pid = int(pidfile.read_text())
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"cli.server" in fh.read():
+                    os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
 
 
 def _running(pid: int) -> bool:
