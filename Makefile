@@ -1,10 +1,11 @@
-# trisque: `make run` starts a node with its data in ./data, `make test` runs the whole suite.
+# trisque: `make run` starts a node with its data in ./data, `make cluster` three joined nodes
+# (7711-7713, data in ./data/cluster/<port>), `make test` runs the whole suite.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint bench fuzz clean
+.PHONY: run cluster test lint bench fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +16,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	mkdir -p data
 	$(VENV)/bin/trisque-server conf/trisque.conf --dir ./data
+
+# Three nodes in the foreground, joined with CLUSTER MEET; Ctrl-C stops them (tools/local_cluster.py).
+cluster: $(STAMP)
+	$(PY) -m tools.local_cluster
 
 test: $(STAMP)
 	$(PY) -m pytest -q

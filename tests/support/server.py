@@ -21,6 +21,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
+def repo_env() -> dict[str, str]:
+    """The environment for a child process that must run this checkout's code: the installed
+    package may be an editable install of another checkout (a git worktree), so put REPO first."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def free_port() -> int:
     """A port p such that p and p + 10000 (the cluster bus) are both free."""
     from cli.bench_servers import free_port as pick
@@ -60,7 +68,7 @@ class ServerProcess:
 
     def start(self, wait: bool = True) -> ServerProcess:
         self._logfile = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv(), cwd=REPO, stdout=self._logfile,
+        self.proc = subprocess.Popen(self.argv(), cwd=REPO, env=repo_env(), stdout=self._logfile,
                                      stderr=subprocess.STDOUT, preexec_fn=self._limits)
         if wait:
             self.wait_ready()
