@@ -3,6 +3,8 @@ long jobs waited before a consumer got them (trisque-pipeline report, issue 11).
 
 from __future__ import annotations
 
+import io
+
 from broker.clients import Client
 from broker.core import Broker
 from broker.job import Job, validate_record
@@ -90,3 +92,21 @@ def test_a_bad_dtime_is_damage() -> None:
     rec[15] = -1
     assert "dtime" in (validate_record("job", rec) or "")
     assert validate_record("job", rec + [0]) is not None  # 17 fields
+
+
+def test_a_log_mixing_old_and_new_records_reads_clean_and_replays() -> None:
+    from broker.aof import ReadEnd, encode_header, encode_records, read_records
+
+    n = Node()
+    old_id, new_id = n.add("q", "old", "RETRY", 60), n.add("q", "new", "RETRY", 60)
+    n("GETJOB", "COUNT", 2, "FROM", "q")
+    old = n.b.jobs[old_id].to_record()[:15]  # as a node before dtime wrote it
+    new = n.b.jobs[new_id].to_record()
+    data = encode_header() + encode_records([("job", old), ("job", new)])
+    end = ReadEnd()
+    records = list(read_records(io.BytesIO(data), "mixed.aof", end, validate_record))
+    assert end.state == "clean" and [r[1][0] for r in records] == [old_id, new_id]
+    b = Broker(n.b.config, "cd" * 20, b"seed" * 5, now_ms=T0)
+    for record in records:
+        b.load_record(record, T0)
+    assert (b.jobs[old_id].dtime, b.jobs[new_id].dtime) == (0, T0)
