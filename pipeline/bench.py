@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = uptime()
     log(f"start: {load_before}")
-    server, port = _start_node()
+    server, port, server_dir = _start_node()
     try:
         node = f"127.0.0.1:{port}"
         spark = (SparkSession.builder.master("local[2]").appName("trisque-bench")
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.terminate()
         server.wait(60)
+        shutil.rmtree(server_dir, ignore_errors=True)
     load_after = uptime()
 
     med = {k: statistics.median(v) for k, v in results.items()}
@@ -216,7 +218,7 @@ class _Progress:
                 log(f"  loaded {c.qlen(self.queue):,} / {self.total:,}")
 
 
-def _start_node() -> tuple[subprocess.Popen[bytes], int]:
+def _start_node() -> tuple[subprocess.Popen[bytes], int, str]:
     """A fresh trisque-server on a free loopback port, its data in a temporary directory.
     (pipeline may not import cli, so this is not cli.bench_servers.)"""
     import socket
@@ -233,10 +235,11 @@ def _start_node() -> tuple[subprocess.Popen[bytes], int]:
         try:
             with Client([f"127.0.0.1:{port}"]) as c:
                 c.ping()
-            return proc, port
+            return proc, port, directory
         except OSError:
             time.sleep(0.1)
     proc.kill()
+    shutil.rmtree(directory, ignore_errors=True)
     raise RuntimeError(f"trisque-server on 127.0.0.1:{port} did not start")
 
 
