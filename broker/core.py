@@ -296,7 +296,9 @@ class Broker:
         q.push(job)
         q.atime = now_ms
         if q.waiters:
-            self._serve_waiters(q, now_ms)
+            # Waiters mean the queue was empty: the one served gets this job, which the
+            # caller logs next (with its dtime).
+            self._serve_waiters(q, now_ms, log_delivery=False)
         return True
 
     def _dequeue(self, job: Job) -> bool:
@@ -308,12 +310,29 @@ class Broker:
         job.transition(_ACTIVE)
         return True
 
-    def _deliver(self, job: Job, q: Queue, now_ms: int) -> None:
+    def _deliver(self, job: Job, q: Queue, now_ms: int, log: bool = True) -> None:
         """A job left its queue for a client (GETJOB). Its qtime stays as armed when it was
-        queued: the retry period runs from queueing, as in Disque, not from delivery."""
+        queued: the retry period runs from queueing, as in Disque, not from delivery.
+
+        The first delivery sets ``dtime`` and is logged (the job's record), so the wait from
+        creation to first delivery can be read from the log; later ones are not. ``log`` is
+        False when the caller logs this job's record right after (a waiter served from
+        ``_enqueue``: ADDJOB, NACK, ENQUEUE, a requeue): that record carries ``dtime``, and
+        one record keeps the undo of a failed write exact."""
+        first = not job.dtime
+        state, flags = job.state.value, job.flags
         job.transition(_ACTIVE)
         job.flags |= FLAG_DELIVERED
         q.atime = now_ms
+        if first:
+            job.dtime = now_ms
+            if log:
+                rec = job.to_record()
+                # The undo state differs from the new record in three fields: one record
+                # built instead of two (GETJOB's hot path).
+                prev = rec.copy()
+                prev[3], prev[14], prev[15] = state, flags, 0
+                self.outbox.append(LogRecord("job", rec, prev))
 
     def _job_timer(self, job: Job, now_ms: int) -> None:
         if now_ms >= job.etime:
@@ -381,7 +400,9 @@ class Broker:
             q.jobs_in -= 1  # the job is back, not new: QSTAT's jobs-in must not grow
             if q.waiters:
                 # Someone may have blocked on this queue meanwhile; it gets the job now.
-                self._serve_waiters(q, now_ms)
+                # (An undo writes nothing: the delivery reaches the log with the job's next
+                # record.)
+                self._serve_waiters(q, now_ms, log_delivery=False)
 
     # -- replay and snapshot (the append log drives these) --------------------------------------
 
@@ -558,7 +579,7 @@ class Broker:
                     b"additional-deliveries", job.deliveries]
         return [job.queue, job.id, job.body]
 
-    def _serve_waiters(self, q: Queue, now_ms: int) -> None:
+    def _serve_waiters(self, q: Queue, now_ms: int, log_delivery: bool = True) -> None:
         """Hand jobs of ``q`` to its blocked clients, first come first served, one each."""
         if q.pause & PAUSE_OUT:
             return
@@ -566,7 +587,7 @@ class Broker:
             waiter = q.waiters[0]
             job = q.pop()
             assert job is not None
-            self._deliver(job, q, now_ms)
+            self._deliver(job, q, now_ms, log_delivery)
             self._unblock(waiter)
             self.outbox.append(Reply(waiter.client, [self._job_entry(job, waiter.withcounters)]))
 

@@ -69,8 +69,12 @@ _RECORD_INTS: Final = {
     4: ("repl", 1, 65535), 5: ("ttl", 1, MAX_JOB_SECONDS), 6: ("retry", 0, MAX_JOB_SECONDS),
     7: ("delay", 0, MAX_JOB_SECONDS), 8: ("ctime", 0, _INT64_MAX), 9: ("qtime", 0, _INT64_MAX),
     10: ("nacks", 0, _INT64_MAX), 11: ("deliveries", 0, _INT64_MAX), 14: ("flags", 0, 255),
+    15: ("dtime", 0, _INT64_MAX),
 }
-RECORD_FIELDS: Final = 15
+# A record has 16 fields; logs written before ``dtime`` (field 15: the first delivery, unix
+# ms, 0 = not delivered yet) have 15 and still load, with dtime 0.
+RECORD_FIELDS: Final = 16
+OLD_RECORD_FIELDS: Final = 15
 
 
 def record_problem(rec: Any) -> str | None:
@@ -79,8 +83,8 @@ def record_problem(rec: Any) -> str | None:
     The append log checks every record with this before replay applies it, so a damaged or
     foreign record is reported as damage at its offset instead of failing later (when its
     delay ends, at a rewrite, at shutdown)."""
-    if not isinstance(rec, list) or len(rec) != RECORD_FIELDS:
-        return "job record is not a list of 15 fields"
+    if not isinstance(rec, list) or len(rec) not in (RECORD_FIELDS, OLD_RECORD_FIELDS):
+        return "job record is not a list of 15 or 16 fields"
     job_id, queue, body, state = rec[0], rec[1], rec[2], rec[3]
     if not isinstance(job_id, bytes) or not is_valid(job_id):
         return "job record with an invalid job ID"
@@ -89,6 +93,8 @@ def record_problem(rec: Any) -> str | None:
     if state not in STATE_BY_NAME:
         return f"job record with an unknown state {state!r}"
     for index, (name, low, high) in _RECORD_INTS.items():
+        if index >= len(rec):
+            continue  # dtime, absent from a 15-field record
         value = rec[index]
         if type(value) is not int or not low <= value <= high:
             return f"job record with {name} {value!r} outside [{low}, {high}]"
@@ -112,7 +118,7 @@ def validate_record(kind: str, data: Any) -> str | None:
 class Job:
     __slots__ = (
         "id", "queue", "body", "state", "repl", "ttl", "retry", "delay", "ctime",
-        "qtime", "awake", "nacks", "deliveries", "delivered", "confirmed", "flags",
+        "qtime", "awake", "nacks", "deliveries", "delivered", "confirmed", "flags", "dtime",
     )
 
     def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
@@ -134,6 +140,7 @@ class Job:
         self.delivered = delivered  # nodes that may hold a copy
         self.confirmed: tuple[str, ...] = ()
         self.flags = 0
+        self.dtime = 0  # first delivery (unix ms), 0 until then; logged for the report
 
     @property
     def etime(self) -> int:
@@ -168,13 +175,13 @@ class Job:
         return [
             self.id, self.queue, self.body, self.state.value, self.repl, self.ttl, self.retry,
             self.delay, self.ctime, self.qtime, self.nacks, self.deliveries,
-            list(self.delivered), list(self.confirmed), self.flags,
+            list(self.delivered), list(self.confirmed), self.flags, self.dtime,
         ]
 
     @classmethod
     def from_record(cls, rec: list[Any]) -> Job:
         (job_id, queue, body, state, repl, ttl, retry, delay, ctime, qtime, nacks,
-         deliveries, delivered, confirmed, flags) = rec
+         deliveries, delivered, confirmed, flags) = rec[:OLD_RECORD_FIELDS]
         job = cls(bytes(job_id), bytes(queue), bytes(body), repl=repl, ttl=ttl, retry=retry,
                   delay=delay, ctime=ctime, delivered=tuple(delivered),
                   state=STATE_BY_NAME[state])
@@ -183,4 +190,5 @@ class Job:
         job.deliveries = deliveries
         job.confirmed = tuple(confirmed)
         job.flags = flags
+        job.dtime = rec[15] if len(rec) > OLD_RECORD_FIELDS else 0
         return job

@@ -9,6 +9,9 @@ Starts its own servers on free loopback ports (temporary directories), then meas
       reference)
   (e) durability: ADDJOB with appendfsync always vs the same server without the log, and vs
       redis-server LPUSH with appendfsync always
+  (f) the Spark data source (issue 11): ``python -m pipeline.bench`` in its own process, bulk
+      load of 1,000,000 jobs vs trisque-benchmark's pipelined ADDJOB on the same node, and the
+      stream consumption rate; printed after the table (skipped without the spark extra)
 
 Each throughput case runs several short times, trisque and redis interleaved, and the medians
 are reported: the machine is shared and noisy. The primary figures come from our load generator
@@ -387,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                  duration=opts.duration or (1.0 if opts.quick else 2.0),
                  preload=30_000 if opts.quick else 60_000, procs=opts.procs,
                  redis_benchmark=not opts.no_redis_benchmark)
-    only = set((opts.only or "a,b,c,d,e").split(","))
+    only = set((opts.only or "a,b,c,d,e,f").split(","))
     started = time.monotonic()
     rows: list[Row] = []
     with BenchServer("trisque", "trisque") as trisque, BenchServer("redis", "redis") as redis:
@@ -424,7 +427,26 @@ def main(argv: list[str] | None = None) -> int:
         "table": table,
     }, indent=2, default=str))
     print(f"results written to {out}")
+    if "f" in only:
+        spark_case(opts.quick)
     return 0
+
+
+def spark_case(quick: bool) -> None:
+    """(f): pipeline.bench in a process of its own (it starts its node and a JVM)."""
+    import importlib.util
+
+    print("\n(f) Spark data source (python -m pipeline.bench)", flush=True)
+    if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
+        print("n/a: the spark extra or Java 17 is not installed", flush=True)
+        return
+    argv = [sys.executable, "-m", "pipeline.bench"]
+    if quick:
+        argv += ["--jobs", "200000", "--runs", "1", "--stream-jobs", "50000"]
+    out = REPO / "bench-results" / "spark.json"
+    done = subprocess.run(argv + ["--json", str(out)], cwd=REPO, timeout=3600)
+    if done.returncode:
+        print(f"n/a: pipeline.bench exited with {done.returncode}", flush=True)
 
 
 def _cpus() -> int | None:

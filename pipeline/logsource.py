@@ -7,8 +7,9 @@ refuse to load it.
 
 One row per record: ``event`` is the record kind (``job`` for a job's full state, ``ack``,
 ``del``, ``flushall``), ``seq`` its position in the file. Only ``job`` rows carry the queue and
-the counters; the log records no time of its own, so ``ctime`` (the job's creation) is the only
-clock there is.
+the counters. Records have no time of their own; a job record has two: ``ctime`` (creation)
+and ``dtime`` (its first delivery to a consumer; null before it, and in logs written before
+the field existed).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pipeline.options import OptionError
 
 LOG_SCHEMA = (
     "file string, seq long, event string, id string, queue string, state string, "
-    "ctime timestamp, retry int, nacks long, deliveries long"
+    "ctime timestamp, retry int, nacks long, deliveries long, dtime timestamp"
 )
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -60,13 +61,15 @@ def read_events(path: str) -> Iterator[tuple[Any, ...]]:
             for seq, (kind, data) in enumerate(read_records(f, path, end, validate_record)):
                 if kind == "job":
                     (job_id, queue, _body, state, _repl, _ttl, retry, _delay, ctime, _qtime,
-                     nacks, deliveries, *_rest) = data
+                     nacks, deliveries, *rest) = data
+                    dtime = rest[3] if len(rest) > 3 else 0  # field 15; 15-field records lack it
                     yield (path, seq, kind, _text(job_id), _text(queue), _text(state),
                            _EPOCH + dt.timedelta(microseconds=ctime // 1000), retry, nacks,
-                           deliveries)
+                           deliveries,
+                           _EPOCH + dt.timedelta(milliseconds=dtime) if dtime else None)
                 else:
                     yield (path, seq, kind, None if data is None else _text(data),
-                           None, None, None, None, None, None)
+                           None, None, None, None, None, None, None)
     except Exception as exc:
         raise LogReadError(f"cannot read append log {path}: {exc}") from exc
     if end.state != "clean":

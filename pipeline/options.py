@@ -93,7 +93,7 @@ class WriteOptions:
     ttl: int | None
     delay: int | None
     timeout_ms: int             # ADDJOB's synchronous replication timeout
-    batchsize: int              # ADDJOB commands per pipelined round trip
+    batchsize: int              # ADDJOB commands sent ahead of their replies
     async_: bool
     max_body_bytes: int
     on_bad_row: str             # "count" or "fail"

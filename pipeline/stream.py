@@ -12,7 +12,9 @@ Theory of operation (pyspark 4.3 facts this relies on are listed in docs/spark.m
 * Acknowledging: ``commit(end)`` ACKs the batch's IDs, but Spark calls it one batch late, so
   ``latestOffset(start)`` also ACKs the IDs in ``start`` (when Spark plans the next batch, the
   one ending at ``start`` is in its commit log). A set of acked IDs keeps any ID from being
-  ACKed twice by one reader.
+  ACKed twice by one reader; IDs a reader did not claim itself (a batch of an earlier run of
+  the query, seen after a restart) are first checked with SHOW and ACKed only if they are
+  still there, so no ID is ACKed twice across restarts either.
 * Restart from a checkpoint: Spark calls ``partitions(start, end)`` on a fresh reader for the
   uncommitted batch. Its jobs are re-claimed with WORKING (which also proves they still exist:
   a vanished job fails the query loudly, naming it).
@@ -177,6 +179,12 @@ class TrisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _ack_ids(self, ids: list[str]) -> None:
         with self._lock:
             todo = [i for i in ids if i not in self._acked]
+            earlier = [i for i in todo if i not in self._alive]
+        if earlier:
+            # Claimed by an earlier run of the query (the first start after a restart): that
+            # run may have acked them already (its last latestOffset does, in AvailableNow).
+            gone = self._already_acked(earlier)
+            todo = [i for i in todo if i not in gone]
         for k in range(0, len(todo), 1000):
             self.client().ack_job(*todo[k:k + 1000])
         with self._lock:
@@ -184,6 +192,13 @@ class TrisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._acked.add(i)
                 self._alive.pop(i, None)
                 self._bodies.pop(i, None)
+
+    def _already_acked(self, ids: list[str]) -> set[str]:
+        """The IDs among ``ids`` that are acked or gone: one pipelined SHOW per ID, once
+        per restart (only a batch claimed by an earlier reader is checked)."""
+        replies = self.client().run_many([cmd.show(i) for i in ids], raise_on_error=False)
+        return {i for i, info in zip(ids, replies, strict=True)
+                if info is None or (not isinstance(info, Exception) and info.state == "acked")}
 
     def stop(self) -> None:
         # Not reliably called by Spark; only closes the connection when it is.

@@ -26,6 +26,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from protocol import client_commands as cmd
@@ -182,6 +183,19 @@ class Client(ClientSettings):
                     conn.close()
                 return self._drive(open_plan(self, self.selector.current))  # type: ignore[no-any-return]
             return self._drive(connect_plan(self))  # type: ignore[no-any-return]
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A connection to the current node (AUTH and HELLO done) for callers that drive the
+        socket themselves, e.g. the Spark bulk loader streaming pipelined ADDJOBs. Back to the
+        pool afterwards; closed instead if the block raised (its stream may hold half a reply)."""
+        conn = self._acquire()
+        try:
+            yield conn
+        except BaseException:
+            conn.close()
+            raise
+        self._release(conn)
 
     def _release(self, conn: Connection) -> None:
         with self._lock:

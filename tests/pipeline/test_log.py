@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import glob
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from protocol.client import Client
 from tests.support.server import ServerProcess
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -21,6 +26,7 @@ def _scripted_log() -> tuple[ServerProcess, str]:
             c.add_job("q1", f"a{i}".encode(), retry=300)
         for i in range(5):
             c.add_job("q2", f"b{i}".encode())
+        time.sleep(0.4)  # every q1 job waits at least this long before its first delivery
         got = c.get_job("q1", count=4)
         c.ack_job(*[j.id for j in got[:3]])
         c.nack(got[3].id)
@@ -37,6 +43,31 @@ def test_report_counts_a_scripted_workload(spark) -> None:
         rows = {r.queue: r for r in per_queue.collect()}
         assert (rows["q1"].jobs_in, rows["q1"].jobs_acked, rows["q1"].nacks) == (10, 3, 1)
         assert (rows["q2"].jobs_in, rows["q2"].jobs_acked, rows["q2"].nacks) == (5, 0, 0)
+        # Four q1 jobs were delivered (one NACKed and requeued: its first delivery counts),
+        # none of q2's.
+        assert (rows["q1"].jobs_delivered, rows["q2"].jobs_delivered) == (4, 0)
+        assert 400 <= rows["q1"].wait_p50_ms <= rows["q1"].wait_p99_ms < 5000
+        assert rows["q2"].wait_p50_ms is None and rows["q2"].wait_p99_ms is None
+    finally:
+        server.__exit__()
+
+
+def test_report_command_prints_the_wait_per_queue() -> None:
+    # As a user runs it: its own process and SparkSession (main() stops the session it made).
+    server, directory = _scripted_log()
+    try:
+        env = {**os.environ, "PYTHONPATH": REPO, "PYSPARK_PYTHON": sys.executable}
+        done = subprocess.run([sys.executable, "-m", "pipeline.report", "report", "--log",
+                               directory], env=env, cwd=REPO, capture_output=True, text=True,
+                              timeout=240)
+        assert done.returncode == 0, done.stderr[-2000:]
+        out = done.stdout
+        q1 = next(line for line in out.splitlines() if line.startswith("q1 "))
+        q2 = next(line for line in out.splitlines() if line.startswith("q2 "))
+        *_, delivered, p50, p99 = q1.split()
+        assert int(delivered) == 4 and 400 <= float(p50) <= float(p99)
+        assert q2.split()[-3:] == ["0", "n/a", "n/a"]
+        assert "wait p50 ms" in out and "wait p99 ms" in out
     finally:
         server.__exit__()
 

@@ -3,11 +3,22 @@ the WORKING keep-alive, against one real node."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
 
 import pytest
 
 from protocol.client import Client
+from protocol.resp import NEED_DATA, ReplyReader
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -58,8 +69,52 @@ def test_available_now_three_batches_into_parquet_then_all_acked(spark, nodes_op
     assert spark.read.parquet(str(tmp_path / "out")).count() == 300
 
 
-def test_sink_failure_then_restart_replays_same_rows_acks_nothing_twice(spark, nodes_opt, tmp_path) -> None:
+class _Monitor:
+    """Every command the node runs, read from a MONITOR connection in a thread: the test
+    counts the ACKJOBs of each job ID with it."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.sock.sendall(b"MONITOR\r\n")
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._reader = ReplyReader()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(1 << 16)
+            except TimeoutError:
+                continue
+            if not data:
+                return
+            self._reader.feed(data)
+            while (reply := self._reader.next()) is not NEED_DATA:
+                self.lines.append(reply.decode() if isinstance(reply, bytes) else str(reply))
+
+    def acked(self) -> Counter[str]:
+        """Job ID -> how many ACKJOB commands named it."""
+        counts: Counter[str] = Counter()
+        for line in self.lines:
+            args = re.findall(r'"((?:[^"\\]|\\.)*)"', line)
+            if args and args[0].upper() == "ACKJOB":
+                counts.update(args[1:])
+        return counts
+
+    def close(self) -> None:
+        time.sleep(0.5)  # let the last commands arrive
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def test_sink_failure_then_restart_in_a_new_spark_session_replays_same_rows_acks_nothing_twice(
+        spark, node, nodes_opt, tmp_path) -> None:
     ids = _load(nodes_opt, "rp", 200, retry=300)
+    monitor = _Monitor(node.port)
     seen: list[list[str]] = []
 
     def failing_sink(df, batch_id):
@@ -81,30 +136,29 @@ def test_sink_failure_then_restart_replays_same_rows_acks_nothing_twice(spark, n
         assert all(c.show(i) is None for i in seen[0])
         assert all(c.show(i) is not None for i in failed_batch)
 
-    # The restart is a new query on the same session: it gets a fresh driver-side reader
-    # process that knows nothing but the checkpoint. (spark.newSession() cannot see Python data
-    # sources in pyspark 4.3, and a second JVM would double this suite's start-up time.)
-    fresh = spark
-    replayed: list[list[str]] = []
-
-    def sink(df, batch_id):
-        replayed.append(sorted(r.id for r in df.collect()))
-        df.write.mode("append").parquet(str(tmp_path / "out"))
-
-    query = (_stream(fresh, nodes_opt, "rp", 100).writeStream.foreachBatch(sink)
-             .option("checkpointLocation", cp).trigger(availableNow=True).start())
-    query.awaitTermination(240)
-    assert query.exception() is None
-    assert replayed[0] == failed_batch          # exactly the uncommitted batch, replayed
+    # The restart is a new Spark application: another driver process with its own JVM and
+    # SparkSession, sharing only the checkpoint and the node. (spark.newSession() does not see
+    # Python data sources registered in another session in pyspark 4.3.) It runs the query
+    # twice: the replay, then a run that only acks the replayed batch (Spark never commits
+    # the last batch of an AvailableNow run).
+    env = {**os.environ, "PYTHONPATH": REPO, "PYSPARK_PYTHON": sys.executable,
+           "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "tests", "pipeline", "restart_query.py"),
+         nodes_opt, "rp", "100", cp, str(tmp_path / "out"), "2"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    replay_run, last_run = json.loads(done.stdout.strip().splitlines()[-1])
+    assert replay_run == [failed_batch]        # exactly the uncommitted batch, replayed
+    assert last_run == []                      # nothing delivered again
     rows = spark.read.parquet(str(tmp_path / "out")).collect()
     assert sorted(r.id for r in rows) == sorted(ids)   # no duplicates, none lost
-    # A third run only acks the replayed batch (Spark never committed the last one); nothing
-    # is delivered again and the broker ends empty.
-    query3 = (_stream(fresh, nodes_opt, "rp", 100).writeStream.foreachBatch(sink)
-              .option("checkpointLocation", cp).trigger(availableNow=True).start())
-    query3.awaitTermination(240)
-    assert len(replayed) == 1  # the replay only: AvailableNow saw no queued job (all claimed)
     assert _all_acked(nodes_opt, "rp") == (0, [])
+    monitor.close()
+    acked = monitor.acked()
+    assert set(acked) == set(ids)  # every job acked, and none twice: without the reader's
+    # SHOW check, the last run's fresh reader acked the replayed batch a second time.
+    assert {i for i, n in acked.items() if n > 1} == set()
 
 
 def test_retry_shorter_than_a_batch_does_not_duplicate(spark, nodes_opt, tmp_path) -> None:
