@@ -59,6 +59,19 @@ class Node:
         return bool(self.flags & {"pfail", "fail"})
 
 
+def hello_priority(node: Node, is_myself: bool) -> int:
+    """HELLO's priority, Disque's values (lower is better for a client): 100 for a node that
+    failed or is leaving, 10 for one suspected (pfail), 5 for one this node has no link to,
+    1 otherwise."""
+    if node.flags & {"fail", "leaving"}:
+        return 100
+    if "pfail" in node.flags:
+        return 10
+    if node.link is None and not is_myself:
+        return 5
+    return 1
+
+
 def random_node_id(rng: random.Random) -> str:
     return f"{rng.getrandbits(160):040x}"
 
@@ -126,7 +139,7 @@ class Table:
         for n in self.ordered():
             if n.flags & {"handshake", "noaddr"}:
                 continue  # no node a client could use: a temporary ID, or no address
-            priority = 100 if "leaving" in n.flags else 10 if n.failing() else 1
+            priority = hello_priority(n, n is self.myself)
             rows.append([n.node_id.encode(), n.ip.encode(), str(self.port_of(n)).encode(),
                          str(priority).encode()])
         return rows

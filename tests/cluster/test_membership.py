@@ -135,7 +135,8 @@ def test_a_killed_node_becomes_fail_on_the_majority_and_clears_when_restarted() 
                          2 * TIMEOUT)
     assert sim.now - killed_at <= 2 * TIMEOUT
     hello = sim.nodes[0].membership.hello_nodes()
-    assert [dead.node_id.encode(), b"127.0.0.1", str(dead.port).encode(), b"10"] in hello
+    # Disque's priorities: a failed node is 100 (10 is only for a suspected one).
+    assert [dead.node_id.encode(), b"127.0.0.1", str(dead.port).encode(), b"100"] in hello
     assert "cluster_reachable_nodes:3\r\ncluster_size:5" in sim.command(0, "INFO").decode()
     # Restarted from its nodes.conf: same ID, no new MEET, and every flag clears.
     sim.restart(4)

@@ -132,3 +132,19 @@ def test_a_restarted_node_rejoins_without_a_meet() -> None:
     sim.restart(1)
     sim.restart(2)
     assert sim.run_until(lambda: full_mesh(sim), 4 * TIMEOUT)
+
+
+def test_hello_priorities_are_disques() -> None:
+    # Disque's helloCommand: 1 linked, 5 no link, 10 suspected (pfail), 100 failed or leaving;
+    # a worse state wins over a better one, and myself needs no link.
+    from cluster.table import Node, hello_priority
+
+    def node(flags: set[str], link: int | None) -> Node:
+        return Node("a" * 40, "127.0.0.1", 7711, flags, ctime=0, link=link)
+
+    assert hello_priority(node(set(), 3), False) == 1
+    assert hello_priority(node(set(), None), False) == 5
+    assert hello_priority(node({"myself"}, None), True) == 1
+    assert hello_priority(node({"pfail"}, None), False) == 10
+    assert hello_priority(node({"fail"}, 3), False) == 100
+    assert hello_priority(node({"leaving", "pfail"}, 3), False) == 100
