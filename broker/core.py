@@ -26,6 +26,7 @@ from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
 from broker.config import Config
 from broker.effects import Effect, LogRecord, Reply
+from broker.federation import Federation
 from broker.job import (
     FLAG_DELIVERED,
     FLAG_QUEUED_BEFORE,
@@ -36,7 +37,6 @@ from broker.job import (
     validate_record,
 )
 from broker.queue import PAUSE_ALL, PAUSE_IN, PAUSE_NAMES, PAUSE_NONE, PAUSE_OUT, Queue
-from broker.federation import Federation
 from broker.replication import Replication
 from broker.scan import ScanList
 from broker.timers import TimerWheel

@@ -34,6 +34,12 @@ clients are served as each job is queued; the "last job taken" requests that ser
 are run after the whole message, once the rate counts it (Disque serves blocked clients
 after the event loop iteration, with the same effect).
 
+A job this node imported within ``RECENT_IMPORT_MS`` and no longer holds (delivered, acked
+and collected) is not imported again: TCP never duplicates a frame, but a duplicated or very
+late YOURJOBS would otherwise deliver it twice (Disque keeps no such memory). Refusing is
+safe: an at-least-once job is still held, ACTIVE, by its sender until acked, and an
+at-most-once job was already delivered once.
+
 Per-queue state lives in ``Queue.fed`` (``_QueueFed``), so it goes when the broker evicts
 the idle queue, as Disque's lives in its queue. Invariants: frames only from known senders
 not in handshake; a malformed body is logged (key ``malformed-fed:<ip>``) and dropped.
@@ -64,6 +70,9 @@ NEEDJOBS_MIN_REQUEST: Final = 5  # Disque's: the fewest jobs an ad hoc NEEDJOBS 
 RESPONDER_TTL_MS: Final = 5000  # a source is recent this long after its last YOURJOBS
 IMPORT_RATE_WINDOW_MS: Final = 5000  # no import for this long: the rate is 0
 IMPORT_RATE_MIN_ELAPSED_MS: Final = 50  # never divide by less (Disque: never overestimate)
+#: A job received through YOURJOBS within this long, and no longer here, is not imported
+#: again: a duplicated or late frame after its ack GC finished would deliver it twice.
+RECENT_IMPORT_MS: Final = 10_000
 _MAX_SHIFT: Final = 30  # attempts beyond this cannot make a delay longer than its maximum
 
 
@@ -116,6 +125,7 @@ class FederationCore:
         self.stats: dict[str, int] = {"sent": 0, "received": 0, "malformed": 0,
                                       "imported": 0, "exported": 0}
         self._heap: list[tuple[int, bytes]] = []
+        self._recent: dict[bytes, int] = {}  # job ID -> when imported (insertion order)
         # While a YOURJOBS is being queued: the "last job taken" calls, run after it.
         self._deferred: list[Queue] | None = None
         broker.federation = self
@@ -238,11 +248,21 @@ class FederationCore:
     def _on_yourjobs(self, msg: YourJobs, sender: str, now_ms: int) -> None:
         b = self.broker
         me = self.membership.myself_id
+        recent = self._recent
+        while recent:
+            job_id, at = next(iter(recent.items()))
+            if now_ms - at <= RECENT_IMPORT_MS:
+                break
+            del recent[job_id]
         self._deferred = []
         try:
             for job in msg.jobs():
+                if job.id in recent and job.id not in b.jobs:
+                    continue  # imported, delivered and collected here: a duplicate frame
                 if not fed_jobs.import_job(b, job, me, now_ms):
                     continue
+                recent.pop(job.id, None)
+                recent[job.id] = now_ms
                 self.stats["imported"] += 1
                 q = b._queue_for(job.queue, now_ms)
                 st = self._state(q, now_ms)
