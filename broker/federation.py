@@ -77,6 +77,7 @@ def export_jobs(b: Broker, q: Queue, count: int, to_node: str,
             job.delivered += (to_node,)
         record = job.to_record()
         record[13] = []
+        record[14] &= ~FLAG_DELIVERED  # a local fact (Disque clears it in every job message)
         out.append(record)
         if job.retry == 0:
             b._unregister(job)

@@ -80,6 +80,12 @@ class SimJobNode:
                 # The durability rule: a GOTJOB only for a job whose record is in the log.
                 assert any(r.kind == "job" and r.payload[0] == e.body["id"]
                            for r in self.cluster.logs[self.node.index]), "GOTJOB before log"
+            if isinstance(e, Send) and e.type is MessageType.YOURJOBS:
+                # An at-most-once job leaves with its ``del`` already in the log.
+                for rec in e.body["jobs"]:
+                    assert rec[6] or any(r.kind == "del" and r.payload == rec[0]
+                                         for r in self.cluster.logs[self.node.index]), \
+                        "YOURJOBS before the del of its at-most-once job"
             if isinstance(e, Send):
                 self.cluster.sends.append((self.cluster.sim.now, self.node.node_id, e.node_id,
                                            e.type, e.body))
