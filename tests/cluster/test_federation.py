@@ -313,3 +313,18 @@ def test_a_duplicated_yourjobs_of_a_delivered_job_is_not_queued_again() -> None:
     assert len(c.cmd(1, "GETJOB", "COUNT", "5", "NOHANG", "FROM", "q")) == 2
     c.deliver(1, 0, YOURS, {"jobs": records})
     assert c.cmd(1, "GETJOB", "NOHANG", "FROM", "q") is NULL_ARRAY
+
+
+def test_requests_stop_when_no_client_waits_any_more() -> None:
+    c = fed()
+    t0 = c.sim.now
+    a = block(c, 1)
+    block(c, 1, "other", "5000")  # times out at 5 s
+    c.run_for(3_000)
+    c.broker(1).client_gone(a)
+    c.run_for(60_000)
+    sent = [(at - t0, body["queue"]) for at, s, d, t, body in c.sends
+            if t is NEED and s == c.node_id(1) and d == c.node_id(2)]
+    # "q": at once only (its client left before the 4 s one); "other": at once and at 4 s.
+    assert sent == [(0, b"q"), (0, b"other"), (4_000, b"other")]
+    assert c.broker(1).federation.next_deadline() is None  # type: ignore[union-attr]
