@@ -328,7 +328,9 @@ class Broker:
         q.atime = now_ms
         if not job.dtime:
             job.dtime = now_ms
-            self.outbox.append(LogRecord("dlv", [job.id, now_ms], None))
+            # tuple.__new__: the same LogRecord without NamedTuple's Python-level __new__
+            # (0.55 -> 0.24 us here; this runs once per job consumed).
+            self.outbox.append(tuple.__new__(LogRecord, ("dlv", [job.id, now_ms], None)))
 
     def _job_timer(self, job: Job, now_ms: int) -> None:
         if now_ms >= job.etime:
