@@ -430,9 +430,9 @@ class Broker:
         elif kind == "dlv":
             # Advisory: the first delivery of a job still known (an unknown one was acked,
             # deleted or expired, or its record comes later, carrying dtime itself).
-            job = self.jobs.get(payload[0])
-            if job is not None and not job.dtime:
-                job.dtime = payload[1]
+            delivered = self.jobs.get(payload[0])
+            if delivered is not None and not delivered.dtime:
+                delivered.dtime = payload[1]
 
     def finish_load(self, now_ms: int, enqueue_jobs_once: bool) -> None:
         """Schedule what was loaded.

@@ -53,17 +53,16 @@ def getjob_us(jobs: int, log: bool) -> float:
 
 def log_bytes_per_job() -> dict[str, int]:
     b, c = _broker(0)
-    out: dict[str, int] = {}
-    for name, argv in (("ADDJOB", [b"ADDJOB", b"q", BODY, b"0"]),
-                       ("GETJOB", [b"GETJOB", b"NOHANG", b"FROM", b"q"]), ("ACKJOB", None)):
-        if argv is None:
-            argv = [b"ACKJOB", job_id]
-        reply = b.execute(argv, c, T0 + 1000)
-        if name == "ADDJOB":
-            job_id = str(reply).encode()
+
+    def logged(*argv: bytes) -> tuple[object, int]:
+        reply = b.execute(list(argv), c, T0 + 1000)
         records = [e for e in b.take_effects() if type(e) is LogRecord]
-        out[name] = len(aof.encode_records(records))
-    return out
+        return reply, len(aof.encode_records(records))
+
+    job_id, added = logged(b"ADDJOB", b"q", BODY, b"0")
+    _, got = logged(b"GETJOB", b"NOHANG", b"FROM", b"q")
+    _, acked = logged(b"ACKJOB", str(job_id).encode())
+    return {"ADDJOB": added, "GETJOB": got, "ACKJOB": acked}
 
 
 def main() -> None:
