@@ -139,3 +139,20 @@ def test_a_malformed_dlv_in_a_log_is_corruption_at_its_offset() -> None:
     end = ReadEnd()
     list(read_records(io.BytesIO(data), "bad.aof", end, validate_record))
     assert (end.state, end.offset) == ("corrupt", len(good)) and "dlv" in end.reason
+
+
+def test_an_undo_that_serves_a_blocked_client_emits_the_delivery() -> None:
+    # DELJOB of a queued job whose write fails: the undo puts the job back in its queue, where
+    # a client blocked meanwhile gets it; that first delivery is logged like any other.
+    n = Node()
+    job_id = n.add("q", "b")
+    n.log.clear()
+    n("DELJOB", job_id)
+    (deleted,) = n.log
+    n.log.clear()
+    waiter = Client(2)
+    n("GETJOB", "TIMEOUT", 0, "FROM", "q", client=waiter)
+    n.now = T0 + 3
+    n.b.undo_entry(deleted, n.now)
+    assert _records(n) == [("dlv", [job_id, T0 + 3])]
+    assert [r.client for r in n.replies] == [waiter]
