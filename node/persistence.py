@@ -268,6 +268,11 @@ class Persistence:
         self._wakeup.set()
         return batch.ticket
 
+    @property
+    def done_ticket(self) -> int:
+        """Every batch up to this ticket is finished (written, or failed)."""
+        return self._done_ticket
+
     async def wait_durable(self, ticket: int) -> None:
         if ticket == 0:
             return
