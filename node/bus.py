@@ -109,9 +109,8 @@ LOG_EVERY_S = 10.0
 _LEVELS = {"debug": logging.DEBUG, "notice": logging.INFO, "warning": logging.WARNING}
 
 
-class ClusterCore(Protocol):
-    """What the bus needs of a cluster core (``cluster.membership.Membership``, the first
-    one, also gets the link events; ``cluster.jobs.JobCore``)."""
+class FrameCore(Protocol):
+    """What the bus needs of a core that handles frames (``cluster.jobs.JobCore``)."""
 
     HANDLES: frozenset[MessageType]
     outbox: list[ClusterEffect]
@@ -120,6 +119,12 @@ class ClusterCore(Protocol):
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None: ...
+
+    def tick(self, now_ms: int) -> None: ...
+
+
+class ClusterCore(FrameCore, Protocol):
+    """The first core (``cluster.membership.Membership``): it also gets the link events."""
 
     def link_up(self, node_id: str, link: LinkId, now_ms: int) -> None: ...
 
@@ -313,8 +318,8 @@ class Bus:
                  log_ticket: Callable[[], int] = lambda: 0,
                  wait_durable: Callable[[int], Awaitable[bool]] = _always_durable) -> None:
         self.core = core  # the membership core: link events, and frames nobody else handles
-        self.cores: list[ClusterCore] = [core]
-        self.by_type: dict[MessageType, ClusterCore] = {
+        self.cores: list[FrameCore] = [core]
+        self.by_type: dict[MessageType, FrameCore] = {
             t: core for t in getattr(core, "HANDLES", ())}
         self.before_flush = before_flush
         self.log_ticket = log_ticket
@@ -339,7 +344,7 @@ class Bus:
             "links_closed_slow", "connect_failures", "core_errors"), 0)
         self._nursery: trio.Nursery | None = None
 
-    def add_core(self, core: ClusterCore) -> None:
+    def add_core(self, core: FrameCore) -> None:
         """Route the frames of ``core.HANDLES`` to ``core`` and tick it (the job core)."""
         overlap = self.by_type.keys() & core.HANDLES
         if overlap:
