@@ -244,9 +244,9 @@ def test_kill_9_and_restart_with_the_log_loses_no_acknowledged_addjob(
     every = [j for a in acked for j in a]
     present = [[reply is not None for reply in pipelined(c.port(i), [("SHOW", j) for j in every])]
                for i in range(3)]
-    copies = dict(zip(every, map(sum, zip(*present))))
+    copies = dict(zip(every, map(sum, zip(*present, strict=True)), strict=True))
     for i in range(3):
-        missing = [j for j, here in zip(every, present[i]) if not here and origin(ids, j) == i]
+        missing = [j for j, here in zip(every, present[i], strict=True) if not here and origin(ids, j) == i]
         assert not missing, f"node{i} lost {len(missing)} of {len(acked[i])}: {missing[:5]}"
     single = [j for j, n in copies.items() if n < 2]
     assert not single, f"{len(single)} acknowledged jobs with fewer than 2 copies: {single[:5]}"
