@@ -11,6 +11,7 @@ consumers on other nodes, failover when a node dies). Each prints what it measur
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -198,6 +199,43 @@ def test_acks_fastack_async_pause_bcast_and_leaving_across_nodes(
     assert str(c.call(2, "GETJOB", "TIMEOUT", "100", "FROM", "ext")) == LEAVING
     # No dummy ACK on a leaving node (an unknown at-least-once ID): nothing is created.
     print(f"ACKJOB collected on 3 nodes in {ack_s:.2f} s, FASTACK in {fast_s:.2f} s")
+
+
+def test_a_blocked_addjob_holds_its_pipeline_times_out_and_cleans_up(
+        local_cluster: Factory) -> None:
+    """A stopped process (SIGSTOP) keeps its links up but answers nothing: replication waits
+    for real. The ADDJOB's pipeline waits behind it, the timeout answers Disque's NOREPL text,
+    and a client that leaves a blocked ADDJOB takes its partial copies with it (DELJOB)."""
+    c, ids = joined(local_cluster)
+    proc = c.nodes[2].proc
+    assert proc is not None
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        replies = pipelined(c.port(0), [("ADDJOB", "slow", "x", "800", "REPLICATE", "3"),
+                                        ("PING",)])
+        waited = time.monotonic() - t0
+        assert [str(replies[0]), replies[1]] == [
+            "NOREPL Timeout reached before replicating to the requested number of nodes",
+            b"PONG"]
+        assert 0.7 <= waited < 5, waited
+        # The partial copy on node1 is deleted (best-effort DELJOB), node0 keeps none.
+        wait_until(lambda: c.call(1, "QLEN", "slow") == 0 and
+                   c.call(1, "JSCAN", "QUEUE", "slow")[1] == [], SETTLE_S,
+                   "no copy left of the timed-out job")
+        # A client that disconnects while blocked: no timeout (0), then the socket closes.
+        with socket.create_connection(("127.0.0.1", c.port(0)), timeout=5) as s:
+            s.sendall(encode_command("ADDJOB", "gone", "y", "0", "REPLICATE", "3"))
+            wait_until(lambda: c.call(1, "JSCAN", "QUEUE", "gone")[1], SETTLE_S,
+                       "the copy on node1 while the ADDJOB waits")
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)  # still no answer
+        wait_until(lambda: all(c.call(i, "JSCAN", "QUEUE", "gone")[1] == [] for i in (0, 1)),
+                   SETTLE_S, "the copies of an ADDJOB whose client left")
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    print(f"ADDJOB TIMEOUT 800 with a stopped node answered NOREPL after {waited:.2f} s")
 
 
 def test_kill_9_and_restart_with_the_log_loses_no_acknowledged_addjob(
