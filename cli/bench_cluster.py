@@ -14,7 +14,10 @@ interleaved and the medians reported (the machine is shared and noisy):
       is consumed on the node that queued it; the other copies are the replicas.
 
 ``--disque PATH`` runs the same cases against Disque's own server binary (loopback only),
-for its ratio in the same run. The load generator is ``trisque-benchmark``'s.
+for its ratio in the same run. The load generator is ``trisque-benchmark``'s. Each case
+also prints the CPU time the servers used per operation (all nodes together, from /proc):
+on a machine with fewer cores than busy processes (3 nodes + the load generator) the
+throughput ratio mostly measures the machine, the CPU per job measures the code.
 """
 
 from __future__ import annotations
@@ -78,10 +81,24 @@ def join(nodes: list[BenchServer], timeout: float = 30.0) -> None:
     raise BenchError(f"the {len(nodes)} nodes did not join within {timeout:.0f} s")
 
 
-def run(spec: Spec, procs: int) -> dict[str, Any]:
+def cpu_seconds(servers: list[BenchServer]) -> float:
+    """User + system CPU time the server processes used so far (Linux /proc)."""
+    total = 0
+    for server in servers:
+        with open(f"/proc/{server.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def run(spec: Spec, procs: int, servers: list[BenchServer]) -> dict[str, Any]:
+    """One run; adds ``cpu_us_per_op``: the servers' CPU time per operation (all nodes)."""
+    before = cpu_seconds(servers)
     result = run_benchmark(spec, procs=procs)
+    used = cpu_seconds(servers) - before
     if result["errors"]:
         raise BenchError(f"{result['errors']} error replies, first: {result['first_error']}")
+    result["cpu_us_per_op"] = used / max(1, result["ops"]) * 1e6
     return result
 
 
@@ -92,8 +109,8 @@ def measure(kind: str, binary: str | None, runs: int, duration: float,
     try:
         join(nodes)
         addr = [("127.0.0.1", n.port) for n in nodes]
-        one: list[float] = []
-        three: list[float] = []
+        one: list[dict[str, Any]] = []
+        three: list[dict[str, Any]] = []
         cycles: list[dict[str, Any]] = []
         for i in range(runs):
             log(f"{kind}: run {i + 1}/{runs}")
@@ -101,20 +118,24 @@ def measure(kind: str, binary: str | None, runs: int, duration: float,
                 n.flush()
             one.append(run(Spec("produce", [("127.0.0.1", single.port)], 50, body_size=BODY,
                                 jobs=50_000_000, duration=duration, queues=["bench"]),
-                           procs)["ops_per_sec"])
+                           procs, [single]))
             three.append(run(Spec("produce", addr, 50, body_size=BODY, jobs=50_000_000,
                                   duration=duration, queues=["bench"], replicate=3),
-                             procs)["ops_per_sec"])
+                             procs, nodes))
             for n in nodes:
                 n.flush()
             cycles.append(run(Spec("cycle", addr, 50, body_size=BODY, jobs=50_000_000,
                                    duration=duration, queues=["bench-cycle"], replicate=3,
-                                   ack="ackjob", producers=25), procs))
+                                   ack="ackjob", producers=25), procs, nodes))
         p50 = statistics.median(c["e2e_latency_ms"]["p50"] for c in cycles)
         p99 = statistics.median(c["e2e_latency_ms"]["p99"] for c in cycles)
-        return {"single": statistics.median(one), "repl3": statistics.median(three),
-                "cycle": statistics.median(c["ops_per_sec"] for c in cycles),
-                "p50": p50, "p99": p99, "runs_single": one, "runs_repl3": three}
+        def med(runs: list[dict[str, Any]], key: str) -> float:
+            return statistics.median(r[key] for r in runs)
+
+        return {"single": med(one, "ops_per_sec"), "repl3": med(three, "ops_per_sec"),
+                "cpu_single": med(one, "cpu_us_per_op"), "cpu_repl3": med(three, "cpu_us_per_op"),
+                "cycle": med(cycles, "ops_per_sec"), "cpu_cycle": med(cycles, "cpu_us_per_op"),
+                "p50": p50, "p99": p99}
     finally:
         for n in (single, *nodes):
             n.stop()
@@ -145,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         ("(g) ADDJOB standalone, ops/s", "single", "{:.0f}"),
         ("(g) ADDJOB REPLICATE 3, 3 nodes", "repl3", "{:.0f}"),
         ("(g) ratio (issue: >= 0.5)", None, "{:.2f}"),
+        ("(g) server CPU us/ADDJOB standalone", "cpu_single", "{:.0f}"),
+        ("(g) server CPU us/ADDJOB REPL 3", "cpu_repl3", "{:.0f}"),
         ("(h) cycle REPLICATE 3 + ACKJOB /s", "cycle", "{:.0f}"),
+        ("(h) server CPU us per cycle", "cpu_cycle", "{:.0f}"),
         ("(h) end-to-end p50 ms", "p50", "{:.2f}"),
         ("(h) end-to-end p99 ms", "p99", "{:.2f}"),
     ]
