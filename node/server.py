@@ -432,6 +432,9 @@ class Server:
         if self.cluster.leaving:  # CLUSTER LEAVING yes survives a restart, as in Disque
             self.broker.set_leaving(True)
         self.nodes_file = NodesFileWriter(nodes_path)
+        # Before the bus: its first flush routes whatever the broker emitted so far.
+        self.persistence = Persistence(config, self.broker, log,
+                                       clock=lambda: self.clock.now_ms() / 1000)
         self.last_ticket = 0  # the newest append-log batch submitted
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
                        save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id,
@@ -448,8 +451,6 @@ class Server:
             except OSError as exc:
                 raise ServerError(f"Can't write the cluster config file {nodes_path}: "
                                   f"{exc.strerror}") from None
-        self.persistence = Persistence(config, self.broker, log,
-                                       clock=lambda: self.clock.now_ms() / 1000)
         self.connections: set[Connection] = set()
         self.next_client_id = 0
         self.start_time = time.time()
