@@ -130,7 +130,7 @@ def measure(kind: str, binary: str | None, runs: int, duration: float,
         p50 = statistics.median(c["e2e_latency_ms"]["p50"] for c in cycles)
         p99 = statistics.median(c["e2e_latency_ms"]["p99"] for c in cycles)
         def med(runs: list[dict[str, Any]], key: str) -> float:
-            return statistics.median(r[key] for r in runs)
+            return float(statistics.median(r[key] for r in runs))
 
         return {"single": med(one, "ops_per_sec"), "repl3": med(three, "ops_per_sec"),
                 "cpu_single": med(one, "cpu_us_per_op"), "cpu_repl3": med(three, "cpu_us_per_op"),
