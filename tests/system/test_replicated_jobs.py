@@ -11,8 +11,11 @@ consumers on other nodes, failover when a node dies). Each prints what it measur
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +26,7 @@ import pytest
 from protocol.client import Client
 from protocol.resp import NEED_DATA, ReplyReader, encode_command
 from tests.support.cluster import LocalCluster, wait_until
+from tests.support.server import REPO, repo_env
 
 pytestmark = pytest.mark.cluster_processes
 
@@ -236,6 +240,20 @@ def test_a_blocked_addjob_holds_its_pipeline_times_out_and_cleans_up(
     finally:
         proc.send_signal(signal.SIGCONT)
     print(f"ADDJOB TIMEOUT 800 with a stopped node answered NOREPL after {waited:.2f} s")
+
+
+def test_the_benchmark_replicates_across_nodes(local_cluster: Factory) -> None:
+    """``trisque-benchmark --nodes ... --replicate 3``: every job it counts is on every node."""
+    c, _ = joined(local_cluster)
+    nodes = ",".join(addr(c, i) for i in range(3))
+    run = subprocess.run([sys.executable, "-m", "cli.bench", "produce", "--nodes", nodes,
+                          "--replicate", "3", "-n", "600", "-c", "6", "--json"],
+                         cwd=REPO, env=repo_env(), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert (result["produced"], result["errors"]) == (600, 0), result
+    assert [c.call(i, "INFO", "jobs") for i in range(3)] == [
+        b"# Jobs\r\nregistered_jobs:600\r\n"] * 3
 
 
 def test_kill_9_and_restart_with_the_log_loses_no_acknowledged_addjob(
