@@ -143,13 +143,15 @@ def test_a_consumed_job_not_acked_is_requeued_by_exactly_one_holder(
                                    2 + SETTLE_S, "a requeue after RETRY")
     # Over the next second (half a RETRY) the job stays queued on exactly one node: the
     # others heard QUEUED (or answered WILLQUEUE with it) and did not queue their copies.
+    # (Two holders whose timers fire within a link's latency may both queue it for that
+    # long, until the QUEUED of the greater node ID dequeues the other, as Disque allows;
+    # the first 0.3 s are left for that.)
     samples = []
     end = time.monotonic() + 1.0
     while time.monotonic() < end:
         samples.append([c.call(i, "QLEN", "rq") for i in range(3)])
         time.sleep(0.1)
-    assert all(sum(s) == 1 for s in samples[-3:]), samples
-    assert max(sum(s) for s in samples) == 1, samples
+    assert all(sum(s) == 1 for s in samples[3:]), samples
     holder = samples[-1].index(1)
     taken = [c.call(i, "GETJOB", "NOHANG", "FROM", "rq") for i in range(3)]
     assert [t is not None for t in taken] == [i == holder for i in range(3)], taken
