@@ -104,9 +104,13 @@ def info(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         return errors.SYNTAX
     sources = dict(b.info_sources)
     fed = b.federation
-    # jobs_imported/jobs_exported (federation, a cluster node only) are trisque's: Disque's
-    # INFO has no such fields, and without them a moved job is invisible on both nodes.
-    sources["jobs"] = lambda: [("registered_jobs", len(b.jobs))] + (fed.info() if fed else [])
+    # jobs_imported/jobs_exported (federation, a node with a bus) are trisque's: Disque's
+    # INFO has no such fields, and without them a moved job is invisible on both nodes. A
+    # section of their own, shown by INFO federation and INFO all: INFO and INFO jobs stay
+    # Disque's, byte for byte, on every node (every node runs a bus).
+    sources["jobs"] = lambda: [("registered_jobs", len(b.jobs))]
+    if fed is not None:
+        sources["federation"] = fed.info
     sources["queues"] = lambda: [("registered_queues", len(b.queues))]
     return render(sources, section).encode()
 

@@ -40,7 +40,8 @@ and time, following the contract of ``cluster/effects.py``:
   ``Disconnect`` cancels the keeper and closes its link; no ``link_down`` follows (the core
   asked for it). ``CloseLink`` closes one link; an outbound one is reconnected by its keeper
   if the node is still wanted, after ``link_down``.
-* **Several cores, one router.** The membership core and the job core (issue 9) each say
+* **Several cores, one router.** The membership core, the job core (issue 9) and the
+  federation core (issue 10) each say
   which frame types they handle (``HANDLES``); ``Bus.receive`` hands a frame to the one
   core that handles its type (a type nobody handles, such as the reserved NACK, goes to the
   first core, which counts it and drops it). Link events go to the first core (membership
@@ -55,8 +56,10 @@ and time, following the contract of ``cluster/effects.py``:
   the nodes file (``save_nodes`` callback), the node ID (``new_node_id`` callback) and log
   lines (at most one per key every ``LOG_EVERY_S``, the number suppressed meanwhile added
   to the next one).
-* **GOTJOB waits for the log.** A node may promise a copy only once it would still have it
-  after kill -9: a ``Send`` of GOTJOB whose node has log records not yet durable
+* **GOTJOB and YOURJOBS wait for the log.** A node may promise a copy only once it would
+  still have it after kill -9, and may hand an at-most-once job over only once its ``del``
+  is durable (else it could come back here while the receiver has it): a ``Send`` of
+  GOTJOB or YOURJOBS whose node has log records not yet durable
   (``log_ticket()``, 0 when none) is sent by a task once ``wait_durable(ticket)`` says so,
   and dropped if that write failed (the broker undid the copy). Other sends go at once.
 """
@@ -105,6 +108,10 @@ RECONNECT_RESET_S = 5.0
 SEND_QUEUE_LIMIT = 64 * 1024 * 1024
 SEND_CHUNK = 256 * 1024
 LOG_EVERY_S = 10.0
+
+# Sends that promise a state only the log keeps after kill -9: a replica's copy (GOTJOB), the
+# deletion here of an at-most-once job that moved to the receiver (YOURJOBS).
+_WAIT_FOR_LOG = frozenset({MessageType.GOTJOB, MessageType.YOURJOBS})
 
 _LEVELS = {"debug": logging.DEBUG, "notice": logging.INFO, "warning": logging.WARNING}
 
@@ -316,12 +323,14 @@ class Bus:
                  rng: random.Random | None = None,
                  before_flush: Callable[[], None] = lambda: None,
                  log_ticket: Callable[[], int] = lambda: 0,
-                 wait_durable: Callable[[int], Awaitable[bool]] = _always_durable) -> None:
+                 wait_durable: Callable[[int], Awaitable[bool]] = _always_durable,
+                 after_flush: Callable[[], None] = lambda: None) -> None:
         self.core = core  # the membership core: link events, and frames nobody else handles
         self.cores: list[FrameCore] = [core]
         self.by_type: dict[MessageType, FrameCore] = {
             t: core for t in getattr(core, "HANDLES", ())}
         self.before_flush = before_flush
+        self.after_flush = after_flush
         self.log_ticket = log_ticket
         self.wait_durable = wait_durable
         self.config = config
@@ -535,13 +544,14 @@ class Bus:
             if core.outbox:
                 for effect in core.take_effects():
                     self.route(effect)
+        self.after_flush()
 
     def route(self, effect: ClusterEffect) -> None:
         """The one place a cluster effect goes where it belongs."""
         t = type(effect)
         if t is Send:
             assert isinstance(effect, Send)
-            if effect.type is MessageType.GOTJOB:
+            if effect.type in _WAIT_FOR_LOG:
                 ticket = self.log_ticket()
                 if ticket and self._nursery is not None:
                     self._nursery.start_soon(self._send_when_durable, ticket, effect)

@@ -23,7 +23,12 @@ after it, before the append log is replayed, and becomes ``broker.replication``;
 routes it the frames of its ``HANDLES``. After every event - a client command, a bus frame,
 a tick - the broker's effects are routed before the cluster cores' (``Bus.flush`` calls
 ``Server.settle_broker`` first): a replica's log record reaches the log before its GOTJOB
-is sent, and the bus holds a GOTJOB until the log says it is durable.
+is sent, and the bus holds a GOTJOB until the log says it is durable. The federation core
+(``cluster.federation.FederationCore``, issue 10) is built next to the job core and becomes
+``broker.federation``; its effects follow the job core's after every event (client
+commands included: GETJOB and ADDJOB emit NEEDJOBS), the bus holds a YOURJOBS like a GOTJOB
+(the ``del`` of an at-most-once job that left must be durable first), and
+``federation_timer`` ticks it at its ``next_deadline()``, re-read after every flush.
 
 A synchronous ADDJOB (``REPLICATE`` > 1) returns ``BLOCKED`` like a GETJOB with nothing to
 deliver: the connection stops executing its pipeline (``Connection.blocked``) until the
@@ -65,6 +70,7 @@ from broker.intents import (
     RewriteLog,
     Shutdown,
 )
+from cluster.federation import FederationCore
 from cluster.jobs import JobCore
 from cluster.membership import Membership
 from node import config_file, nodes_store
@@ -439,11 +445,17 @@ class Server:
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
                        save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id,
                        before_flush=self.settle_broker, log_ticket=self.log_ticket,
-                       wait_durable=self.durable)
+                       wait_durable=self.durable, after_flush=self._federation_moved)
         # Replicated jobs: built before the log is replayed (run() loads it), since replay
         # keeps acked cluster jobs only when broker.replication is set.
         self.jobs = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
         self.bus.add_core(self.jobs)
+        # Federation (issue 10): NEEDJOBS/YOURJOBS; ticked at its own next deadline
+        # (federation_timer), which any command or frame may move (a GETJOB blocking).
+        self.federation = FederationCore(self.broker, self.cluster)
+        self.bus.add_core(self.federation)
+        self._fed_armed: int | None = None  # the deadline federation_timer sleeps until
+        self._fed_wake = trio.Event()
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
             try:
@@ -766,6 +778,33 @@ class Server:
             # waits for its records; WILLQUEUE, QUEUED, SETACK... go out after them.
             self.bus.flush()
 
+    def _federation_moved(self) -> None:
+        """After every flush: wake federation_timer if the core's next deadline came earlier
+        than the one it sleeps until (a GETJOB just blocked, a YOURJOBS made a source)."""
+        due = self.federation.next_deadline()
+        if due is not None and (self._fed_armed is None or due < self._fed_armed):
+            self._fed_wake.set()
+
+    async def federation_timer(self) -> None:
+        """Tick the federation core exactly at ``next_deadline()`` (its ad hoc NEEDJOBS backs
+        off from 25 ms: the bus's 100 ms tick alone would make it late)."""
+        fed = self.federation
+        while True:
+            self._fed_wake = trio.Event()
+            due = self._fed_armed = fed.next_deadline()
+            if due is None:
+                await self._fed_wake.wait()
+            else:
+                wait = (due - self.clock.now_ms()) / 1000
+                if wait > 0:
+                    with trio.move_on_after(wait):
+                        await self._fed_wake.wait()
+            self._fed_armed = None
+            now = self.clock.now_ms()
+            due = fed.next_deadline()
+            if due is not None and due <= now:
+                self.bus.event(fed.tick, now)
+
     def _sample(self, now: int) -> None:
         t, n = self._ops_sample
         mono = self.clock.monotonic()
@@ -797,6 +836,7 @@ class Server:
             await nursery.start(self.nodes_file.run)
             await nursery.start(self.bus.run, bus_listeners)
             nursery.start_soon(self.timers)
+            nursery.start_soon(self.federation_timer)
             for listener in listeners:
                 nursery.start_soon(self.accept, listener)
             nursery.start_soon(self._signals)
