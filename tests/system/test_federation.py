@@ -1,0 +1,185 @@
+"""Issue 10 with real ``trisque-server`` processes: jobs flow to the nodes where consumers wait.
+
+``tests/cluster/test_federation.py`` proves NEEDJOBS/YOURJOBS message by message on a fake
+clock (exact backoff delays, lost and duplicated frames). These prove what only separate
+processes can: that the node wires the federation core to the real bus, timers and log,
+and that a user of the client library sees jobs added on one node consumed on others.
+Each prints what it measured (``pytest -s``). Select them with ``-m cluster_processes``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from protocol.client import Client
+from tests.support.cluster import LocalCluster, wait_until
+from tests.system.test_replicated_jobs import addr, joined, origin, pipelined
+
+pytestmark = pytest.mark.cluster_processes
+
+Factory = Callable[..., LocalCluster]
+
+JOBS = 10_000
+# Long enough that no job is requeued during the test: a job seen twice is a bug.
+RETRY_S = 300
+# A first broadcast NEEDJOBS goes at once, the next after 4 s (Disque's backoff).
+BROADCAST_GAP_S = 4.0
+
+
+def qstat(c: LocalCluster, i: int, queue: str) -> dict[str, Any]:
+    reply = c.call(i, "QSTAT", queue)
+    assert isinstance(reply, list), reply
+    return {reply[k].decode(): reply[k + 1] for k in range(0, len(reply), 2)}
+
+
+def info(c: LocalCluster, i: int, section: str) -> dict[str, str]:
+    text = c.call(i, "INFO", section).decode()
+    return dict(line.split(":", 1) for line in text.split("\r\n") if ":" in line)
+
+
+def test_ten_thousand_jobs_added_on_one_node_are_consumed_on_two_others_once_each(
+        local_cluster: Factory) -> None:
+    c, ids = joined(local_cluster)
+    seen: Counter[str] = Counter()
+    acked = 0
+    lock = threading.Lock()
+    produced = threading.Event()
+    failures: list[str] = []
+    sources: dict[int, list[bytes]] = {}
+
+    def worker(node: int) -> None:
+        nonlocal acked
+        try:
+            with Client(nodes=[addr(c, node)], socket_timeout=10.0) as client:
+                while True:
+                    jobs = client.get_job("fed", count=50, timeout_ms=300)
+                    assert client.address == ("127.0.0.1", c.port(node))  # only on B or C
+                    if not jobs:
+                        with lock:
+                            if produced.is_set() and acked >= JOBS:
+                                return
+                        continue
+                    if node not in sources:
+                        sources[node] = qstat(c, node, "fed")["import-from"]
+                    with lock:
+                        seen.update(j.id for j in jobs)
+                    n = client.ack_job(*(j.id for j in jobs))
+                    with lock:
+                        acked += n
+        except Exception as exc:  # noqa: BLE001 - reported by the main thread
+            failures.append(f"node{node}: {type(exc).__name__}: {exc}")
+
+    workers = [threading.Thread(target=worker, args=(node,), daemon=True)
+               for node in (1, 2, 1, 2)]
+    for t in workers:
+        t.start()
+    t0 = time.monotonic()
+    added: list[str] = []
+    for start in range(0, JOBS, 500):
+        # Half with one copy (only federation moves them), half with the cluster's default
+        # three (the consumers' nodes already hold an unqueued copy when it is exported).
+        replies = pipelined(c.port(0), [("ADDJOB", "fed", f"job{k}", "0", "RETRY",
+                                         str(RETRY_S), "REPLICATE", str(1 + 2 * (k % 2)))
+                                        for k in range(start, start + 500)])
+        added += [r.decode() for r in replies]
+    produced.set()
+    produce_s = time.monotonic() - t0
+    deadline = time.monotonic() + 40
+    for t in workers:
+        t.join(max(0.1, deadline - time.monotonic()))
+    elapsed = time.monotonic() - t0
+    assert not failures, failures
+    assert not any(t.is_alive() for t in workers), f"acked {acked} of {JOBS} in {elapsed:.1f} s"
+    assert all(origin(ids, j) == 0 for j in added)
+    # Every job delivered and acked, none twice (no RETRY passed).
+    assert set(seen) == set(added)
+    assert [j for j, n in seen.items() if n > 1] == []
+    assert acked == JOBS
+    # Both consumers' nodes imported from node0, and QSTAT said so.
+    exported = int(info(c, 0, "federation")["jobs_exported"])
+    imported = [int(info(c, i, "federation")["jobs_imported"]) for i in (1, 2)]
+    assert exported == sum(imported) == JOBS, (exported, imported)
+    assert sources.get(1) == [ids[0].encode()] and sources.get(2) == [ids[0].encode()], sources
+    # Nobody consumed on node0: its jobs all went over the bus.
+    assert "cmdstat_getjob" not in c.call(0, "INFO", "commandstats").decode()
+    # Acked everywhere: the ack GC collects every copy (node0 kept each one ACTIVE).
+    wait_until(lambda: all(info(c, i, "jobs")["registered_jobs"] == "0" for i in range(3)),
+               20, "every copy collected")
+    print(f"{JOBS} jobs added on node0 in {produce_s:.2f} s, consumed and acked on node1 "
+          f"({imported[0]}) and node2 ({imported[1]}) in {elapsed:.2f} s "
+          f"({JOBS / elapsed:.0f} jobs/s), none twice")
+
+
+def test_a_consumer_blocked_on_another_node_receives_a_job_added_on_the_first(
+        local_cluster: Factory) -> None:
+    """The README's example: a worker on node1 waits on an empty queue; a job added on
+    node0 reaches it by the next broadcast NEEDJOBS (at most 4 s after it blocked)."""
+    c, ids = joined(local_cluster)
+    got: dict[str, Any] = {}
+
+    def consume() -> None:
+        with Client(nodes=[addr(c, 1)], socket_timeout=10.0) as client:
+            got["jobs"] = client.get_job("readme", timeout_ms=int(BROADCAST_GAP_S * 1000 + 3000))
+            got["at"] = time.monotonic()
+            got["qstat"] = client.qstat("readme")
+            got["ack"] = client.ack_job(*(j.id for j in got["jobs"]))
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    blocked_at = time.monotonic()
+    consumer.start()
+    wait_until(lambda: c.call(1, "QSTAT", "readme") and qstat(c, 1, "readme")["blocked"] == 1,
+               5, "the consumer blocked on node1")
+    job_id = c.call(0, "ADDJOB", "readme", "hello from node0", "0").decode()
+    added_at = time.monotonic()
+    consumer.join(BROADCAST_GAP_S + 6)
+    assert not consumer.is_alive()
+    assert [(j.id, j.body) for j in got["jobs"]] == [(job_id, b"hello from node0")]
+    assert got["qstat"].import_from == [ids[0]]
+    assert got["ack"] == 1
+    waited = got["at"] - added_at
+    assert got["at"] - blocked_at <= BROADCAST_GAP_S + 2
+    wait_until(lambda: c.call(0, "SHOW", job_id) is None, 10, "the job collected on node0")
+    print(f"a job added on node0 reached the consumer blocked on node1 {waited:.2f} s later "
+          f"({got['at'] - blocked_at:.2f} s after it blocked; broadcast gap 4 s)")
+
+
+def test_a_leaving_node_never_asks_for_jobs_and_still_gives_its_own(
+        local_cluster: Factory) -> None:
+    c, ids = joined(local_cluster)
+    # node2 holds two jobs of its own, then leaves the cluster.
+    mine = [c.call(2, "ADDJOB", "drain", f"d{k}", "0", "REPLICATE", "1").decode()
+            for k in range(2)]
+    assert c.call(2, "CLUSTER", "LEAVING", "yes") == b"OK"
+    wait_until(lambda: (ids[2], "127.0.0.1", c.port(2), 100) in c.hello(0)[1], 5,
+               "node0 knowing node2 leaves")
+    # node0 has jobs that node2's consumers would take if node2 asked: it never does.
+    pipelined(c.port(0), [("ADDJOB", "wanted", f"w{k}", "0", "REPLICATE", "1")
+                          for k in range(20)])
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2.5:
+        assert c.call(2, "GETJOB", "NOHANG", "FROM", "wanted") is None
+        time.sleep(0.05)
+    assert c.call(0, "QLEN", "wanted") == 20
+    assert info(c, 0, "federation")["jobs_exported"] == "0"
+    assert qstat(c, 2, "wanted")["import-from"] == []
+    # The same NOHANG polling on a node that is not leaving asks at once, and gets jobs.
+    got, _ = wait_until(lambda: c.call(1, "GETJOB", "NOHANG", "FROM", "wanted"), 5,
+                        "node1 importing from node0")
+    assert origin(ids, got[0][1].decode()) == 0
+    # And the leaving node still answers NEEDJOBS: node1's consumer empties it.
+    with Client(nodes=[addr(c, 1)], socket_timeout=10.0) as client:
+        taken = []
+        while len(taken) < 2:
+            jobs = client.get_job("drain", timeout_ms=int(BROADCAST_GAP_S * 1000 + 3000))
+            assert jobs, taken
+            taken += [j.id for j in jobs]
+    assert sorted(taken) == sorted(mine)
+    assert c.call(2, "QLEN", "drain") == 0
+    print(f"leaving node2 imported nothing in {time.monotonic() - t0:.1f} s of GETJOB NOHANG; "
+          "its 2 jobs were taken by node1's consumer")
