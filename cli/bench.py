@@ -6,7 +6,8 @@ Workloads (``--workload``, or the first positional argument):
 * ``consume``  the queues are preloaded (not measured), then GETJOB NOHANG COUNT k FROM queues,
                with the IDs acknowledged (FASTACK, ACKJOB, or not at all) in the next write
 * ``cycle``    half the clients produce, half consume with GETJOB TIMEOUT; the latency reported
-               is end to end, from the ADDJOB send (a timestamp in the body) to the delivery
+               is end to end, from the ADDJOB send (a timestamp in the body) to the delivery;
+               ``--produce-nodes``/``--consume-nodes`` put them on different nodes of a cluster
 * ``lpush`` / ``rpop`` / ``lcycle``: the same three with LPUSH, RPOP and BRPOP, so that the same
                load generator measures redis-server as the yardstick (``--redis-list`` maps the
                first three names to these)
@@ -65,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-h", "--host", default="127.0.0.1")
     p.add_argument("-p", "--port", type=int, default=7711)
     p.add_argument("--nodes", help="host:port,host:port,... (clients are spread round robin)")
+    p.add_argument("--produce-nodes", metavar="NODES",
+                   help="cycle: host:port,... where the producers connect (round robin; "
+                        "default --nodes). With --consume-nodes on other nodes, every job "
+                        "reaches its consumer through the cluster (NEEDJOBS/YOURJOBS)")
+    p.add_argument("--consume-nodes", metavar="NODES",
+                   help="cycle: host:port,... where the consumers connect (default --nodes)")
     p.add_argument("-a", "--password", help="sent with AUTH on every connection")
     p.add_argument("-c", "--clients", type=int, default=50, help="connections (default 50)")
     p.add_argument("-P", "--pipeline", type=int, default=1, help="commands per write (default 1)")
@@ -106,6 +113,12 @@ def options_to_spec(opts: argparse.Namespace) -> Spec:
     if opts.redis_list:
         workload = REDIS_NAME.get(workload, workload)
     nodes = parse_nodes(opts.nodes) if opts.nodes else [(opts.host, opts.port)]
+    produce_nodes = parse_nodes(opts.produce_nodes) if opts.produce_nodes else None
+    consume_nodes = parse_nodes(opts.consume_nodes) if opts.consume_nodes else None
+    if (produce_nodes or consume_nodes) and workload not in ("cycle", "lcycle"):
+        raise SystemExit("trisque-benchmark: --produce-nodes/--consume-nodes apply to cycle only")
+    if not opts.nodes and (produce_nodes or consume_nodes):
+        nodes = list(dict.fromkeys((produce_nodes or []) + (consume_nodes or [])))
     if opts.jobs is None and opts.duration is None:
         jobs, duration = DEFAULT_JOBS, DEFAULT_DURATION
     else:
@@ -127,6 +140,7 @@ def options_to_spec(opts: argparse.Namespace) -> Spec:
         duration=max(0.0, min(duration, MAX_DURATION)), queues=queues, count=opts.count,
         ack=opts.ack, replicate=opts.replicate, retry=opts.retry, timeout_ms=opts.timeout,
         password=opts.password, producers=opts.clients // 2,
+        produce_nodes=produce_nodes, consume_nodes=consume_nodes,
     )
 
 
@@ -329,6 +343,10 @@ def aggregate(spec: Spec, procs: int, results: Sequence[dict[str, Any]]) -> dict
     }
     if spec.workload in ("cycle", "lcycle"):
         out["e2e_latency_ms"] = percentiles(e2e)
+        for key in ("produce_nodes", "consume_nodes"):
+            where = getattr(spec, key)
+            if where:
+                out[key] = [f"{h}:{p}" for h, p in where]
     return out
 
 
@@ -340,6 +358,9 @@ def format_result(r: dict[str, Any]) -> str:
     ]
     if r["workload"] in ("cycle", "lcycle"):
         lines.append(f"  produced {r['produced']}, consumed {r['consumed']}")
+        if r.get("produce_nodes") or r.get("consume_nodes"):
+            lines.append(f"  producers on {','.join(r.get('produce_nodes') or r['nodes'])}, "
+                         f"consumers on {','.join(r.get('consume_nodes') or r['nodes'])}")
     if r.get("preloaded"):
         lines.append(f"  preloaded {r['preloaded']} jobs")
     for key, label in (("latency_ms", "request latency"), ("e2e_latency_ms", "end-to-end latency")):

@@ -64,6 +64,9 @@ class Spec:
     getjob_timeout_ms: int = 100  # cycle consumers: GETJOB TIMEOUT
     password: str | None = None
     producers: int = 0  # cycle: how many of the clients produce (the rest consume)
+    # cycle: where producers / consumers connect (round robin); None: ``nodes`` for both.
+    produce_nodes: list[tuple[str, int]] | None = None
+    consume_nodes: list[tuple[str, int]] | None = None
     index: int = 0  # worker number, for the shared counters
     nworkers: int = 1
 
@@ -266,11 +269,14 @@ async def produce_loop(spec: Spec, conn_no: int, sock: Any, reader: ReplyReader,
     lat = stats.lat_ns
     qi = conn_no % len(queues)
 
+    ok = [0]  # this connection's jobs added (stats is shared by the worker's tasks)
+
     def on_reply(index: int, r: Any, t: int) -> None:
         if type(r) is Error:
             stats.error(r)
         else:
             stats.produced += 1
+            ok[0] += 1
         lat.append(t)
 
     while True:
@@ -286,9 +292,10 @@ async def produce_loop(spec: Spec, conn_no: int, sock: Any, reader: ReplyReader,
         else:
             payload = cmds[qi] * n
         qi = (qi + 1) % len(queues)
+        before = ok[0]
         await exchange(sock, reader, payload, n, on_reply)
         stats.add(SLOT_DONE, n)
-        stats.add(SLOT_PRODUCED, n)
+        stats.add(SLOT_PRODUCED, ok[0] - before)  # jobs added, not error replies
 
 
 async def exchange(sock: Any, reader: ReplyReader, payload: bytes, need: int,
@@ -390,7 +397,11 @@ async def call_raw(sock: Any, reader: ReplyReader, payload: bytes) -> Any:
 
 
 def producers_running(shared: Any, nworkers: int) -> int:
-    return sum(shared[i * SLOTS + SLOT_PRODUCERS] for i in range(nworkers))
+    return slot_total(shared, nworkers, SLOT_PRODUCERS)
+
+
+def slot_total(shared: Any, nworkers: int, slot: int) -> int:
+    return sum(shared[i * SLOTS + slot] for i in range(nworkers))
 
 
 async def cycle_consumer(spec: Spec, sock: Any, reader: ReplyReader, stats: Stats,
@@ -430,7 +441,12 @@ async def cycle_consumer(spec: Spec, sock: Any, reader: ReplyReader, stats: Stat
         jobs = jobs_in_reply(reply, workload)
         if not jobs:
             stats.empty_replies += 1
-            if producers_running(shared, spec.nworkers) == 0:
+            # Done once no producer runs and every job produced was consumed (by any
+            # consumer): across a cluster, jobs still travelling (NEEDJOBS/YOURJOBS) may
+            # make a wait come back empty before the last ones arrive.
+            if (producers_running(shared, spec.nworkers) == 0
+                    and slot_total(shared, spec.nworkers, SLOT_CONSUMED)
+                    >= slot_total(shared, spec.nworkers, SLOT_PRODUCED)):
                 break
             continue
         for job in jobs:
@@ -450,14 +466,24 @@ async def cycle_consumer(spec: Spec, sock: Any, reader: ReplyReader, stats: Stat
             stats.error(r)
 
 
+def node_for(spec: Spec, i: int, cycle: bool) -> tuple[str, int]:
+    """Connection ``i``'s node: round robin over ``nodes``, or in a cycle over
+    ``produce_nodes`` for the producers and ``consume_nodes`` for the consumers."""
+    if cycle and i < spec.producers and spec.produce_nodes:
+        return spec.produce_nodes[i % len(spec.produce_nodes)]
+    if cycle and i >= spec.producers and spec.consume_nodes:
+        return spec.consume_nodes[(i - spec.producers) % len(spec.consume_nodes)]
+    return spec.nodes[i % len(spec.nodes)]
+
+
 async def run_worker(spec: Spec, shared: Any, wait_go: Any, drain_grace: float = 5.0) -> dict[str, Any]:
     """Connect, wait for ``wait_go`` (an async callable), run the loops; the worker's numbers."""
     stats = Stats(shared, spec.index)
     conns = []
-    for i in range(spec.clients):
-        host, port = spec.nodes[i % len(spec.nodes)]
-        conns.append(await connect(host, port, spec.password))
     cycle = spec.workload in ("cycle", "lcycle")
+    for i in range(spec.clients):
+        host, port = node_for(spec, i, cycle)
+        conns.append(await connect(host, port, spec.password))
     if cycle:
         stats.add(SLOT_PRODUCERS, spec.producers)
     await wait_go()

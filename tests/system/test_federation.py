@@ -9,6 +9,9 @@ Each prints what it measured (``pytest -s``). Select them with ``-m cluster_proc
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -19,6 +22,7 @@ import pytest
 
 from protocol.client import Client
 from tests.support.cluster import LocalCluster, wait_until
+from tests.support.server import REPO, repo_env
 from tests.system.test_replicated_jobs import addr, joined, origin, pipelined
 
 pytestmark = pytest.mark.cluster_processes
@@ -183,3 +187,57 @@ def test_a_leaving_node_never_asks_for_jobs_and_still_gives_its_own(
     assert c.call(2, "QLEN", "drain") == 0
     print(f"leaving node2 imported nothing in {time.monotonic() - t0:.1f} s of GETJOB NOHANG; "
           "its 2 jobs were taken by node1's consumer")
+
+
+def test_a_rebalancing_consumer_moves_to_the_node_that_produces_its_jobs(
+        local_cluster: Factory) -> None:
+    """``rebalance_consumers=True``: a consumer started on node1 receives node0's jobs
+    through federation, sees from their IDs that node0 makes them, and moves there; the
+    jobs then no longer travel. Without it the consumer stays where it was put."""
+    c, ids = joined(local_cluster)
+    pipelined(c.port(0), [("ADDJOB", "rb", f"r{k}", "0", "REPLICATE", "1")
+                          for k in range(400)])
+    at_first = None
+    with Client(nodes=[addr(c, 1)], socket_timeout=10.0, rebalance_consumers=True,
+                rebalance_window=16) as client:
+        taken = 0
+        moved_after = None
+        while taken < 200:
+            jobs = client.get_job("rb", count=4, timeout_ms=int(BROADCAST_GAP_S * 1000 + 3000))
+            assert jobs
+            at_first = at_first or client.address
+            assert client.fast_ack(*(j.id for j in jobs)) == len(jobs)
+            taken += len(jobs)
+            if moved_after is None and client.address == ("127.0.0.1", c.port(0)):
+                moved_after = taken
+        assert at_first == ("127.0.0.1", c.port(1))
+        # The window (16) is judged from a quarter of it on.
+        assert moved_after is not None and moved_after <= 16, moved_after
+        exported = int(info(c, 0, "federation")["jobs_exported"])
+    # After the move every job was taken on node0 itself: few crossed the bus.
+    assert exported < 100, exported
+    assert "cmdstat_getjob" in c.call(0, "INFO", "commandstats").decode()
+    assert c.call(0, "QLEN", "rb") == 400 - exported - (taken - moved_after)
+    print(f"the consumer moved from node1 to node0 after {moved_after} jobs; "
+          f"{exported} of {taken} crossed the bus")
+
+
+def test_the_benchmark_cycles_from_producers_on_one_node_to_consumers_on_two(
+        local_cluster: Factory) -> None:
+    c, _ = joined(local_cluster)
+    run = subprocess.run([sys.executable, "-m", "cli.bench", "cycle", "--produce-nodes",
+                          addr(c, 0), "--consume-nodes", f"{addr(c, 1)},{addr(c, 2)}",
+                          "--replicate", "1", "--retry", str(RETRY_S), "-n", "3000", "-c", "8",
+                          "--json"],
+                         cwd=REPO, env=repo_env(), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert (result["produced"], result["consumed"], result["errors"]) == (3000, 3000, 0), result
+    assert result["produce_nodes"] == [addr(c, 0)]
+    assert result["consume_nodes"] == [addr(c, 1), addr(c, 2)]
+    imported = [int(info(c, i, "federation")["jobs_imported"]) for i in (1, 2)]
+    assert int(info(c, 0, "federation")["jobs_exported"]) == sum(imported) == 3000
+    assert min(imported) > 0, imported
+    lat = result["e2e_latency_ms"]
+    print(f"bench cycle node0 -> node1,node2: {result['ops_per_sec']:.0f} jobs/s, end to end "
+          f"p50 {lat['p50']:.1f} ms p99 {lat['p99']:.1f} ms; imported {imported}")
