@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicate", type=int, help="ADDJOB ... REPLICATE N")
     p.add_argument("--retry", type=int, help="ADDJOB ... RETRY S")
     p.add_argument("--timeout", type=int, default=0, help="ADDJOB ms-timeout argument (default 0)")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="produce/cycle: jobs per second in all, spread evenly over the "
+                        "producers (default 0: as fast as they can); a steady load for "
+                        "latency figures")
     p.add_argument("--count", type=int, default=1, help="GETJOB COUNT / RPOP count (default 1)")
     p.add_argument("--ack", choices=("fastack", "ackjob", "none"), default="fastack",
                    help="how consumers acknowledge (default fastack)")
@@ -140,7 +144,7 @@ def options_to_spec(opts: argparse.Namespace) -> Spec:
         duration=max(0.0, min(duration, MAX_DURATION)), queues=queues, count=opts.count,
         ack=opts.ack, replicate=opts.replicate, retry=opts.retry, timeout_ms=opts.timeout,
         password=opts.password, producers=opts.clients // 2,
-        produce_nodes=produce_nodes, consume_nodes=consume_nodes,
+        produce_nodes=produce_nodes, consume_nodes=consume_nodes, rate=max(0.0, opts.rate),
     )
 
 

@@ -1,4 +1,4 @@
-"""``make bench``'s cluster case (issue 9): replicated ADDJOB on a local 3-node cluster.
+"""``make bench``'s cluster cases: replicated ADDJOB (issue 9), federation (issue 10).
 
 Starts one standalone trisque-server and three joined into a cluster (free loopback ports,
 temporary directories, the log off as in the other throughput cases), then, with the runs
@@ -13,6 +13,19 @@ interleaved and the medians reported (the machine is shared and noisy):
       ADDJOB to the GETJOB reply) and the cycle rate. GETJOB is local, as in Disque: a job
       is consumed on the node that queued it; the other copies are the replicas.
 
+  (i) federation (issue 10): a cycle whose 25 producers add jobs (REPLICATE 1) on node0
+      while its 25 consumers take them on node1 (GETJOB TIMEOUT, ACKJOB): every job
+      reaches its consumer through NEEDJOBS/YOURJOBS. Sustained rate (the run ends when
+      every job added was consumed) vs the same cycle on the standalone node: the ratio
+      (issue 10 asks >= 0.5). Then a steady load: 2 producers adding 1000 jobs/s in all,
+      evenly spaced (``--rate``), 8 consumers, the same nodes; and the same on the
+      standalone node: end-to-end p50/p99.
+  (j) an idle cluster: 10 consumers blocked for ``--idle`` seconds (default 60) on an
+      empty queue, 5 on node1 and 5 on node2: the NEEDJOBS they cause (INFO federation;
+      Disque's backoff allows 5 broadcasts per node in 60 s: 0, 4, 12, 28, 58 s, each to
+      the 2 other nodes, so 20) and every bus message sent by the 3 nodes (CLUSTER INFO's
+      cluster_stats_messages_sent, PING/PONG included).
+
 ``--disque PATH`` runs the same cases against Disque's own server binary (loopback only),
 for its ratio in the same run. The load generator is ``trisque-benchmark``'s. Each case
 also prints the CPU time the servers used per operation (all nodes together, from /proc):
@@ -25,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import socket
 import statistics
 import sys
 import time
@@ -33,9 +47,11 @@ from typing import Any
 from cli.bench import run_benchmark
 from cli.bench_load import BenchError, Spec
 from cli.bench_servers import BenchServer, command
+from protocol.resp import encode_command
 
 BODY = 16
 NODE_TIMEOUT_MS = "3000"
+STEADY_RATE = 1000.0  # (i): jobs/s, well under what one node or the cluster sustains here
 
 
 class DisqueServer(BenchServer):
@@ -102,8 +118,46 @@ def run(spec: Spec, procs: int, servers: list[BenchServer]) -> dict[str, Any]:
     return result
 
 
+def info_field(port: int, text: bytes | str, name: str) -> int:
+    """An integer field of an INFO / CLUSTER INFO reply (0 when absent: Disque has no
+    federation section)."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    for line in text.split("\r\n"):
+        if line.startswith(name + ":"):
+            return int(line.split(":", 1)[1])
+    return 0
+
+
+def idle_messages(nodes: list[BenchServer], seconds: float) -> dict[str, Any]:
+    """(j): consumers blocked on an empty queue on node1 and node2 for ``seconds``."""
+    def sample() -> tuple[int, int]:
+        sent = needjobs = 0
+        for n in nodes:
+            sent += info_field(n.port, command(n.port, "CLUSTER", "INFO"),
+                               "cluster_stats_messages_sent")
+            needjobs += info_field(n.port, command(n.port, "INFO", "federation"),
+                                   "needjobs_sent")
+        return sent, needjobs
+
+    consumers = []
+    try:
+        before = sample()
+        for i in range(10):
+            s = socket.create_connection(("127.0.0.1", nodes[1 + i % 2].port), timeout=5)
+            s.sendall(encode_command("GETJOB", "TIMEOUT", "0", "FROM", "idle-queue"))
+            consumers.append(s)
+        time.sleep(seconds)
+        after = sample()
+    finally:
+        for s in consumers:
+            s.close()
+    return {"idle_s": seconds, "bus_sent": after[0] - before[0],
+            "needjobs": after[1] - before[1]}
+
+
 def measure(kind: str, binary: str | None, runs: int, duration: float,
-            procs: int) -> dict[str, Any]:
+            procs: int, idle_s: float) -> dict[str, Any]:
     single = start(kind, f"{kind} standalone", binary)
     nodes = [start(kind, f"{kind} node{i}", binary) for i in range(3)]
     try:
@@ -127,6 +181,39 @@ def measure(kind: str, binary: str | None, runs: int, duration: float,
             cycles.append(run(Spec("cycle", addr, 50, body_size=BODY, jobs=50_000_000,
                                    duration=duration, queues=["bench-cycle"], replicate=3,
                                    ack="ackjob", producers=25), procs, nodes))
+        fed_one: list[dict[str, Any]] = []
+        fed_three: list[dict[str, Any]] = []
+        steady_one: list[dict[str, Any]] = []
+        steady_three: list[dict[str, Any]] = []
+        single_addr = [("127.0.0.1", single.port)]
+        for i in range(runs):
+            log(f"{kind}: federation run {i + 1}/{runs}")
+            for n in (single, *nodes):
+                n.flush()
+            fed_one.append(run(Spec("cycle", single_addr, 50, body_size=BODY,
+                                    jobs=50_000_000, duration=duration, queues=["fed-cycle"],
+                                    ack="ackjob", producers=25), procs, [single]))
+            fed_three.append(run(Spec("cycle", addr[:2], 50, body_size=BODY, jobs=50_000_000,
+                                      duration=duration, queues=["fed-cycle"], replicate=1,
+                                      ack="ackjob", producers=25, produce_nodes=addr[:1],
+                                      consume_nodes=addr[1:2]), procs, nodes))
+            steady_one.append(run(Spec("cycle", single_addr, 10, body_size=BODY,
+                                       jobs=50_000_000, duration=duration,
+                                       queues=["fed-steady"], ack="ackjob", producers=2,
+                                       rate=STEADY_RATE),
+                                  1, [single]))
+            steady_three.append(run(Spec("cycle", addr[:2], 10, body_size=BODY,
+                                         jobs=50_000_000, duration=duration,
+                                         queues=["fed-steady"], replicate=1, ack="ackjob",
+                                         producers=2, produce_nodes=addr[:1],
+                                         consume_nodes=addr[1:2], rate=STEADY_RATE), 1, nodes))
+        idle = idle_messages(nodes, idle_s) if idle_s > 0 else {}
+        if kind == "disque":
+            idle["needjobs"] = None  # Disque counts no federation message anywhere
+
+        def e2e(runs: list[dict[str, Any]], q: str) -> float:
+            return float(statistics.median(r["e2e_latency_ms"][q] for r in runs))
+
         p50 = statistics.median(c["e2e_latency_ms"]["p50"] for c in cycles)
         p99 = statistics.median(c["e2e_latency_ms"]["p99"] for c in cycles)
         def med(runs: list[dict[str, Any]], key: str) -> float:
@@ -135,7 +222,16 @@ def measure(kind: str, binary: str | None, runs: int, duration: float,
         return {"single": med(one, "ops_per_sec"), "repl3": med(three, "ops_per_sec"),
                 "cpu_single": med(one, "cpu_us_per_op"), "cpu_repl3": med(three, "cpu_us_per_op"),
                 "cycle": med(cycles, "ops_per_sec"), "cpu_cycle": med(cycles, "cpu_us_per_op"),
-                "p50": p50, "p99": p99}
+                "p50": p50, "p99": p99,
+                "fed_single": med(fed_one, "ops_per_sec"), "fed_three": med(fed_three, "ops_per_sec"),
+                "cpu_fed": med(fed_three, "cpu_us_per_op"),
+                "fed_p99": e2e(fed_three, "p99"),
+                "steady_rate_one": med(steady_one, "ops_per_sec"),
+                "steady_rate_three": med(steady_three, "ops_per_sec"),
+                "steady_p50_one": e2e(steady_one, "p50"), "steady_p99_one": e2e(steady_one, "p99"),
+                "steady_p50_three": e2e(steady_three, "p50"),
+                "steady_p99_three": e2e(steady_three, "p99"),
+                "idle_needjobs": idle.get("needjobs", 0), "idle_bus": idle.get("bus_sent", 0)}
     finally:
         for n in (single, *nodes):
             n.stop()
@@ -148,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=2.0, help="seconds per run (default 2)")
     p.add_argument("--procs", type=int, default=2, help="load generator processes (default 2)")
     p.add_argument("--disque", metavar="PATH", help="also measure this disque-server binary")
+    p.add_argument("--idle", type=float, default=60.0,
+                   help="(j): seconds of idle blocked consumers (default 60; 0 skips it)")
     opts = p.parse_args(argv)
     load = os.getloadavg()
     print(f"# cluster benchmark: {platform.node()} {os.cpu_count()} CPUs, load average "
@@ -157,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     try:
         for kind, binary in sides:
-            results[kind] = measure(kind, binary, opts.runs, opts.duration, opts.procs)
+            results[kind] = measure(kind, binary, opts.runs, opts.duration, opts.procs,
+                                    opts.idle)
     except BenchError as exc:
         print(f"cluster benchmark failed: {exc}")
         return 1
@@ -172,12 +271,28 @@ def main(argv: list[str] | None = None) -> int:
         ("(h) server CPU us per cycle", "cpu_cycle", "{:.0f}"),
         ("(h) end-to-end p50 ms", "p50", "{:.2f}"),
         ("(h) end-to-end p99 ms", "p99", "{:.2f}"),
+        ("(i) cycle standalone /s", "fed_single", "{:.0f}"),
+        ("(i) cycle node0 -> node1 /s", "fed_three", "{:.0f}"),
+        ("(i) ratio (issue: >= 0.5)", "fed_ratio", "{:.2f}"),
+        ("(i) server CPU us per job, 3 nodes", "cpu_fed", "{:.0f}"),
+        ("(i) saturated end-to-end p99 ms", "fed_p99", "{:.1f}"),
+        ("(i) steady standalone /s", "steady_rate_one", "{:.0f}"),
+        ("(i) steady standalone p50 ms", "steady_p50_one", "{:.2f}"),
+        ("(i) steady standalone p99 ms", "steady_p99_one", "{:.2f}"),
+        ("(i) steady node0 -> node1 /s", "steady_rate_three", "{:.0f}"),
+        ("(i) steady node0 -> node1 p50 ms", "steady_p50_three", "{:.2f}"),
+        ("(i) steady node0 -> node1 p99 ms", "steady_p99_three", "{:.2f}"),
+        (f"(j) idle {opts.idle:g} s: NEEDJOBS sent", "idle_needjobs", "{:.0f}"),
+        (f"(j) idle {opts.idle:g} s: bus messages", "idle_bus", "{:.0f}"),
     ]
     for title, key, fmt in rows:
         cells = []
         for r in results.values():
-            value = r["repl3"] / r["single"] if key is None else r[key]
-            cells.append(fmt.format(value))
+            if key == "fed_ratio":
+                value = r["fed_three"] / r["fed_single"]
+            else:
+                value = r["repl3"] / r["single"] if key is None else r[key]
+            cells.append("n/a" if value is None else fmt.format(value))
         print(f"{title:34}" + "".join(f"{c:>16}" for c in cells))
     load = os.getloadavg()
     print(f"# load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

@@ -62,6 +62,7 @@ class Spec:
     retry: int | None = None
     timeout_ms: int = 0  # ADDJOB timeout argument
     getjob_timeout_ms: int = 100  # cycle consumers: GETJOB TIMEOUT
+    rate: float = 0.0  # producers: jobs per second in all (0: as fast as they can)
     password: str | None = None
     producers: int = 0  # cycle: how many of the clients produce (the rest consume)
     # cycle: where producers / consumers connect (round robin); None: ``nodes`` for both.
@@ -279,7 +280,16 @@ async def produce_loop(spec: Spec, conn_no: int, sock: Any, reader: ReplyReader,
             ok[0] += 1
         lat.append(t)
 
+    # --rate: each producer connection its share of the jobs per second, evenly spaced
+    # (a steady load, for latency that is not queueing behind a saturated node).
+    producers = max(1, spec.producers * spec.nworkers if spec.producers else spec.clients)
+    interval = spec.pipeline * producers / spec.rate if spec.rate > 0 else 0.0
+    next_send = perf_counter()
     while True:
+        if interval:
+            next_send += interval
+            if next_send > perf_counter():
+                await trio.sleep(next_send - perf_counter())
         n = budget.claim(spec.pipeline)
         if not n:
             return

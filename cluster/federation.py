@@ -123,7 +123,8 @@ class FederationCore:
         self.membership = membership
         self.outbox: list[ClusterEffect] = []
         self.stats: dict[str, int] = {"sent": 0, "received": 0, "malformed": 0,
-                                      "imported": 0, "exported": 0}
+                                      "imported": 0, "exported": 0, "needjobs_sent": 0,
+                                      "yourjobs_sent": 0}
         self._heap: list[tuple[int, bytes]] = []
         self._recent: dict[bytes, int] = {}  # job ID -> when imported (insertion order)
         # While a YOURJOBS is being queued: the "last job taken" calls, run after it.
@@ -216,8 +217,11 @@ class FederationCore:
         return st.rate(now_ms) if st is not None else 0
 
     def info(self) -> list[tuple[str, Any]]:
+        # Messages too, not only jobs: what an idle cluster's consumers cost the bus.
         return [("jobs_imported", self.stats["imported"]),
-                ("jobs_exported", self.stats["exported"])]
+                ("jobs_exported", self.stats["exported"]),
+                ("needjobs_sent", self.stats["needjobs_sent"]),
+                ("yourjobs_sent", self.stats["yourjobs_sent"])]
 
     # =========================================================================================
     # Handlers
@@ -315,6 +319,7 @@ class FederationCore:
 
     def _send(self, node_id: str, msg: FedMessage) -> None:
         self.stats["sent"] += 1
+        self.stats["needjobs_sent" if type(msg) is NeedJobs else "yourjobs_sent"] += 1
         self.membership.messages_sent += 1
         self.outbox.append(Send(node_id, msg.type, msg.body()))
 

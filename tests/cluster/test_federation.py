@@ -158,7 +158,10 @@ def test_qstat_and_info_after_a_federated_getjob_match_the_reference_shape() -> 
         b"import-from", [c.node_id(2).encode()], b"import-rate", 20,
         b"jobs-in", 1, b"jobs-out", 1, b"pause", b"none"]
     assert c.cmd(0, "QSCAN", "IMPORTRATE", "20")[1] == [b"fedq2"]
-    assert c.cmd(0, "INFO", "federation") == b"# Federation\r\njobs_imported:1\r\njobs_exported:0\r\n"
+    assert c.cmd(0, "INFO", "federation") == (
+        b"# Federation\r\njobs_imported:1\r\njobs_exported:0\r\nneedjobs_sent:3\r\n"
+        b"yourjobs_sent:0\r\n")
+    assert "yourjobs_sent:1\r\n" in c.cmd(2, "INFO", "federation").decode()
     assert "jobs_exported:1\r\n" in c.cmd(2, "INFO", "all").decode()
     # INFO jobs stays Disque's, byte for byte.
     assert c.cmd(0, "INFO", "jobs") == b"# Jobs\r\nregistered_jobs:1\r\n"
