@@ -19,7 +19,8 @@ interleaved and the medians reported (the machine is shared and noisy):
       every job added was consumed) vs the same cycle on the standalone node: the ratio
       (issue 10 asks >= 0.5). Then a steady load: 2 producers adding 1000 jobs/s in all,
       evenly spaced (``--rate``), 8 consumers, the same nodes; and the same on the
-      standalone node: end-to-end p50/p99.
+      standalone node, each after a 1 s warm-up (node1 then knows node0 as a source):
+      end-to-end p50/p99.
   (j) an idle cluster: 10 consumers blocked for ``--idle`` seconds (default 60) on an
       empty queue, 5 on node1 and 5 on node2: the NEEDJOBS they cause (INFO federation;
       Disque's backoff allows 5 broadcasts per node in 60 s: 0, 4, 12, 28, 58 s, each to
@@ -197,16 +198,20 @@ def measure(kind: str, binary: str | None, runs: int, duration: float,
                                       duration=duration, queues=["fed-cycle"], replicate=1,
                                       ack="ackjob", producers=25, produce_nodes=addr[:1],
                                       consume_nodes=addr[1:2]), procs, nodes))
-            steady_one.append(run(Spec("cycle", single_addr, 10, body_size=BODY,
-                                       jobs=50_000_000, duration=duration,
-                                       queues=["fed-steady"], ack="ackjob", producers=2,
-                                       rate=STEADY_RATE),
-                                  1, [single]))
-            steady_three.append(run(Spec("cycle", addr[:2], 10, body_size=BODY,
-                                         jobs=50_000_000, duration=duration,
-                                         queues=["fed-steady"], replicate=1, ack="ackjob",
-                                         producers=2, produce_nodes=addr[:1],
-                                         consume_nodes=addr[1:2], rate=STEADY_RATE), 1, nodes))
+            steady = Spec("cycle", single_addr, 10, body_size=BODY, jobs=50_000_000,
+                          duration=duration, queues=["fed-steady"], ack="ackjob", producers=2,
+                          rate=STEADY_RATE)
+            across = Spec("cycle", addr[:2], 10, body_size=BODY, jobs=50_000_000,
+                          duration=duration, queues=["fed-steady"], replicate=1, ack="ackjob",
+                          producers=2, produce_nodes=addr[:1], consume_nodes=addr[1:2],
+                          rate=STEADY_RATE)
+            # Steady state: node1 must already know node0 as a source of the queue. From
+            # cold, consumers that block before the first job exists wait for the next
+            # broadcast NEEDJOBS (4 s later, Disque's backoff), as they do on Disque.
+            for spec, where, out in ((steady, [single], steady_one),
+                                     (across, nodes, steady_three)):
+                run(Spec(**{**spec.__dict__, "duration": 1.0}), 1, where)
+                out.append(run(spec, 1, where))
         idle = idle_messages(nodes, idle_s) if idle_s > 0 else {}
         if kind == "disque":
             idle["needjobs"] = None  # Disque counts no federation message anywhere
