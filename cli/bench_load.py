@@ -288,8 +288,9 @@ async def produce_loop(spec: Spec, conn_no: int, sock: Any, reader: ReplyReader,
     while True:
         if interval:
             next_send += interval
-            if next_send > perf_counter():
-                await trio.sleep(next_send - perf_counter())
+            wait = next_send - perf_counter()
+            if wait > 0:
+                await trio.sleep(wait)
         n = budget.claim(spec.pipeline)
         if not n:
             return
