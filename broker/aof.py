@@ -61,7 +61,7 @@ _FRAME = struct.Struct(">III")
 FRAME_HEADER_SIZE: Final = _FRAME.size  # 12
 _MASK: Final = 0xFFFFFFFF
 
-KINDS: Final = ("job", "ack", "del", "flushall")
+KINDS: Final = ("job", "ack", "del", "flushall", "qpolicy")  # qpolicy: broker/policies.py
 
 # How much of the file the reader holds at once: big enough that the per-read cost is lost in
 # the noise, small enough that a multi-gigabyte log does not need as much memory.
