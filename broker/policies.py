@@ -16,9 +16,11 @@ A ``Policy`` holds
   delivery number ``max_receives + 1`` (deliveries = 1 + nacks + additional-deliveries, the
   WITHCOUNTERS fields) is moved to the dead-letter queue instead of being queued again
   (``dead_letter``); the dead-letter queue must have a policy itself;
-* ``message_deduplication`` - ADDJOB of a body equal to a job of the queue still present on this
-  node returns that job's ID and creates nothing (``addjob``). The scope is this node: a copy
-  on another node, or a job acked or expired, is not a duplicate.
+* ``message_deduplication`` - ADDJOB of a body equal to a job of the queue that was added on
+  this node and is still present here returns that job's ID and creates nothing (``addjob``).
+  The scope is this node: a job added on another node (even one this node holds a copy of),
+  or a job acked or expired, is not a duplicate; a partition changes nothing (each side
+  deduplicates what was added on its own nodes), and jobs are never merged.
 
 Explicit ADDJOB options always win over a policy's defaults. Jobs keep the parameters they were
 created with; the redrive policy in force when a job would be queued again is the one applied.
@@ -215,8 +217,10 @@ class PolicyTable:
             # the queue this node holds. (When turned on by a command, the table is marked
             # indexed at once: as mqs says, jobs already there are not considered.)
             self._indexed.add(queue)
+            mine = b"D-" + b.node_id[:8].encode()
             for job in b.jobs.values():
-                if job.queue == queue and job.state is not JobState.ACKED:
+                if (job.queue == queue and job.state is not JobState.ACKED
+                        and job.id.startswith(mine)):
                     self._dedup[(queue, hashlib.sha1(job.body).digest())] = job.id
         job_id = self._dedup.get((queue, hashlib.sha1(body).digest()))
         if job_id is None:
