@@ -287,6 +287,19 @@ def store(b: Broker, p: Policy) -> None:
         table.on_change(p)
 
 
+def apply_remote(b: Broker, p: Policy) -> bool:
+    """A peer's version of a policy (cluster/policy_sync.py): kept and logged if newer, not
+    sent on (the sender's own broadcast and the periodic exchange reach every node)."""
+    table = b.policies
+    old = table.by_name.get(p.name)
+    if not table.merge(p):
+        return False
+    if p.message_deduplication and not (old and not old.deleted and old.message_deduplication):
+        table.mark_indexed(p.name)
+    b.outbox.append(LogRecord(RECORD_KIND, p.to_record(), old.to_record() if old else None))
+    return True
+
+
 def command(b: Broker, cmd: QPolicy, now_ms: int) -> Any:
     table = b.policies
     sub = cmd.sub
