@@ -18,6 +18,7 @@ from broker import intents
 from broker.clients import Client
 from broker.cluster_view import ClusterView
 from broker.config import Config
+from broker.federation import Federation
 from broker.info import render
 from broker.version import VERSION
 from protocol import errors
@@ -36,6 +37,7 @@ class Broker(Protocol):
     queues: Mapping[bytes, Any]
     info_sources: dict[str, Callable[[], list[tuple[str, Any]]]]
     cluster: ClusterView
+    federation: Federation | None
 
     def hello_nodes(self) -> list[list[bytes]]: ...
 
@@ -101,7 +103,10 @@ def info(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     if len(cmd.args) > 1:
         return errors.SYNTAX
     sources = dict(b.info_sources)
-    sources["jobs"] = lambda: [("registered_jobs", len(b.jobs))]
+    fed = b.federation
+    # jobs_imported/jobs_exported (federation, a cluster node only) are trisque's: Disque's
+    # INFO has no such fields, and without them a moved job is invisible on both nodes.
+    sources["jobs"] = lambda: [("registered_jobs", len(b.jobs))] + (fed.info() if fed else [])
     sources["queues"] = lambda: [("registered_queues", len(b.queues))]
     return render(sources, section).encode()
 

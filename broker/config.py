@@ -79,6 +79,10 @@ DIRECTIVES: dict[str, Directive] = {
         _D("client-output-buffer-limit", "obuf", "normal 0 0 0", True, "Output buffer limits of clients as Redis's normal class: 'normal <hard> <soft> <soft-seconds>' (units: kb mb gb; 0: no limit). A client whose unsent replies pass the hard limit, or stay past the soft limit that many seconds, is closed."),
         _D("client-query-buffer-limit", "memory", 1073741824, True, "Largest input a client may have pending (unparsed bytes plus a command read in part); past it the client is closed, as Redis does. At least 1mb."),
         _D("cluster-node-timeout", "int", 15000, True, "Milliseconds after which an unreachable node is failing."),
+        _D("needjobs-adhoc-min-delay", "int", 25, True, "Federation: milliseconds between NEEDJOBS to a queue's recent sources, doubling after each one sent without a reply, from this (Disque's 25)."),
+        _D("needjobs-adhoc-max-delay", "int", 2000, True, "Federation: the largest delay between NEEDJOBS to a queue's recent sources, in milliseconds (Disque's 2000)."),
+        _D("needjobs-bcast-min-delay", "int", 2000, True, "Federation: milliseconds between NEEDJOBS broadcasts to the whole cluster, doubling after each one, from this (Disque's 2000); reset when a new source answers."),
+        _D("needjobs-bcast-max-delay", "int", 30000, True, "Federation: the largest delay between NEEDJOBS broadcasts to the whole cluster, in milliseconds (Disque's 30000)."),
         _D("cluster-config-file", "string", "nodes.conf", False, "File in dir where the node keeps its ID and peers."),
         _D("cluster-secret", "string", "", False, "Shared secret of the cluster bus: every bus frame carries an HMAC-SHA256 under it, and a frame with a missing or wrong MAC is dropped (empty: no MAC, as Disque's bus). Every node of a cluster needs the same one. CONFIG GET shows whether it is set, never its value."),
     ]
@@ -108,6 +112,10 @@ RANGES: dict[str, tuple[int, int]] = {
     "maxmemory-samples": (1, INT32_MAX),
     "slowlog-log-slower-than": (-1, INT64_MAX),
     "cluster-node-timeout": (1, INT32_MAX),
+    "needjobs-adhoc-min-delay": (1, INT32_MAX),
+    "needjobs-adhoc-max-delay": (1, INT32_MAX),
+    "needjobs-bcast-min-delay": (1, INT32_MAX),
+    "needjobs-bcast-max-delay": (1, INT32_MAX),
     "client-query-buffer-limit": (1024 * 1024, INT64_MAX),
 }
 

@@ -26,6 +26,7 @@ from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
 from broker.config import Config
 from broker.effects import Effect, LogRecord, Reply
+from broker.federation import Federation
 from broker.job import (
     FLAG_DELIVERED,
     FLAG_QUEUED_BEFORE,
@@ -106,6 +107,9 @@ class Broker:
         # The cluster job core (``cluster.jobs.JobCore``) when the bus runs; None: one node,
         # and every path below is the single-node one (see broker/replication.py).
         self.replication: Replication | None = None
+        # The cluster federation core (``cluster.federation.FederationCore``) when the bus
+        # runs; None: no NEEDJOBS, and QSTAT's import fields stay empty (broker/federation.py).
+        self.federation: Federation | None = None
         # ADDJOBs blocked until their job is replicated: job ID -> cluster_jobs.ReplWait.
         self.repl_wait: dict[bytes, cluster_jobs.ReplWait] = {}
         # Memory: the driver samples the process RSS now and then (``used_memory``); between
@@ -152,7 +156,7 @@ class Broker:
         if t is QPeek:
             return self._qpeek(cmd)  # type: ignore[arg-type]
         if t is QScan:
-            return self._qscan(cmd)  # type: ignore[arg-type]
+            return self._qscan(cmd, now_ms)  # type: ignore[arg-type]
         if t is JScan:
             return self._jscan(cmd, now_ms)  # type: ignore[arg-type]
         if t is Pause:
@@ -563,11 +567,13 @@ class Broker:
         while len(found) < want:
             before = len(found)
             for q in queues:
-                if q.pause & PAUSE_OUT:
-                    continue
-                job = q.pop()
+                job = None if q.pause & PAUSE_OUT else q.pop()
                 if job is None:
+                    if self.federation is not None:
+                        self.federation.need_jobs(q, False, now_ms)
                     continue
+                if self.federation is not None and not len(q):
+                    self.federation.need_jobs(q, True, now_ms)
                 self._deliver(job, q, now_ms)
                 found.append(job)
                 if len(found) >= want:
@@ -606,6 +612,8 @@ class Broker:
             waiter = q.waiters[0]
             job = q.pop()
             assert job is not None
+            if self.federation is not None and not len(q):
+                self.federation.need_jobs(q, True, now_ms)
             self._deliver(job, q, now_ms, log_delivery)
             self._unblock(waiter)
             self.outbox.append(Reply(waiter.client, [self._job_entry(job, waiter.withcounters)]))
@@ -720,14 +728,15 @@ class Broker:
         q = self.queues.get(cmd.queue)
         if q is None:
             return NULL_ARRAY
+        fed = self.federation
         return [
             b"name", q.name,
             b"len", len(q),
             b"age", (now_ms - q.ctime) // 1000,
             b"idle", (now_ms - q.atime) // 1000,
             b"blocked", len(q.waiters),
-            b"import-from", [n.encode() for n in q.import_from],
-            b"import-rate", q.import_rate,
+            b"import-from", [n.encode() for n in fed.import_from(q, now_ms)] if fed else [],
+            b"import-rate", fed.import_rate(q, now_ms) if fed else 0,
             b"jobs-in", q.jobs_in,
             b"jobs-out", q.jobs_out,
             b"pause", PAUSE_NAMES[q.pause].encode(),
@@ -739,7 +748,7 @@ class Broker:
             return []
         return [[j.queue, j.id, j.body] for j in q.peek(cmd.n)]
 
-    def _qscan(self, cmd: QScan) -> Any:
+    def _qscan(self, cmd: QScan, now_ms: int) -> Any:
         def keep(q: Queue) -> bool:
             if self.queues.get(q.name) is not q:
                 return False
@@ -748,7 +757,10 @@ class Broker:
                 return False
             if cmd.maxlen is not None and n > cmd.maxlen:
                 return False
-            return cmd.importrate is None or q.import_rate >= cmd.importrate
+            if cmd.importrate is None:
+                return True
+            rate = self.federation.import_rate(q, now_ms) if self.federation else 0
+            return rate >= cmd.importrate
 
         cursor, found = self.queue_scan.scan(cmd.cursor, 0 if cmd.busyloop else cmd.hint, keep)
         return [str(cursor).encode(), [q.name for q in found]]

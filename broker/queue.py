@@ -10,7 +10,7 @@ per queued job. Removing a job from the middle (DEQUEUE, ACKJOB of a queued job)
 binary search on the same key.
 
 A queue object also carries what QSTAT reports (creation and access times, counters), the
-PAUSE flags and the FIFO of clients blocked on it. It exists while it holds jobs, has blocked
+PAUSE flags, the FIFO of clients blocked on it and the federation core's state (``fed``). It exists while it holds jobs, has blocked
 clients or is paused, and for a while after it empties (evicted when idle, see the broker).
 """
 
@@ -37,7 +37,7 @@ def _key(job: Job) -> tuple[int, bytes]:
 
 class Queue:
     __slots__ = ("name", "_items", "_head", "ctime", "atime", "jobs_in", "jobs_out",
-                 "pause", "waiters", "import_from", "import_rate")
+                 "pause", "waiters", "fed")
 
     def __init__(self, name: bytes, now_ms: int) -> None:
         self.name = name
@@ -49,8 +49,9 @@ class Queue:
         self.jobs_out = 0
         self.pause = PAUSE_NONE
         self.waiters: deque[Any] = deque()  # blocked GETJOB clients, in arrival order
-        self.import_from: list[str] = []
-        self.import_rate = 0
+        # Federation state (sources, backoff, import rate), owned by the cluster's federation
+        # core (broker/federation.py); None until it needs some.
+        self.fed: Any = None
 
     def __len__(self) -> int:
         return len(self._items) - self._head

@@ -21,9 +21,16 @@ wrong raises ``cluster.wire.MalformedBody``, so the job core only sees well-form
     WORKING   id
     PAUSE     queue (bytes), flags (int 0..3: in=1, out=2)
 
-``id`` is a job ID (bytes) that passes ``protocol.jobid.is_valid``. NACK, NEEDJOBS and
-YOURJOBS have numbers in ``cluster.wire.MessageType`` but no body here: Disque propagates a
-NACK as QUEUED with the nack flag, and federation is issue 10.
+Federation (issue 10; handled by ``cluster.federation.FederationCore``, ``FED_TYPES``):
+
+    NEEDJOBS  queue (bytes), count (int 1..NEEDJOBS_MAX_REQUEST: how many jobs the sender
+              would like; a hint)
+    YOURJOBS  jobs (1..NEEDJOBS_MAX_REQUEST job records, each as in REPLJOB: state
+              ``active``, its holders 40-hex node IDs)
+
+``id`` is a job ID (bytes) that passes ``protocol.jobid.is_valid``. NACK has a number in
+``cluster.wire.MessageType`` but no body here: Disque propagates a NACK as QUEUED with the
+nack flag.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ from protocol.jobid import is_valid
 
 MAX_QUEUE_NAME = 64 * 1024
 MAX_NODES = 10_000  # nodes a REPLJOB may name as holders
+
+
+NEEDJOBS_MAX_REQUEST = 100  # Disque's: the most jobs one NEEDJOBS asks for, one YOURJOBS moves
 
 
 def _id(body: dict[str, Any]) -> bytes:
@@ -136,7 +146,31 @@ class PauseQueue:
         return {"queue": self.queue, "flags": self.flags}
 
 
+@dataclass(frozen=True, slots=True)
+class NeedJobs:
+    queue: bytes
+    count: int
+    type: MessageType = MessageType.NEEDJOBS
+
+    def body(self) -> dict[str, Any]:
+        return {"queue": self.queue, "count": self.count}
+
+
+@dataclass(frozen=True, slots=True)
+class YourJobs:
+    records: list[list[Any]]
+    type: MessageType = MessageType.YOURJOBS
+
+    def body(self) -> dict[str, Any]:
+        return {"jobs": self.records}
+
+    def jobs(self) -> list[Job]:
+        return [Job.from_record(r) for r in self.records]
+
+
 JobMessage = JobRef | ReplJob | Enqueue | Queued | SetAck | GotAck | PauseQueue
+FedMessage = NeedJobs | YourJobs
+FED_TYPES = frozenset({MessageType.NEEDJOBS, MessageType.YOURJOBS})
 
 _REF_TYPES = frozenset({MessageType.GOTJOB, MessageType.WILLQUEUE, MessageType.DELJOB,
                         MessageType.WORKING})
@@ -154,18 +188,7 @@ def parse(frame: Frame) -> JobMessage:
     if t in _REF_TYPES:
         return JobRef(t, _id(body))
     if t is MessageType.REPLJOB:
-        record = body.get("job")
-        problem = record_problem(record)
-        if problem is not None:
-            raise MalformedBody(f"field 'job': {problem}")
-        assert isinstance(record, list)
-        if record[3] != "active":
-            raise MalformedBody("field 'job': a replicated job is sent active")
-        if not record[12]:
-            raise MalformedBody("field 'job': no node may have a copy")
-        if len(record[12]) > MAX_NODES or not all(is_node_id(n) for n in record[12]):
-            raise MalformedBody("field 'job': its nodes must be 40-hex node IDs")
-        return ReplJob(record, _bool(body, "noreply"))
+        return ReplJob(_active_record(body.get("job"), "job"), _bool(body, "noreply"))
     if t is MessageType.ENQUEUE:
         return Enqueue(_id(body), _int(body, "delay", 0, 2**31))
     if t is MessageType.QUEUED:
@@ -175,8 +198,42 @@ def parse(frame: Frame) -> JobMessage:
     if t is MessageType.GOTACK:
         return GotAck(_id(body), _bool(body, "known"))
     if t is MessageType.PAUSE:
-        queue = body.get("queue")
-        if not isinstance(queue, bytes) or not 0 < len(queue) <= MAX_QUEUE_NAME:
-            raise MalformedBody("field 'queue' must be a queue name")
-        return PauseQueue(queue, _int(body, "flags", 0, 3))
+        return PauseQueue(_queue(body), _int(body, "flags", 0, 3))
     raise MalformedBody(f"{t.name} is not a job message")
+
+
+def parse_federation(frame: Frame) -> FedMessage:
+    """The typed NEEDJOBS or YOURJOBS of a frame; MalformedBody if it is not one."""
+    body = frame.body
+    if not isinstance(body, dict):
+        raise MalformedBody("body is not a map")
+    if frame.type is MessageType.NEEDJOBS:
+        return NeedJobs(_queue(body), _int(body, "count", 1, NEEDJOBS_MAX_REQUEST))
+    if frame.type is MessageType.YOURJOBS:
+        records = body.get("jobs")
+        if not isinstance(records, list) or not 0 < len(records) <= NEEDJOBS_MAX_REQUEST:
+            raise MalformedBody(f"field 'jobs' must be a list of 1..{NEEDJOBS_MAX_REQUEST} jobs")
+        return YourJobs([_active_record(r, f"jobs[{i}]") for i, r in enumerate(records)])
+    raise MalformedBody(f"{frame.type.name} is not a federation message")
+
+
+def _queue(body: dict[str, Any]) -> bytes:
+    queue = body.get("queue")
+    if not isinstance(queue, bytes) or not 0 < len(queue) <= MAX_QUEUE_NAME:
+        raise MalformedBody("field 'queue' must be a queue name")
+    return queue
+
+
+def _active_record(record: Any, field: str) -> list[Any]:
+    """A job record as another node sends it: valid, ACTIVE, naming its holders."""
+    problem = record_problem(record)
+    if problem is not None:
+        raise MalformedBody(f"field {field!r}: {problem}")
+    assert isinstance(record, list)
+    if record[3] != "active":
+        raise MalformedBody(f"field {field!r}: a job is sent active")
+    if not record[12]:
+        raise MalformedBody(f"field {field!r}: no node may have a copy")
+    if len(record[12]) > MAX_NODES or not all(is_node_id(n) for n in record[12]):
+        raise MalformedBody(f"field {field!r}: its nodes must be 40-hex node IDs")
+    return record

@@ -26,7 +26,9 @@ Theory of operation
 * Routing by message type: every node runs ``cores`` (the membership core first); a frame
   goes to each core whose ``HANDLES`` contains its type, so the job cores of later issues
   plug in through ``core_factories`` without touching this module. A core needs ``HANDLES``,
-  ``receive``, ``tick`` and ``take_effects``; ``link_up``/``link_down`` if it cares.
+  ``receive``, ``tick`` and ``take_effects``; ``link_up``/``link_down`` if it cares, and
+  ``next_deadline()`` (ms or None) if it has timers finer than the tick: it is then also
+  ticked at that instant, as the runtime ticks a core at its next deadline.
 """
 
 from __future__ import annotations
@@ -261,7 +263,26 @@ class Sim:
             for node_id, when in node.next_attempt.items():
                 if node.up and node_id not in node.out_links:
                     at = min(at, when)
+            if node.up:
+                for core in node.cores:
+                    due = self._core_deadline(core)
+                    if due is not None:
+                        at = min(at, due)
         return at
+
+    @staticmethod
+    def _core_deadline(core: Any) -> int | None:
+        method = getattr(core, "next_deadline", None)
+        return method() if method is not None else None
+
+    def _deadline_due(self, node: SimNode) -> bool:
+        for core in node.cores:
+            due = self._core_deadline(core)
+            if due is not None and due <= self.now:
+                core.tick(self.now)
+                self._drain(node)
+                return True
+        return False
 
     def _process_due(self) -> None:
         for _ in range(MAX_EVENTS_PER_INSTANT):
@@ -269,6 +290,8 @@ class Sim:
                 _, _, _, link, to_dst, data = heapq.heappop(self._queue)
                 self._deliver(link, to_dst, data)
             elif any(self._connect_due(n) for n in self.nodes if n.up):
+                pass
+            elif any(self._deadline_due(n) for n in self.nodes if n.up):
                 pass
             elif self._next_tick <= self.now:
                 self._next_tick += self.tick_ms

@@ -5,6 +5,8 @@ and ``appendfsync always`` would.
 ``JobCluster(n)`` meets the nodes and waits for the full mesh; ``cmd(i, *argv)`` runs a
 client command on node ``i`` (its effects carried out at once) and returns the reply;
 ``replies(i)`` are the replies to blocked clients (``Reply`` effects) in order.
+``JobCluster(n, federation=True)`` adds the federation core (issue 10) to every node: its
+frames are routed to it, and it is ticked at its own ``next_deadline``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from broker.core import Broker
 from broker.effects import LogRecord, Reply
 from broker.job import Job
 from cluster.effects import Send
-from cluster.job_messages import JOB_TYPES
+from cluster.federation import FederationCore
+from cluster.job_messages import FED_TYPES, JOB_TYPES
 from cluster.jobs import JobCore
 from cluster.sim import Sim, SimNode
 from cluster.wire import Frame, MessageType
@@ -25,7 +28,7 @@ from cluster.wire import Frame, MessageType
 class SimJobNode:
     """The job core and its broker as one sim core (the runtime's routing, in small)."""
 
-    HANDLES = JOB_TYPES
+    HANDLES = JOB_TYPES | FED_TYPES
 
     def __init__(self, cluster: JobCluster, node: SimNode, now_ms: int) -> None:
         self.cluster = cluster
@@ -34,6 +37,7 @@ class SimJobNode:
         self.broker = Broker(node.config, node.node_id, seed, now_ms=now_ms, rng=node.rng)
         self.broker.cluster = node.membership
         self.core = JobCore(self.broker, node.membership, node.rng)
+        self.fed = FederationCore(self.broker, node.membership) if cluster.federation else None
         log = cluster.logs.setdefault(node.index, [])
         if log:  # restarted: replay the append log (replication is set first)
             for rec in log:
@@ -46,11 +50,19 @@ class SimJobNode:
         self.received.append((frame.type, frame.sender, frame.body))
         self.cluster.trace.append((now_ms, frame.sender, self.node.node_id, frame.type,
                                    frame.body))
-        self.core.receive(frame, link, peer_ip, local_ip, outbound_to, now_ms)
+        if frame.type in JOB_TYPES:
+            self.core.receive(frame, link, peer_ip, local_ip, outbound_to, now_ms)
+        elif self.fed is not None:
+            self.fed.receive(frame, link, peer_ip, local_ip, outbound_to, now_ms)
 
     def tick(self, now_ms: int) -> None:
         self.broker.tick(now_ms)
         self.core.tick(now_ms)
+        if self.fed is not None:
+            self.fed.tick(now_ms)
+
+    def next_deadline(self) -> int | None:
+        return self.fed.next_deadline() if self.fed is not None else None
 
     def take_effects(self) -> list[Any]:
         # Broker effects first: the log records before the messages they allow (GOTJOB).
@@ -61,11 +73,19 @@ class SimJobNode:
                 self.cluster.blocked_replies.setdefault(self.node.index, []).append(
                     (effect.client, effect.value))
         effects = self.core.take_effects()
+        if self.fed is not None:
+            effects += self.fed.take_effects()
         for e in effects:
             if isinstance(e, Send) and e.type is MessageType.GOTJOB:
                 # The durability rule: a GOTJOB only for a job whose record is in the log.
                 assert any(r.kind == "job" and r.payload[0] == e.body["id"]
                            for r in self.cluster.logs[self.node.index]), "GOTJOB before log"
+            if isinstance(e, Send) and e.type is MessageType.YOURJOBS:
+                # An at-most-once job leaves with its ``del`` already in the log.
+                for rec in e.body["jobs"]:
+                    assert rec[6] or any(r.kind == "del" and r.payload == rec[0]
+                                         for r in self.cluster.logs[self.node.index]), \
+                        "YOURJOBS before the del of its at-most-once job"
             if isinstance(e, Send):
                 self.cluster.sends.append((self.cluster.sim.now, self.node.node_id, e.node_id,
                                            e.type, e.body))
@@ -74,7 +94,8 @@ class SimJobNode:
 
 class JobCluster:
     def __init__(self, n: int = 3, seed: int = 1, tick_ms: int = 20,
-                 node_timeout: int = 2000) -> None:
+                 node_timeout: int = 2000, federation: bool = False) -> None:
+        self.federation = federation
         self.logs: dict[int, list[LogRecord]] = {}
         self.blocked_replies: dict[int, list[tuple[Client, Any]]] = {}
         self.trace: list[tuple[int, str, str, MessageType, Any]] = []  # delivered

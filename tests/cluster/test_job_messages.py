@@ -10,11 +10,14 @@ from cluster.job_messages import (
     Enqueue,
     GotAck,
     JobRef,
+    NeedJobs,
     PauseQueue,
     Queued,
     ReplJob,
     SetAck,
+    YourJobs,
     parse,
+    parse_federation,
 )
 from cluster.wire import Frame, FrameDecoder, MalformedBody, MessageType, encode
 
@@ -82,3 +85,18 @@ def test_a_repljob_record_that_is_not_an_active_copy_is_refused(change: tuple[in
 def test_a_body_that_is_not_a_map_is_refused() -> None:
     with pytest.raises(MalformedBody):
         parse(Frame(MessageType.GOTJOB, NODE, [ID]))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("msg", [
+    NeedJobs(b"q", 1), NeedJobs(b"x" * 100, 100), YourJobs([_record()]),
+    YourJobs([_record()] * 100),
+])
+def test_federation_messages_survive_the_codec(msg: NeedJobs | YourJobs) -> None:
+    assert parse_federation(_through_the_wire(msg.type, msg.body())) == msg
+
+
+def test_federation_parse_refuses_job_messages_and_vice_versa() -> None:
+    with pytest.raises(MalformedBody):
+        parse_federation(_through_the_wire(MessageType.GOTJOB, {"id": ID}))
+    with pytest.raises(MalformedBody):
+        parse(_through_the_wire(MessageType.NEEDJOBS, {"queue": b"q", "count": 1}))

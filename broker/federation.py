@@ -1,0 +1,122 @@
+"""What the broker asks of the cluster's federation core, and the job moves federation makes.
+
+Theory of operation
+-------------------
+Federation (Disque's README, "Federation"; ``queue.c``'s ``needJobsForQueue``,
+``receiveNeedJobs``, ``receiveYourJobs``) moves queued jobs towards the nodes where
+consumers wait. The messages (NEEDJOBS, YOURJOBS), the per-queue backoff state and the
+import rate belong to ``cluster.federation.FederationCore``; the broker may not import
+``cluster``, so it calls that core through the ``Federation`` Protocol below, held in
+``Broker.federation``. ``None`` (the default) is a node without a cluster bus: every path is
+then the single-node one, byte for byte (QSTAT shows ``import-from`` empty and
+``import-rate`` 0, INFO has no federation fields).
+
+The broker calls ``need_jobs`` where Disque calls ``needJobsForQueue``: a GETJOB finds a
+queue empty (``reached_zero`` False), and a job taken by GETJOB or by a blocked client
+leaves its queue empty (``reached_zero`` True). The core only emits messages and updates its
+own state; it never calls back into a broker command.
+
+The two functions below are the only job changes federation makes, each with its append-log
+record, so every state change of a job still happens in ``broker/``:
+
+* ``export_jobs`` (the node answering NEEDJOBS): the oldest jobs leave the local queue.
+  At-least-once jobs stay here ACTIVE with their retry armed, so a lost YOURJOBS is
+  recovered by the normal requeue; at-most-once jobs (RETRY 0) are deleted here, which keeps
+  the README's safety rule: the job is here, on the wire, or at the receiver, never two.
+* ``import_job`` (the node receiving YOURJOBS): the job is queued here without a QUEUED
+  broadcast (it only moved) and served to a blocked client at once if one waits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from broker.effects import LogRecord
+from broker.job import FLAG_DELIVERED, FLAG_QUEUED_BEFORE, FLAG_REPLICA, Job, JobState
+from broker.queue import Queue
+
+#: ``broker.core.Broker`` (which imports this module): untyped here to avoid an import cycle.
+Broker = Any
+
+
+class Federation(Protocol):
+    def need_jobs(self, q: Queue, reached_zero: bool, now_ms: int) -> None:
+        """The queue has no job for a client (``reached_zero`` False: a GETJOB found it
+        empty), or a client just took its last job (True). May emit NEEDJOBS."""
+        ...
+
+    def import_from(self, q: Queue, now_ms: int) -> list[str]:
+        """QSTAT ``import-from``: the node IDs that recently sent jobs of this queue."""
+        ...
+
+    def import_rate(self, q: Queue, now_ms: int) -> int:
+        """QSTAT ``import-rate`` (jobs/s received through YOURJOBS, Disque's estimate)."""
+        ...
+
+    def info(self) -> list[tuple[str, Any]]:
+        """Fields added to INFO's Jobs section on a cluster node."""
+        ...
+
+
+def export_jobs(b: Broker, q: Queue, count: int, to_node: str,
+                now_ms: int) -> list[list[Any]]:
+    """Take up to ``count`` of the oldest jobs out of ``q`` for a YOURJOBS to ``to_node``.
+
+    Returns the jobs' records as they must be sent (ACTIVE, ``confirmed`` empty). An at-least-once job stays registered here,
+    ACTIVE, its requeue time unchanged, and learns that ``to_node`` has a copy (so the ack
+    GC, QUEUED and WILLQUEUE reach it); an at-most-once job is deleted here."""
+    out: list[list[Any]] = []
+    while len(out) < count:
+        job = q.pop()
+        if job is None:
+            break
+        prev = job.to_record()
+        job.transition(JobState.ACTIVE)
+        q.atime = now_ms
+        if to_node not in job.delivered:
+            job.delivered += (to_node,)
+        record = job.to_record()
+        record[13] = []
+        record[14] &= ~FLAG_DELIVERED  # a local fact (Disque clears it in every job message)
+        out.append(record)
+        if job.retry == 0:
+            b._unregister(job)
+            b.outbox.append(LogRecord("del", job.id, prev))
+        else:
+            b._log_job(job, prev)
+    return out
+
+
+def import_job(b: Broker, job: Job, myself: str, now_ms: int) -> bool:
+    """A job received in YOURJOBS: queue it here. Returns whether it was queued (Disque
+    counts only those towards the import rate and the sources of the queue)."""
+    existing = b.jobs.get(job.id)
+    if existing is not None:
+        job = existing
+        if job.state is not JobState.ACTIVE:
+            return False  # queued here already (a duplicate), acked, or still replicating
+        if job.flags & FLAG_DELIVERED and (job.retry == 0 or job.qtime > now_ms):
+            # Handed to a client here and its retry not due yet (or never, at most once): a
+            # duplicated or late YOURJOBS must not deliver it a second time.
+            return False
+        prev: Any = job.to_record()
+    else:
+        if job.retry == 0 and job.flags & FLAG_DELIVERED:
+            return False
+        job.confirmed = ()
+        job.flags |= FLAG_REPLICA
+        job.awake = job.compute_awake()
+        b._register(job)
+        prev = None
+    if myself not in job.delivered:
+        job.delivered += (myself,)
+    # Only moved between queues: no QUEUED broadcast and no additional delivery counted.
+    job.flags &= ~FLAG_QUEUED_BEFORE
+    if not job.qtime:
+        job.qtime = now_ms  # an at-most-once job: queued once more (any value will do)
+    if not b._enqueue(job, now_ms):
+        if prev is None:
+            b._unregister(job)
+        return False
+    b._log_job(job, prev)
+    return True

@@ -1,0 +1,322 @@
+"""The federation core: NEEDJOBS and YOURJOBS (issue 10), sans-IO.
+
+Theory of operation
+-------------------
+Jobs flow towards the nodes where consumers wait (Disque's README, "Federation"; its
+``queue.c``: ``needJobsForQueue``, ``receiveNeedJobs``, ``receiveYourJobs``). The broker
+calls ``need_jobs`` (``broker.federation.Federation``) when a GETJOB finds a queue empty
+or a client takes a queue's last job; this core decides whom to ask:
+
+* **broadcast**: NEEDJOBS(queue, 1) to every other node with a link, to discover sources.
+  Sent when ``now - bcast_time >= min(bcast_min << bcast_attempt, bcast_max)`` (at once the
+  first time), and each send doubles the next delay (2, 4, 8, 16, 30, 30 s with Disque's
+  defaults). A node never seen as a source answering resets ``bcast_attempt``.
+* **ad hoc**: NEEDJOBS(queue, n) to the queue's recent sources (nodes whose YOURJOBS for it
+  arrived within ``RESPONDER_TTL_MS``), n = import rate / sources within [5, 100]. Sent
+  when ``now - adhoc_time >= min(adhoc_min << adhoc_attempt, adhoc_max)`` (25 ms doubling
+  to 2 s), or at once, unthrottled, when a client took the queue's last job while the import
+  rate is positive (Disque's NEEDJOBS_REACHED_ZERO; with a zero rate that case does
+  nothing). Any YOURJOBS received resets ``adhoc_attempt``.
+
+Disque re-runs the "clients waiting" case from its client cron for every queue with a
+blocked client; here each such queue has an explicit due time (the earlier of its next
+broadcast and next ad hoc request) in a heap: ``next_deadline()`` says when, ``tick(now)``
+runs the due ones. A queue whose clients left is dropped at its due time.
+
+Answering (``_on_needjobs``): nothing if the queue is empty here, paused in output, or
+itself importing (rate > 0), or if the asker has no link (Disque takes the jobs out first
+and then finds no link, losing at-most-once jobs); else ``count`` jobs when the queue holds
+at least twice that, otherwise half of it (at least one), taken out through
+``broker.federation.export_jobs`` and sent in one YOURJOBS. A leaving node answers but
+never asks. Receiving (``_on_yourjobs``): each job through ``broker.federation.import_job``;
+every one queued counts towards the import rate and makes the sender a source. Blocked
+clients are served as each job is queued; the "last job taken" requests that serving causes
+are run after the whole message, once the rate counts it (Disque serves blocked clients
+after the event loop iteration, with the same effect).
+
+A job this node imported within ``RECENT_IMPORT_MS`` and no longer holds (delivered, acked
+and collected) is not imported again: TCP never duplicates a frame, but a duplicated or very
+late YOURJOBS would otherwise deliver it twice (Disque keeps no such memory). Refusing is
+safe: an at-least-once job is still held, ACTIVE, by its sender until acked, and an
+at-most-once job was already delivered once.
+
+Per-queue state lives in ``Queue.fed`` (``_QueueFed``), so it goes when the broker evicts
+the idle queue, as Disque's lives in its queue. Invariants: frames only from known senders
+not in handshake; a malformed body is logged (key ``malformed-fed:<ip>``) and dropped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any, Final
+
+from broker import federation as fed_jobs
+from broker.core import Broker
+from broker.queue import PAUSE_OUT, Queue
+from cluster.effects import ClusterEffect, LinkId, LogLine, Send
+from cluster.job_messages import (
+    FED_TYPES,
+    NEEDJOBS_MAX_REQUEST,
+    FedMessage,
+    NeedJobs,
+    YourJobs,
+    parse_federation,
+)
+from cluster.membership import Membership
+from cluster.wire import Frame, MalformedBody, MessageType
+
+NEEDJOBS_MIN_REQUEST: Final = 5  # Disque's: the fewest jobs an ad hoc NEEDJOBS asks for
+RESPONDER_TTL_MS: Final = 5000  # a source is recent this long after its last YOURJOBS
+IMPORT_RATE_WINDOW_MS: Final = 5000  # no import for this long: the rate is 0
+IMPORT_RATE_MIN_ELAPSED_MS: Final = 50  # never divide by less (Disque: never overestimate)
+#: A job received through YOURJOBS within this long, and no longer here, is not imported
+#: again: a duplicated or late frame after its ack GC finished would deliver it twice.
+RECENT_IMPORT_MS: Final = 10_000
+_MAX_SHIFT: Final = 30  # attempts beyond this cannot make a delay longer than its maximum
+
+
+class _QueueFed:
+    """One queue's federation state (Disque's needjobs_* and *_import_jobs_* fields)."""
+
+    __slots__ = ("bcast_time", "bcast_attempt", "adhoc_time", "adhoc_attempt", "responders",
+                 "cur_time", "cur_count", "prev_time", "prev_count", "due")
+
+    def __init__(self, now_ms: int) -> None:
+        self.bcast_time: int | None = None  # None: never sent (the first one goes at once)
+        self.bcast_attempt = 0
+        self.adhoc_time: int | None = None
+        self.adhoc_attempt = 0
+        self.responders: dict[str, int] = {}  # node ID -> time of its last YOURJOBS
+        self.cur_time = now_ms
+        self.cur_count = 0
+        self.prev_time = now_ms
+        self.prev_count = 0
+        self.due: int | None = None  # the queue's entry in the heap, if any
+
+    def rate(self, now_ms: int) -> int:
+        """Jobs per second imported lately (Disque's getQueueImportRate)."""
+        if now_ms - self.cur_time > IMPORT_RATE_WINDOW_MS:
+            return 0
+        elapsed = max(now_ms - self.prev_time, IMPORT_RATE_MIN_ELAPSED_MS)
+        return math.ceil((self.prev_count + self.cur_count) * 1000 / elapsed)
+
+    def count_import(self, now_ms: int) -> None:
+        """Disque's updateQueueImportRate: a one-second current window and the previous."""
+        if now_ms - self.cur_time > 1000:
+            self.prev_time, self.prev_count = self.cur_time, self.cur_count
+            self.cur_time, self.cur_count = now_ms, 0
+        self.cur_count += 1
+
+    def valid_responders(self, now_ms: int) -> list[str]:
+        stale = [n for n, t in self.responders.items() if now_ms - t > RESPONDER_TTL_MS]
+        for node_id in stale:
+            del self.responders[node_id]
+        return list(self.responders)
+
+
+class FederationCore:
+    HANDLES: frozenset[MessageType] = FED_TYPES
+
+    def __init__(self, broker: Broker, membership: Membership) -> None:
+        self.broker = broker
+        self.membership = membership
+        self.outbox: list[ClusterEffect] = []
+        self.stats: dict[str, int] = {"sent": 0, "received": 0, "malformed": 0,
+                                      "imported": 0, "exported": 0}
+        self._heap: list[tuple[int, bytes]] = []
+        self._recent: dict[bytes, int] = {}  # job ID -> when imported (insertion order)
+        # While a YOURJOBS is being queued: the "last job taken" calls, run after it.
+        self._deferred: list[Queue] | None = None
+        broker.federation = self
+
+    # =========================================================================================
+    # The runtime's side (cluster/effects.py)
+
+    def take_effects(self) -> list[ClusterEffect]:
+        effects, self.outbox = self.outbox, []
+        return effects
+
+    def next_deadline(self) -> int | None:
+        """When ``tick`` next has a queue to look at (ms), or None."""
+        return self._heap[0][0] if self._heap else None
+
+    def tick(self, now_ms: int) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= now_ms:
+            due, name = heapq.heappop(heap)
+            q = self.broker.queues.get(name)
+            st = q.fed if q is not None else None
+            if st is None or st.due != due:
+                continue  # a stale entry: the queue was re-armed or evicted since
+            st.due = None
+            if q is not None and q.waiters:  # Disque's cron: clients still waiting
+                self.need_jobs(q, False, now_ms)
+
+    def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
+                outbound_to: str | None, now_ms: int) -> None:
+        self.membership.messages_received += 1
+        sender = self.membership.nodes.get(frame.sender)
+        if sender is None or "handshake" in sender.flags or sender is self.membership.myself:
+            self._log("debug", f"{frame.type.name} from unknown node {frame.sender[:8]}",
+                      f"unknown-fed-sender:{peer_ip}")
+            return
+        try:
+            msg = parse_federation(frame)
+        except MalformedBody as exc:
+            self.stats["malformed"] += 1
+            self._log("warning", f"malformed {frame.type.name} from {frame.sender[:8]}: {exc}",
+                      f"malformed-fed:{peer_ip}")
+            return
+        self.stats["received"] += 1
+        if isinstance(msg, NeedJobs):
+            self._on_needjobs(msg, sender.node_id, now_ms)
+        else:
+            self._on_yourjobs(msg, sender.node_id, now_ms)
+
+    # =========================================================================================
+    # broker.federation.Federation
+
+    def need_jobs(self, q: Queue, reached_zero: bool, now_ms: int) -> None:
+        """Disque's needJobsForQueue (see the module docstring for the rules)."""
+        if self._deferred is not None:
+            if reached_zero:
+                self._deferred.append(q)
+            return
+        if self.broker.leaving:
+            return  # a leaving node never asks for jobs
+        st = self._state(q, now_ms)
+        rate = st.rate(now_ms)
+        if reached_zero and rate == 0:
+            return  # no flow to keep up: the next client to block asks
+        sources = st.valid_responders(now_ms)
+        to_fetch = rate // len(sources) if sources else NEEDJOBS_MIN_REQUEST
+        to_fetch = min(max(to_fetch, NEEDJOBS_MIN_REQUEST), NEEDJOBS_MAX_REQUEST)
+        if st.bcast_time is None or now_ms - st.bcast_time >= self._bcast_delay(st):
+            st.bcast_time = now_ms
+            st.bcast_attempt += 1
+            # Only to discover sources: one job is enough.
+            for node_id in self._others_linked():
+                self._send(node_id, NeedJobs(q.name, 1))
+        if sources and (reached_zero or st.adhoc_time is None
+                        or now_ms - st.adhoc_time >= self._adhoc_delay(st)):
+            st.adhoc_time = now_ms
+            st.adhoc_attempt += 1
+            for node_id in sources:
+                self._send(node_id, NeedJobs(q.name, to_fetch))
+        if not reached_zero or q.waiters:
+            self._arm(q, st, now_ms)
+
+    def import_from(self, q: Queue, now_ms: int) -> list[str]:
+        st: _QueueFed | None = q.fed
+        return list(st.responders) if st is not None else []
+
+    def import_rate(self, q: Queue, now_ms: int) -> int:
+        st: _QueueFed | None = q.fed
+        return st.rate(now_ms) if st is not None else 0
+
+    def info(self) -> list[tuple[str, Any]]:
+        return [("jobs_imported", self.stats["imported"]),
+                ("jobs_exported", self.stats["exported"])]
+
+    # =========================================================================================
+    # Handlers
+
+    def _on_needjobs(self, msg: NeedJobs, sender: str, now_ms: int) -> None:
+        b = self.broker
+        q = b.queues.get(msg.queue)
+        if q is None or not len(q):
+            return
+        st: _QueueFed | None = q.fed
+        if st is not None and st.rate(now_ms) > 0:
+            return  # importing this queue ourselves: not a source for it
+        if q.pause & PAUSE_OUT:
+            return
+        node = self.membership.nodes.get(sender)
+        if node is None or node.link is None:
+            return  # the jobs could not be sent: keep them queued here
+        count = msg.count
+        qlen = len(q)
+        # Never let one asker drain the queue: all it asked for only if we have twice that,
+        # else half of what we have, but at least one.
+        reply = count if qlen >= count * 2 else max(qlen // 2, 1)
+        records = fed_jobs.export_jobs(b, q, reply, sender, now_ms)
+        if records:
+            self.stats["exported"] += len(records)
+            self._send(sender, YourJobs(records))
+
+    def _on_yourjobs(self, msg: YourJobs, sender: str, now_ms: int) -> None:
+        b = self.broker
+        me = self.membership.myself_id
+        recent = self._recent
+        while recent:
+            job_id, at = next(iter(recent.items()))
+            if now_ms - at <= RECENT_IMPORT_MS:
+                break
+            del recent[job_id]
+        self._deferred = []
+        try:
+            for job in msg.jobs():
+                if job.id in recent and job.id not in b.jobs:
+                    continue  # imported, delivered and collected here: a duplicate frame
+                if not fed_jobs.import_job(b, job, me, now_ms):
+                    continue
+                recent.pop(job.id, None)
+                recent[job.id] = now_ms
+                self.stats["imported"] += 1
+                q = b._queue_for(job.queue, now_ms)
+                st = self._state(q, now_ms)
+                if sender not in st.responders:
+                    st.bcast_attempt = 0  # a new source: broadcast sooner again
+                st.responders[sender] = now_ms
+                st.count_import(now_ms)
+                st.adhoc_attempt = 0
+                if st.due is not None and q.waiters:
+                    self._arm(q, st, now_ms)  # the ad hoc delay just got shorter
+        finally:
+            deferred, self._deferred = self._deferred, None
+        for q in dict.fromkeys(deferred):
+            self.need_jobs(q, True, now_ms)
+
+    # =========================================================================================
+
+    def _state(self, q: Queue, now_ms: int) -> _QueueFed:
+        st: _QueueFed | None = q.fed
+        if st is None:
+            st = q.fed = _QueueFed(now_ms)
+        return st
+
+    def _bcast_delay(self, st: _QueueFed) -> int:
+        cfg = self.broker.config
+        return int(min(cfg.needjobs_bcast_min_delay << min(st.bcast_attempt, _MAX_SHIFT),
+                       cfg.needjobs_bcast_max_delay))
+
+    def _adhoc_delay(self, st: _QueueFed) -> int:
+        cfg = self.broker.config
+        return int(min(cfg.needjobs_adhoc_min_delay << min(st.adhoc_attempt, _MAX_SHIFT),
+                       cfg.needjobs_adhoc_max_delay))
+
+    def _arm(self, q: Queue, st: _QueueFed, now_ms: int) -> None:
+        """Put the queue's next request time in the heap (the earlier of the two kinds)."""
+        assert st.bcast_time is not None
+        due = st.bcast_time + self._bcast_delay(st)
+        if st.responders:
+            adhoc = now_ms if st.adhoc_time is None else st.adhoc_time + self._adhoc_delay(st)
+            due = min(due, adhoc)
+        due = max(due, now_ms + 1)
+        if st.due != due:
+            st.due = due
+            heapq.heappush(self._heap, (due, q.name))
+
+    def _others_linked(self) -> list[str]:
+        me = self.membership.myself_id
+        return [n.node_id for n in self.membership.nodes.values()
+                if n.node_id != me and "handshake" not in n.flags and n.link is not None]
+
+    def _send(self, node_id: str, msg: FedMessage) -> None:
+        self.stats["sent"] += 1
+        self.membership.messages_sent += 1
+        self.outbox.append(Send(node_id, msg.type, msg.body()))
+
+    def _log(self, level: str, text: str, key: str) -> None:
+        self.outbox.append(LogLine(level, text, key))

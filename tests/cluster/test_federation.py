@@ -1,0 +1,330 @@
+"""Federation (issue 10) on the in-process harness: NEEDJOBS backoff with exact delays, ad hoc
+versus broadcast requests, the unthrottled cases, a lost YOURJOBS, competing consumers,
+leaving nodes, malformed and duplicated frames."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from broker.clients import BLOCKED, Client
+from cluster.effects import LogLine
+from cluster.sim import Faults
+from cluster.wire import MessageType
+from protocol import errors
+from protocol.resp import NULL_ARRAY, Status
+from tests.cluster.jobsim import JobCluster
+
+NEED = MessageType.NEEDJOBS
+YOURS = MessageType.YOURJOBS
+
+
+def fed(n: int = 3) -> JobCluster:
+    return JobCluster(n, federation=True)
+
+
+def needjobs(c: JobCluster, src: int, dst: int) -> list[tuple[int, int]]:
+    """(time, count) of every NEEDJOBS node ``src`` sent to node ``dst``."""
+    a, b = c.node_id(src), c.node_id(dst)
+    return [(at, body["count"]) for at, s, d, t, body in c.sends
+            if t is NEED and s == a and d == b]
+
+
+def block(c: JobCluster, i: int, queue: str = "q", timeout: str = "0") -> Client:
+    client = c.client()
+    assert c.cmd(i, "GETJOB", "TIMEOUT", timeout, "FROM", queue, client=client) is BLOCKED
+    c.run_for(0)  # the frames this caused, and their answers, at this same instant
+    return client
+
+
+def local_jobs(c: JobCluster, i: int, n: int, queue: str = "q", retry: str = "300") -> list[bytes]:
+    """``n`` jobs queued on node ``i`` only (REPLICATE 1)."""
+    return [c.addjob(i, queue, f"body{k}", "0", "REPLICATE", "1", "RETRY", retry)
+            for k in range(n)]
+
+
+def test_broadcast_backoff_doubles_from_2s_to_30s_exactly() -> None:
+    c = fed()
+    t0 = c.sim.now
+    block(c, 1)
+    c.run_for(130_000)
+    to2 = needjobs(c, 1, 2)
+    assert [at - t0 for at, _ in to2] == [0, 4_000, 12_000, 28_000, 58_000, 88_000, 118_000]
+    assert {count for _, count in to2} == {1}  # a broadcast asks for one job
+    assert needjobs(c, 1, 0) == to2  # the whole cluster
+    assert not needjobs(c, 0, 1) and not needjobs(c, 2, 1)  # nobody else waits
+
+
+def test_adhoc_to_recent_sources_backs_off_from_25ms_to_2s_then_only_broadcasts() -> None:
+    c = fed()
+    local_jobs(c, 0, 1)
+    t0 = c.sim.now
+    a = block(c, 1)
+    # Broadcast at once -> node 0 answers with its job -> A is served -> the queue is empty
+    # again with a positive import rate: node 0, now a source, is asked again at once.
+    assert c.reply_to(1, a)[0][2] == b"body0"
+    block(c, 1)
+    c.run_for(20_000)
+    to0 = [at - t0 for at, _ in needjobs(c, 1, 0)]
+    bcast = [at - t0 for at, _ in needjobs(c, 1, 2)]
+    # A new source reset the broadcast delay to 2 s, doubling from there.
+    assert bcast == [0, 2_000, 6_000, 14_000]
+    adhoc = sorted((Counter(to0) - Counter(bcast)).elements())  # node 0 gets both kinds
+    # At 0 the unthrottled one (A took the last job), then 50 ms doubling from there (the
+    # attempt counter was reset by the YOURJOBS and counted that first request), to 1.6 s.
+    # The source is forgotten 5 s after its last YOURJOBS: no ad hoc request after that.
+    assert adhoc == [0, 50, 150, 350, 750, 1_550, 3_150]
+
+
+def test_each_delay_is_a_directive() -> None:
+    c = fed()
+    for i in range(3):
+        cfg = c.broker(i).config
+        assert (cfg.needjobs_bcast_min_delay, cfg.needjobs_bcast_max_delay,
+                cfg.needjobs_adhoc_min_delay, cfg.needjobs_adhoc_max_delay) == (
+                    2000, 30000, 25, 2000)
+    cfg = c.broker(1).config
+    cfg.set("needjobs-bcast-min-delay", ["100"])
+    cfg.set("needjobs-bcast-max-delay", ["500"])
+    t0 = c.sim.now
+    block(c, 1)
+    c.run_for(2_000)
+    assert [at - t0 for at, _ in needjobs(c, 1, 2)] == [0, 200, 600, 1_100, 1_600]
+
+
+def test_consuming_the_last_job_with_a_positive_rate_asks_at_once() -> None:
+    c = fed()
+    local_jobs(c, 0, 10)
+    t0 = c.sim.now
+    a = block(c, 1)
+    assert c.reply_to(1, a) is not None
+    # The ad hoc NEEDJOBS that followed asked for 20 (the rate, 20/s over one source);
+    # node 0 had 9 (< 2 x 20): it sent half, 4.
+    assert needjobs(c, 1, 0)[-1] == (t0, 20)
+    assert len(c.broker(1).queues[b"q"]) == 4
+    c.run_for(10)
+    sent_before = len(needjobs(c, 1, 0))
+    for _ in range(3):
+        assert c.cmd(1, "GETJOB", "NOHANG", "FROM", "q")
+    assert len(needjobs(c, 1, 0)) == sent_before  # jobs left: no request
+    assert c.cmd(1, "GETJOB", "NOHANG", "FROM", "q")  # the last one
+    # Unthrottled: 10 ms after the previous ad hoc request, within its 25 ms delay.
+    assert needjobs(c, 1, 0)[-1][0] == t0 + 10
+    assert len(needjobs(c, 1, 0)) == sent_before + 1
+
+
+def test_an_empty_queue_alone_is_throttled() -> None:
+    c = fed()
+    local_jobs(c, 0, 1)
+    t0 = c.sim.now
+    block(c, 1)
+    c.run_for(10)
+    before = len(needjobs(c, 1, 0))
+    assert c.cmd(1, "GETJOB", "NOHANG", "FROM", "q") is not None
+    assert len(needjobs(c, 1, 0)) == before  # GETJOB on an empty queue: within the delay
+    assert c.sim.now == t0 + 10
+
+
+def test_a_blocked_client_taking_the_last_job_asks_at_once() -> None:
+    c = fed()
+    local_jobs(c, 0, 1)
+    t0 = c.sim.now
+    block(c, 1)
+    c.run_for(10)
+    b = block(c, 1)
+    before = len(needjobs(c, 1, 0))
+    c.addjob(1, "q", "local", "0", "REPLICATE", "1")  # served to the blocked client
+    assert c.reply_to(1, b)[0][2] == b"local"
+    # Rate: 1 job over (at least) 50 ms = 20/s, one source: asks for 20.
+    assert needjobs(c, 1, 0)[before:] == [(t0 + 10, 20)]
+
+
+def test_no_import_rate_no_request_when_the_last_job_goes() -> None:
+    c = fed()
+    local_jobs(c, 1, 1)
+    assert c.cmd(1, "GETJOB", "NOHANG", "FROM", "q")
+    assert not needjobs(c, 1, 0) and not needjobs(c, 1, 2)
+
+
+def test_qstat_and_info_after_a_federated_getjob_match_the_reference_shape() -> None:
+    c = fed()
+    [job_id] = local_jobs(c, 2, 1, queue="fedq2", retry="0")
+    a = block(c, 0, "fedq2", "3000")
+    assert c.reply_to(0, a) == [[b"fedq2", job_id, b"body0"]]
+    assert c.cmd(0, "QSTAT", "fedq2") == [
+        b"name", b"fedq2", b"len", 0, b"age", 0, b"idle", 0, b"blocked", 0,
+        b"import-from", [c.node_id(2).encode()], b"import-rate", 20,
+        b"jobs-in", 1, b"jobs-out", 1, b"pause", b"none"]
+    assert c.cmd(0, "QSCAN", "IMPORTRATE", "20")[1] == [b"fedq2"]
+    assert "jobs_imported:1\r\n" in c.cmd(0, "INFO", "jobs").decode()
+    assert "jobs_exported:1\r\n" in c.cmd(2, "INFO", "jobs").decode()
+    # At most once: moved, not copied.
+    assert c.holders(job_id) == [0]
+    c.run_for(6_000)
+    assert c.cmd(0, "QSTAT", "fedq2")[13] == 0  # no import for 5 s: rate 0
+
+
+def test_a_lost_yourjobs_is_recovered_by_the_retry() -> None:
+    c = fed()
+    [job_id] = local_jobs(c, 0, 1, retry="5")
+    c.sim.faults[(0, 1)] = Faults(drop=1.0)
+    a = block(c, 1)
+    c.sim.faults.clear()
+    assert c.reply_to(1, a) is None
+    assert len(c.sent(YOURS, src=0)) == 1
+    assert c.job(0, job_id).state.value == "active"  # out of the queue, still here
+    # Node 0 requeues it after RETRY; the next broadcast (at 4 s, then 12 s) finds it.
+    assert c.run_until(lambda: c.reply_to(1, a) is not None, 20_000)
+    assert c.reply_to(1, a) == [[b"q", job_id, b"body0"]]
+
+
+def test_a_lost_at_most_once_job_is_gone_never_doubled() -> None:
+    c = fed()
+    [job_id] = local_jobs(c, 0, 1, retry="0")
+    c.sim.faults[(0, 1)] = Faults(drop=1.0)
+    a = block(c, 1)
+    c.sim.faults.clear()
+    c.run_for(40_000)
+    assert c.reply_to(1, a) is None and c.holders(job_id) == []
+
+
+def _consume(c: JobCluster, consumers: list[int], total: int, max_ms: int) -> list[bytes]:
+    """Blocking consumers on ``consumers``; each job received is acked and another GETJOB
+    issued. Returns the IDs delivered, in order, duplicates included."""
+    got: list[bytes] = []
+
+    def getjob(i: int) -> Client:
+        while True:  # jobs imported earlier may be queued here already
+            client = c.client()
+            reply = c.cmd(i, "GETJOB", "TIMEOUT", "0", "FROM", "q", client=client)
+            if reply is BLOCKED:
+                return client
+            got.append(reply[0][1])
+            assert c.cmd(i, "ACKJOB", reply[0][1]) == 1
+
+    waiting: dict[int, Client] = {i: getjob(i) for i in consumers}
+    seen_replies = {i: 0 for i in consumers}
+    deadline = c.sim.now + max_ms
+    while c.sim.now < deadline and len(set(got)) < total:
+        c.run_for(5)
+        for i in consumers:
+            replies = c.blocked_replies.get(i, [])
+            while seen_replies[i] < len(replies):
+                client, value = replies[seen_replies[i]]
+                seen_replies[i] += 1
+                if client is not waiting[i]:
+                    continue
+                assert isinstance(value, list) and value, value
+                job_id = value[0][1]
+                got.append(job_id)
+                assert c.cmd(i, "ACKJOB", job_id) == 1
+                waiting[i] = getjob(i)
+    return got
+
+
+@pytest.mark.parametrize("replicate", ["1", "3"])
+def test_two_consumers_on_two_nodes_compete_for_one_producers_jobs(replicate: str) -> None:
+    c = fed()
+    ids = {c.addjob(0, "q", f"j{k}", "0", "REPLICATE", replicate) for k in range(200)}
+    got = _consume(c, [1, 2], len(ids), 60_000)
+    assert len(got) == len(set(got)), "a job was delivered twice"
+    assert set(got) == ids, "a job was lost"
+    by_node = {i: c.broker(i).federation.info() for i in range(3)}  # type: ignore[union-attr]
+    assert dict(by_node[0])["jobs_exported"] == 200
+    assert dict(by_node[1])["jobs_imported"] > 0 and dict(by_node[2])["jobs_imported"] > 0
+
+
+def test_a_leaving_node_never_asks_and_still_answers() -> None:
+    c = fed()
+    local_jobs(c, 0, 4)
+    for i in (0, 1):
+        assert c.cmd(i, "CLUSTER", "LEAVING", "yes") == Status("OK")
+    c.run_for(100)
+    assert c.cmd(1, "GETJOB", "NOHANG", "FROM", "q") is NULL_ARRAY
+    assert c.cmd(1, "GETJOB", "FROM", "q") == errors.LEAVING
+    c.run_for(40_000)
+    assert not needjobs(c, 1, 0) and not needjobs(c, 1, 2)
+    # Node 0 is leaving too, and still answers node 2's broadcast NEEDJOBS (count 1: one
+    # job, as 4 >= 2 x 1); then node 2 asks its new source for more at once.
+    a = block(c, 2)
+    assert c.reply_to(2, a) is not None
+    # The ad hoc NEEDJOBS asked for 20: node 0 had 3, and gave half (1).
+    assert (len(c.broker(0).queues[b"q"]), len(c.broker(2).queues[b"q"])) == (2, 1)
+    assert dict(c.broker(0).federation.info())["jobs_exported"] == 2  # type: ignore[union-attr]
+
+
+def test_malformed_bodies_are_logged_and_dropped() -> None:
+    c = fed()
+    local_jobs(c, 0, 2)
+    good = c.broker(0).jobs[next(iter(c.broker(0).jobs))].to_record()
+    queued = list(good)
+    bad_state = list(good)
+    bad_state[3] = "queued"
+    no_holders = list(good)
+    no_holders[3], no_holders[12] = "active", []
+    bodies: list[tuple[MessageType, Any]] = [
+        (NEED, {"queue": 5, "count": 1}), (NEED, {"queue": b"q", "count": 0}),
+        (NEED, {"queue": b"q", "count": 101}), (NEED, {"queue": b"", "count": 1}),
+        (NEED, {"queue": b"q", "count": True}), (NEED, [b"q", 1]), (NEED, {"queue": b"q"}),
+        (YOURS, {"jobs": []}), (YOURS, {"jobs": [[1, 2]]}), (YOURS, {"jobs": [bad_state]}),
+        (YOURS, {"jobs": [no_holders]}), (YOURS, {"jobs": "x"}), (YOURS, None),
+        (YOURS, {"jobs": [queued] * 101}),
+    ]
+    for kind, body in bodies:
+        c.deliver(0, 1, kind, body)
+        c.deliver(1, 0, kind, body)
+    fed0 = c.broker(0).federation
+    assert fed0 is not None and fed0.stats["malformed"] == len(bodies)  # type: ignore[attr-defined]
+    assert len(c.broker(0).queues[b"q"]) == 2 and not c.sent(YOURS)
+    logs = [e for e in c.sim.nodes[0].logs if isinstance(e, LogLine)]
+    assert sum(e.key.startswith("malformed-fed:") for e in logs) == len(bodies)
+    assert not c.broker(1).jobs
+
+
+def test_frames_from_unknown_nodes_are_ignored() -> None:
+    c = fed()
+    local_jobs(c, 0, 2)
+    c.deliver(0, "ab" * 20, NEED, {"queue": b"q", "count": 1})
+    assert len(c.broker(0).queues[b"q"]) == 2
+
+
+def test_duplicated_and_reordered_frames_deliver_no_job_twice() -> None:
+    c = fed()
+    ids = set(local_jobs(c, 0, 60)) | set(local_jobs(c, 0, 60, retry="0"))
+    for a, b in [(0, 1), (1, 0), (0, 2), (2, 0)]:
+        c.sim.faults[(a, b)] = Faults(duplicate=1.0, jitter_ms=30)
+    got = _consume(c, [1, 2], len(ids), 60_000)
+    assert len(got) == len(set(got)), "a job was delivered twice"
+    assert set(got) == ids
+
+
+def test_a_duplicated_yourjobs_of_a_delivered_job_is_not_queued_again() -> None:
+    c = fed()
+    [j1] = local_jobs(c, 0, 1)
+    [j0] = local_jobs(c, 0, 1, retry="0")
+    records = [c.broker(0).jobs[j].to_record() for j in (j1, j0)]
+    for r in records:
+        r[3] = "active"
+    for _ in range(2):
+        c.deliver(1, 0, YOURS, {"jobs": records})
+    assert len(c.broker(1).queues[b"q"]) == 2  # the second copy is a duplicate
+    assert len(c.cmd(1, "GETJOB", "COUNT", "5", "NOHANG", "FROM", "q")) == 2
+    c.deliver(1, 0, YOURS, {"jobs": records})
+    assert c.cmd(1, "GETJOB", "NOHANG", "FROM", "q") is NULL_ARRAY
+
+
+def test_requests_stop_when_no_client_waits_any_more() -> None:
+    c = fed()
+    t0 = c.sim.now
+    a = block(c, 1)
+    block(c, 1, "other", "5000")  # times out at 5 s
+    c.run_for(3_000)
+    c.broker(1).client_gone(a)
+    c.run_for(60_000)
+    sent = [(at - t0, body["queue"]) for at, s, d, t, body in c.sends
+            if t is NEED and s == c.node_id(1) and d == c.node_id(2)]
+    # "q": at once only (its client left before the 4 s one); "other": at once and at 4 s.
+    assert sent == [(0, b"q"), (0, b"other"), (4_000, b"other")]
+    assert c.broker(1).federation.next_deadline() is None  # type: ignore[union-attr]
