@@ -13,6 +13,7 @@ from tests.cluster.jobsim import JobCluster, SimJobNode
 class PolicyCluster(JobCluster):
     def __init__(self, n: int = 3, seed: int = 1, tick_ms: int = 20,
                  node_timeout: int = 2000) -> None:
+        self.federation = False
         self.logs = {}
         self.blocked_replies = {}
         self.trace = []
