@@ -42,7 +42,9 @@ a cycle of queues move a job forever). Its origin (original ID and queue) is kep
 ``origins`` and logged; ``QPOLICY ORIGIN <id>`` returns it.
 
 Log records (kind ``qpolicy``): ``["queue", name, fields | None, stamp_ms, stamp_node]`` (None:
-deleted) and ``["origin", dead_letter_id, original_id, original_queue]``.
+deleted), ``["origin", dead_letter_id, original_id, original_queue]`` and ``["ctype", job_id,
+content_type]`` (the Content-Type of a job added over HTTP, returned when it is received over
+HTTP on this node; RESP never sees it).
 """
 
 from __future__ import annotations
@@ -134,6 +136,11 @@ def validate_record(data: Any) -> str | None:
     """Why a ``qpolicy`` log record is not one a node could write, or None."""
     if not isinstance(data, list) or not data:
         return "qpolicy record is not a list"
+    if data[0] == "ctype":
+        if len(data) != 3 or not isinstance(data[1], bytes) or not is_valid(data[1]) \
+                or not isinstance(data[2], str) or len(data[2]) > 1024:
+            return "qpolicy ctype record malformed"
+        return None
     if data[0] == "origin":
         if len(data) != 4 or not all(isinstance(x, bytes) for x in data[1:]):
             return "qpolicy origin record malformed"
@@ -175,6 +182,7 @@ class PolicyTable:
         self.live = 0  # policies that are not tombstones: 0 means every hook is skipped
         self.redrive = 0  # live policies with a redrive policy
         self.origins: dict[bytes, tuple[bytes, bytes]] = {}
+        self.content_types: dict[bytes, str] = {}  # job ID -> Content-Type (HTTP API)
         self._dedup: dict[tuple[bytes, bytes], bytes] = {}  # (queue, sha1(body)) -> job ID
         self._indexed: set[bytes] = set()
         self.last_duplicate = False  # the last ADDJOB returned an existing job (HTTP: 200)
@@ -246,14 +254,28 @@ class PolicyTable:
         for new_id, (orig, queue) in self.origins.items():
             if new_id in live_jobs:
                 yield (RECORD_KIND, ["origin", new_id, orig, queue])
+        for job_id, ctype in self.content_types.items():
+            if job_id in live_jobs:
+                yield (RECORD_KIND, ["ctype", job_id, ctype])
+
+    def set_content_type(self, b: Broker, job_id: bytes, ctype: str) -> None:
+        if len(self.content_types) > 2 * len(b.jobs) + 1024:
+            self.content_types = {k: v for k, v in self.content_types.items() if k in b.jobs}
+        self.content_types[job_id] = ctype
+        b.outbox.append(LogRecord(RECORD_KIND, ["ctype", job_id, ctype], None))
 
     def load(self, data: list[Any]) -> None:
-        if data[0] == "origin":
+        if data[0] == "ctype":
+            self.content_types[bytes(data[1])] = str(data[2])
+        elif data[0] == "origin":
             self.origins[bytes(data[1])] = (bytes(data[2]), bytes(data[3]))
         else:
             self.put(Policy.from_record(data))
 
     def undo(self, data: list[Any], prev: Any) -> None:
+        if data[0] == "ctype":
+            self.content_types.pop(bytes(data[1]), None)
+            return
         if data[0] == "origin":
             self.origins.pop(bytes(data[1]), None)
             return

@@ -737,6 +737,10 @@ class Server:
             await nursery.start(self.nodes_file.run)
             await nursery.start(self.bus.run, bus_listeners)
             nursery.start_soon(self.timers)
+            if cfg.http_port:  # the HTTP API (node/http_api.py), off by default
+                from node import http_api
+
+                await nursery.start(http_api.serve, self)
             for listener in listeners:
                 nursery.start_soon(self.accept, listener)
             nursery.start_soon(self._signals)
