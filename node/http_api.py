@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hmac
 import json
 import logging
 from collections.abc import Callable
@@ -376,7 +377,8 @@ class Api:
             nursery.start_soon(_watch_disconnect, request, nursery.cancel_scope)
             reply = await self.bridge.call(*args, name, wait_s=wait)
             nursery.cancel_scope.cancel()
-        if not reply:
+        _raise_for(reply)
+        if not isinstance(reply, list) or not reply:  # NULL_ARRAY: nothing within the wait
             return Response(status_code=204)
         types = self.bridge.server.broker.policies.content_types
         if not batch:
@@ -464,18 +466,19 @@ def _wrap(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
 
 
 def _authorized(scope: Scope, password: str) -> bool:
+    """The same password as RESP's AUTH (compared in constant time)."""
     for key, value in scope.get("headers", []):
         if key != b"authorization":
             continue
         kind, _, cred = value.decode("latin-1").partition(" ")
         if kind.lower() == "bearer":
-            return cred.strip() == password
+            return hmac.compare_digest(cred.strip().encode(), password.encode())
         if kind.lower() == "basic":
             try:
                 decoded = base64.b64decode(cred.strip(), validate=True).decode("utf-8")
             except (binascii.Error, UnicodeDecodeError):
                 return False
-            return decoded.partition(":")[2] == password
+            return hmac.compare_digest(decoded.partition(":")[2].encode(), password.encode())
     return False
 
 
