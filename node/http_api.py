@@ -373,6 +373,7 @@ class Api:
         count = _int_param(request, "count", 1, 1, MAX_COUNT)
         args = ["GETJOB", *(("TIMEOUT", str(wait * 1000)) if wait else ("NOHANG",)),
                 "COUNT", str(count), "WITHCOUNTERS", "FROM"]
+        reply: Any = None  # stays None if the client leaves while waiting
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, request, nursery.cancel_scope)
             reply = await self.bridge.call(*args, name, wait_s=wait)

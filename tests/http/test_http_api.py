@@ -171,6 +171,22 @@ def test_resp_and_http_interoperate(node: Node, http: httpx.Client) -> None:
     conn.close()
 
 
+def test_dead_letters_over_http(http: httpx.Client) -> None:
+    assert http.put("/queues/dead", json={}).status_code == 201
+    http.put("/queues/work", json={"visibility_timeout": 1, "redrive_policy": {
+        "max_receives": 1, "dead_letter_queue": "dead"}})
+    job_id = http.post("/messages/work", content=b"poison",
+                       headers={"content-type": "text/plain"}).headers["x-message-id"]
+    assert http.get("/messages/work").status_code == 200
+    # Its retry comes after 1 s: a second delivery would exceed max_receives.
+    assert http.get("/messages/work", params={"wait": 3}).status_code == 204
+    r = http.get("/messages/dead", params={"wait": 3})
+    assert r.status_code == 200 and r.content == b"poison"
+    assert r.headers["x-receive-count"] == "2"
+    assert r.headers["x-message-id"] != job_id
+    assert http.delete("/messages/" + q(job_id)).status_code == 404  # the original is gone
+
+
 def test_mq_routes(http: httpx.Client) -> None:
     assert http.get("/mq/mqq").status_code == 404
     assert http.put("/mq/mqq", content=b"ignored").status_code == 201
