@@ -8,8 +8,14 @@ A log is one file: a 16-byte header, then frames, one per record.
     frame   = length u32 | ~length u32 | crc32(payload) u32 | payload (msgpack, `length` bytes)
 
 A payload is ``[kind, data]``: ``["job", job_record]`` (the full state of a job, the last one per
-ID wins at replay), ``["ack", job_id]``, ``["del", job_id]`` or ``["flushall", None]`` (DEBUG
-FLUSHALL: forget everything before). Integers are big-endian.
+ID wins at replay), ``["ack", job_id]``, ``["del", job_id]``, ``["flushall", None]`` (DEBUG
+FLUSHALL: forget everything before) or ``["dlv", [job_id, dtime_ms]]`` (a job's first delivery).
+Integers are big-endian.
+
+``dlv`` is *advisory* (``ADVISORY_KINDS``): it feeds statistics (the pipeline report's wait), not
+the jobs' state. No reply waits for it, a failed write of it undoes nothing, replay applies it
+only to a known job without a delivery time, and a rewrite never emits it (the job record
+carries ``dtime``).
 
 The length is stored twice (as itself and as its complement) so that a flipped bit in a length
 field is caught as corruption instead of being taken for a frame that runs past the end of the
@@ -61,7 +67,10 @@ _FRAME = struct.Struct(">III")
 FRAME_HEADER_SIZE: Final = _FRAME.size  # 12
 _MASK: Final = 0xFFFFFFFF
 
-KINDS: Final = ("job", "ack", "del", "flushall", "qpolicy")  # qpolicy: broker/policies.py
+KINDS: Final = ("job", "ack", "del", "flushall", "dlv", "qpolicy")  # qpolicy: broker/policies.py
+# Records that describe, not decide: see the module docstring. The runtime neither waits for
+# them nor undoes them (node/persistence.py).
+ADVISORY_KINDS: Final = frozenset({"dlv"})
 
 # How much of the file the reader holds at once: big enough that the per-read cost is lost in
 # the noise, small enough that a multi-gigabyte log does not need as much memory.

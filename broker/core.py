@@ -309,9 +309,8 @@ class Broker:
         q.push(job)
         q.atime = now_ms
         if q.waiters:
-            # Waiters mean the queue was empty: the one served gets this job, which the
-            # caller logs next (with its dtime).
-            self._serve_waiters(q, now_ms, log_delivery=False)
+            # Waiters mean the queue was empty: the one served gets this job.
+            self._serve_waiters(q, now_ms)
         return True
 
     def _dequeue(self, job: Job) -> bool:
@@ -323,29 +322,28 @@ class Broker:
         job.transition(_ACTIVE)
         return True
 
-    def _deliver(self, job: Job, q: Queue, now_ms: int, log: bool = True) -> None:
-        """A job left its queue for a client (GETJOB). Its qtime stays as armed when it was
-        queued: the retry period runs from queueing, as in Disque, not from delivery.
+    def _deliver(self, job: Job, q: Queue, now_ms: int) -> None:
+        """A job left its queue for a client (GETJOB, or a blocked GETJOB served). Its qtime
+        stays as armed when it was queued: the retry period runs from queueing, as in Disque,
+        not from delivery.
 
-        The first delivery sets ``dtime`` and is logged (the job's record), so the wait from
-        creation to first delivery can be read from the log; later ones are not. ``log`` is
-        False when the caller logs this job's record right after (a waiter served from
-        ``_enqueue``: ADDJOB, NACK, ENQUEUE, a requeue): that record carries ``dtime``, and
-        one record keeps the undo of a failed write exact."""
-        first = not job.dtime
-        state, flags = job.state.value, job.flags
+        The first delivery sets ``dtime`` and emits the advisory ``dlv`` record (job ID and
+        time, no body), so the wait from creation to first delivery can be read from the log;
+        later deliveries emit nothing. Advisory (``broker.aof.ADVISORY_KINDS``): no reply waits
+        for it and a failed write of it undoes nothing, because the delivery is not a change
+        a restart must know about (the job comes back after its retry time either way). The
+        same record is emitted wherever the delivery happens (GETJOB, a waiter served inside
+        ADDJOB, NACK, ENQUEUE, a requeue, a PAUSE lifted, an undo), so no caller has to carry
+        the delivery in a record of its own; a record the command writes next carries
+        ``dtime`` too, which replay accepts in either order."""
         job.transition(_ACTIVE)
         job.flags |= FLAG_DELIVERED
         q.atime = now_ms
-        if first:
+        if not job.dtime:
             job.dtime = now_ms
-            if log:
-                rec = job.to_record()
-                # The undo state differs from the new record in three fields: one record
-                # built instead of two (GETJOB's hot path).
-                prev = rec.copy()
-                prev[3], prev[14], prev[15] = state, flags, 0
-                self.outbox.append(LogRecord("job", rec, prev))
+            # tuple.__new__: the same LogRecord without NamedTuple's Python-level __new__
+            # (0.55 -> 0.24 us here; this runs once per job consumed).
+            self.outbox.append(tuple.__new__(LogRecord, ("dlv", [job.id, now_ms], None)))
 
     def _job_timer(self, job: Job, now_ms: int) -> None:
         if now_ms >= job.etime:
@@ -417,10 +415,9 @@ class Broker:
             q.push(job)
             q.jobs_in -= 1  # the job is back, not new: QSTAT's jobs-in must not grow
             if q.waiters:
-                # Someone may have blocked on this queue meanwhile; it gets the job now.
-                # (An undo writes nothing: the delivery reaches the log with the job's next
-                # record.)
-                self._serve_waiters(q, now_ms, log_delivery=False)
+                # Someone may have blocked on this queue meanwhile; it gets the job now (a
+                # first delivery emits its dlv record, written with the next batch).
+                self._serve_waiters(q, now_ms)
 
     # -- replay and snapshot (the append log drives these) --------------------------------------
 
@@ -452,6 +449,12 @@ class Broker:
             self.jobs.clear()
             self.job_bytes = 0
             self.job_scan.clear()
+        elif kind == "dlv":
+            # Advisory: the first delivery of a job still known (an unknown one was acked,
+            # deleted or expired, or its record comes later, carrying dtime itself).
+            delivered = self.jobs.get(payload[0])
+            if delivered is not None and not delivered.dtime:
+                delivered.dtime = payload[1]
 
     def finish_load(self, now_ms: int, enqueue_jobs_once: bool) -> None:
         """Schedule what was loaded.
@@ -604,7 +607,7 @@ class Broker:
                     b"additional-deliveries", job.deliveries]
         return [job.queue, job.id, job.body]
 
-    def _serve_waiters(self, q: Queue, now_ms: int, log_delivery: bool = True) -> None:
+    def _serve_waiters(self, q: Queue, now_ms: int) -> None:
         """Hand jobs of ``q`` to its blocked clients, first come first served, one each."""
         if q.pause & PAUSE_OUT:
             return
@@ -614,7 +617,7 @@ class Broker:
             assert job is not None
             if self.federation is not None and not len(q):
                 self.federation.need_jobs(q, True, now_ms)
-            self._deliver(job, q, now_ms, log_delivery)
+            self._deliver(job, q, now_ms)
             self._unblock(waiter)
             self.outbox.append(Reply(waiter.client, [self._job_entry(job, waiter.withcounters)]))
 

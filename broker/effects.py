@@ -9,8 +9,11 @@ tick and routes each by its type, in one place (``node/server.py``):
 * ``LogRecord`` - an append-log record: ``kind`` ``job`` (payload: ``Job.to_record()``),
   ``ack``, ``del`` (payload: the job ID) or ``flushall``; ``undo`` is the job's record before
   the change (None: it did not exist), which ``Broker.undo_entry`` restores when the write
-  fails. Emitted whether or not the log is on: the runtime drops them when it is off, so the
-  core has no branch on it. A reply waits for the log only if its own command emitted one.
+  fails. Or the advisory ``dlv`` (payload: ``[job_id, dtime_ms]``, a job's first delivery;
+  ``undo`` None): never undone, never waited for (``broker.aof.ADVISORY_KINDS``). Emitted
+  whether or not the log is on: the runtime drops them when it is off, so the core has no
+  branch on it. A reply waits for the log only if its own command emitted a record that is
+  not advisory.
 * ``Reply`` - a reply to a client other than the one being served: a blocked GETJOB that got
   a job, timed out, or was told the node is leaving.
 

@@ -112,6 +112,13 @@ def validate_record(kind: str, data: Any) -> str | None:
         return record_problem(data)
     if kind in ("ack", "del") and not (isinstance(data, bytes) and is_valid(data)):
         return f"{kind} record with an invalid job ID {data!r:.60}"
+    if kind == "dlv":
+        # [job_id, dtime]: the first delivery of a job, unix ms (never 0: 0 means "none").
+        if not (isinstance(data, list) and len(data) == 2 and isinstance(data[0], bytes)
+                and is_valid(data[0])):
+            return f"dlv record that is not [job ID, time] {data!r:.60}"
+        if type(data[1]) is not int or not 0 < data[1] <= _INT64_MAX:
+            return f"dlv record with dtime {data[1]!r:.30} outside [1, {_INT64_MAX}]"
     return None
 
 

@@ -6,10 +6,12 @@ whose end is torn or corrupt fails the task with the file and the offset, as the
 refuse to load it.
 
 One row per record: ``event`` is the record kind (``job`` for a job's full state, ``ack``,
-``del``, ``flushall``), ``seq`` its position in the file. Only ``job`` rows carry the queue and
-the counters. Records have no time of their own; a job record has two: ``ctime`` (creation)
-and ``dtime`` (its first delivery to a consumer; null before it, and in logs written before
-the field existed).
+``del``, ``flushall``, ``dlv`` for a job's first delivery), ``seq`` its position in the file.
+Only ``job`` rows carry the queue and the counters. Records have no time of their own, except:
+a job record has ``ctime`` (creation) and ``dtime`` (its first delivery to a consumer, null
+before it and in logs written before the field existed; a node writes it into the job's
+record only when that record is written for another reason), and a ``dlv`` row has the job's
+``id`` and ``dtime`` (the advisory record a first delivery writes).
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ def read_events(path: str) -> Iterator[tuple[Any, ...]]:
                            _EPOCH + dt.timedelta(microseconds=ctime // 1000), retry, nacks,
                            deliveries,
                            _EPOCH + dt.timedelta(milliseconds=dtime) if dtime else None)
+                elif kind == "dlv":
+                    job_id, dtime = data
+                    yield (path, seq, kind, _text(job_id), None, None, None, None, None, None,
+                           _EPOCH + dt.timedelta(milliseconds=dtime))
                 else:
                     yield (path, seq, kind, None if data is None else _text(data),
                            None, None, None, None, None, None, None)

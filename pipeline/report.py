@@ -3,9 +3,10 @@
 Per queue: jobs in (distinct IDs with a job record), jobs acked (an ``ack`` record or a last
 state of ``acked``), jobs deleted, NACKs and additional deliveries (from each job's last
 record), jobs delivered at least once and their wait from creation to first delivery (p50 and
-p99 in ms, exact, interpolated: ``dtime - ctime`` of each job's last record; null when no job of
-the queue has a delivery time, e.g. a log written before the field existed), and jobs created
-per minute (by ``ctime``). With ``--out`` the per-queue table is written as Parquet.
+p99 in ms, exact, interpolated: ``dtime - ctime``, where ``dtime`` is the earliest of the job's
+last record's ``dtime`` and its ``dlv`` records' times; null when no job of the queue has a
+delivery time, e.g. a log written before deliveries were logged), and jobs created per minute
+(by ``ctime``). A ``dlv`` record of a job with no job record in the file is ignored. With ``--out`` the per-queue table is written as Parquet.
 """
 
 from __future__ import annotations
@@ -31,8 +32,14 @@ def build_report(spark: Any, log: str) -> tuple[Any, Any]:
         .withColumn("ack_record", F.lit(True))
     dels = events.where("event = 'del'").select("file", "id").distinct() \
         .withColumn("del_record", F.lit(True))
+    dlvs = events.where("event = 'dlv'").groupBy("file", "id") \
+        .agg(F.min("dtime").alias("dlv_time"))
     per_job = (last.join(acks, ["file", "id"], "left").join(dels, ["file", "id"], "left")
-               .withColumn("wait_ms", (F.unix_micros("dtime") - F.unix_micros("ctime")) / 1000))
+               .join(dlvs, ["file", "id"], "left")
+               # least() skips nulls: the record's dtime, a dlv's time, or the earlier of both
+               .withColumn("first_dtime", F.least("dtime", "dlv_time"))
+               .withColumn("wait_ms",
+                           (F.unix_micros("first_dtime") - F.unix_micros("ctime")) / 1000))
     per_queue = per_job.groupBy("queue").agg(
         F.count("*").alias("jobs_in"),
         F.sum(F.when(F.col("ack_record") | (F.col("state") == "acked"), 1).otherwise(0))

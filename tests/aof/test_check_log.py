@@ -27,6 +27,7 @@ def _log(path, n=10):
         for i in range(n):
             f.write(aof.encode_frame("job", _record(i)))
         f.write(aof.encode_frame("ack", _id(0)))
+        f.write(aof.encode_frame("dlv", [_id(2), 1_700_000_000_000]))
         f.write(aof.encode_frame("del", _id(1)))
     return os.path.getsize(path)
 
@@ -36,7 +37,7 @@ def test_clean(tmp_path, capsys):
     _log(path)
     assert check_log.main([path]) == 0
     out = capsys.readouterr().out
-    assert "records: 12 (job 10, ack 1, del 1)" in out and "status: OK" in out
+    assert "records: 13 (job 10, ack 1, del 1, dlv 1)" in out and "status: OK" in out
 
 
 def test_torn_tail_reported_then_fixed(tmp_path, capsys):
@@ -94,3 +95,15 @@ def test_record_a_node_could_not_have_written_is_damage(tmp_path, capsys):
     assert check_log.main([path]) == 1
     out = capsys.readouterr().out
     assert f"offset {offset}" in out and "retry" in out
+
+
+def test_a_malformed_delivery_record_is_corruption(tmp_path, capsys):
+    path = str(tmp_path / "a.aof")
+    with open(path, "wb") as f:
+        f.write(aof.encode_header() + aof.encode_frame("job", _record(0)))
+        bad_at = f.tell()
+        f.write(aof.encode_frame("dlv", [_id(0), 0]))  # dtime 0: no node writes that
+        f.write(aof.encode_frame("del", _id(0)))
+    assert check_log.main([path]) == 1
+    out = capsys.readouterr().out
+    assert f"corrupt at offset {bad_at}" in out and "dlv" in out

@@ -34,6 +34,43 @@ def _scripted_log() -> tuple[ServerProcess, str]:
     return server, server.dir
 
 
+def _percentile(values: list[float], q: float) -> float:
+    """Spark's percentile(): exact, linear interpolation between the closest ranks."""
+    values = sorted(values)
+    pos = (len(values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def _waits_from_the_log(directory: str) -> dict[str, list[float]]:
+    """The wait of every delivered job, read with the broker's own reader and computed here
+    without Spark: ctime of the job's record, first delivery from its dlv record (or dtime)."""
+    from broker.aof import ReadEnd, read_records
+    from broker.job import validate_record
+
+    ctime: dict[bytes, tuple[str, int]] = {}
+    first: dict[bytes, int] = {}
+    kinds: list[str] = []
+    (path,) = glob.glob(os.path.join(directory, "*.aof"))
+    with open(path, "rb") as f:
+        for kind, data in read_records(f, path, ReadEnd(), validate_record):
+            kinds.append(kind)
+            if kind == "job":
+                ctime[data[0]] = (data[1].decode(), data[8])
+                if data[15]:
+                    first[data[0]] = min(first.get(data[0], data[15]), data[15])
+            elif kind == "dlv":
+                first[data[0]] = min(first.get(data[0], data[1]), data[1])
+    # GETJOB writes one compact dlv per first delivery and no job record: 15 ADDJOBs, 1 NACK.
+    assert kinds.count("dlv") == 4 and kinds.count("job") == 16
+    waits: dict[str, list[float]] = {}
+    for job_id, when in first.items():
+        queue, created = ctime[job_id]
+        waits.setdefault(queue, []).append((when * 1_000_000 - created) / 1e6)
+    return waits
+
+
 def test_report_counts_a_scripted_workload(spark) -> None:
     from pipeline.report import build_report
 
@@ -48,6 +85,10 @@ def test_report_counts_a_scripted_workload(spark) -> None:
         assert (rows["q1"].jobs_delivered, rows["q2"].jobs_delivered) == (4, 0)
         assert 400 <= rows["q1"].wait_p50_ms <= rows["q1"].wait_p99_ms < 5000
         assert rows["q2"].wait_p50_ms is None and rows["q2"].wait_p99_ms is None
+        waits = _waits_from_the_log(directory)
+        assert set(waits) == {"q1"} and len(waits["q1"]) == 4
+        assert rows["q1"].wait_p50_ms == pytest.approx(_percentile(waits["q1"], 0.5), abs=1e-3)
+        assert rows["q1"].wait_p99_ms == pytest.approx(_percentile(waits["q1"], 0.99), abs=1e-3)
     finally:
         server.__exit__()
 
