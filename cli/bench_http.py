@@ -27,7 +27,8 @@ from urllib.parse import quote
 import httpx
 import trio
 
-from cli.bench_load import preload
+from cli.bench import run_benchmark
+from cli.bench_load import BenchError, Spec, preload
 from cli.bench_servers import BenchServer
 
 CLIENTS = 16
@@ -85,11 +86,20 @@ def http_rate(base: str, kind: str, queue: str, duration: float) -> dict[str, fl
             "client_cpu": (_cpu() - cpu0) / elapsed}
 
 
+def _resp(node: BenchServer, workload: str, queue: str, duration: float, procs: int,
+          jobs: int = 50_000_000, preload_jobs: int | None = None) -> float:
+    """trisque-benchmark's rate with CLIENTS connections, no pipeline (as bench_table's rows)."""
+    spec = Spec(workload=workload, nodes=[("127.0.0.1", node.port)], clients=CLIENTS,
+                pipeline=1, body_size=len(BODY), jobs=jobs, duration=duration, queues=[queue],
+                ack="none", producers=CLIENTS // 2)
+    result = run_benchmark(spec, procs=procs, preload_jobs=preload_jobs)
+    if result["errors"]:
+        raise BenchError(f"{result['errors']} error replies, first: {result['first_error']}")
+    return float(result["ops_per_sec"])
+
+
 def run(runs: int = 3, duration: float = 2.0, procs: int = 2, preload_jobs: int = 60_000,
         ) -> dict[str, Any]:
-    from cli.bench_table import Settings, ours
-
-    s = Settings(runs=runs, duration=duration, preload=preload_jobs, procs=procs)
     http_port = _free_port()
     results: dict[str, list[float]] = {k: [] for k in (
         "http_produce", "http_consume", "http_consume_delete", "resp_produce", "resp_consume")}
@@ -106,8 +116,7 @@ def run(runs: int = 3, duration: float = 2.0, procs: int = 2, preload_jobs: int 
             r = http_rate(base, "produce", f"hp{i}", duration)
             results["http_produce"].append(r["ops_per_s"])
             cpu["http_produce"].append(r["client_cpu"])
-            results["resp_produce"].append(
-                ours(node, "produce", s, clients=CLIENTS, queue=f"rp{i}")["ops_per_sec"])
+            results["resp_produce"].append(_resp(node, "produce", f"rp{i}", duration, procs))
             for q in (f"hc{i}", f"hd{i}"):
                 trio.run(preload, [("127.0.0.1", node.port)], [q], preload_jobs, 16, False, None)
             r = http_rate(base, "consume", f"hc{i}", duration)
@@ -116,9 +125,8 @@ def run(runs: int = 3, duration: float = 2.0, procs: int = 2, preload_jobs: int 
             r = http_rate(base, "consume+delete", f"hd{i}", duration)
             results["http_consume_delete"].append(r["ops_per_s"])
             cpu["http_consume_delete"].append(r["client_cpu"])
-            results["resp_consume"].append(
-                ours(node, "consume", s, clients=CLIENTS, queue=f"rc{i}",
-                     jobs=preload_jobs, preload_jobs=preload_jobs)["ops_per_sec"])
+            results["resp_consume"].append(_resp(node, "consume", f"rc{i}", duration, procs,
+                                                 jobs=preload_jobs, preload_jobs=preload_jobs))
     return {"runs": runs, "duration_s": duration, "clients": CLIENTS,
             "median_ops_per_s": {k: round(statistics.median(v)) for k, v in results.items()},
             "http_client_cpu": {k: round(statistics.median(v), 2) for k, v in cpu.items()},

@@ -533,13 +533,7 @@ async def serve(server: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> 
     hyper.errorlog = log
     hyper.h11_max_incomplete_size = 64 * 1024
     hyper.keep_alive_timeout = 30
-    try:
-        await hypercorn_serve(make_app(server), hyper, task_status=task_status)  # type: ignore[arg-type]
-    except OSError as exc:
-        from node.server import ServerError
-
-        raise ServerError(f"Can't listen for HTTP on port {cfg.http_port}: "
-                          f"{exc.strerror or exc}") from None
+    await hypercorn_serve(make_app(server), hyper, task_status=task_status)  # type: ignore[arg-type]
 
 
 # The OpenAPI document (``/openapi.json``). tests/http/test_openapi.py runs schemathesis on it.

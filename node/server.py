@@ -740,7 +740,11 @@ class Server:
             if cfg.http_port:  # the HTTP API (node/http_api.py), off by default
                 from node import http_api
 
-                await nursery.start(http_api.serve, self)
+                try:
+                    await nursery.start(http_api.serve, self)
+                except OSError as exc:
+                    raise ServerError(f"Can't listen for HTTP on port {cfg.http_port}: "
+                                      f"{exc.strerror or exc}") from None
             for listener in listeners:
                 nursery.start_soon(self.accept, listener)
             nursery.start_soon(self._signals)
