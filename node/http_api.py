@@ -50,6 +50,7 @@ BODY_TIMEOUT_S: Final = 10.0  # a client that does not send its body in this tim
 MAX_WAIT_S: Final = 60  # longest long poll
 MAX_COUNT: Final = 100  # largest batch receive
 RETRY_AFTER_S: Final = "1"
+ADDJOB_TIMEOUT_MS: Final = 5000  # ADDJOB's ms-timeout (synchronous replication on a cluster)
 OCTET: Final = "application/octet-stream"
 _QUEUE_FIELDS: Final = ("redrive_policy", "retention_timeout", "visibility_timeout",
                         "message_delay", "message_deduplication")
@@ -356,11 +357,21 @@ class Api:
         def remember(reply: Any) -> None:
             nonlocal duplicate
             duplicate = broker.policies.last_duplicate
-            if isinstance(reply, str) and not duplicate and ctype != OCTET:
-                broker.policies.set_content_type(broker, reply.encode(), ctype)
+            if duplicate or ctype == OCTET or isinstance(reply, Error):
+                return
+            # A reply, or BLOCKED (replication under way): the job just registered is the
+            # newest key of the table either way.
+            job_id = reply.encode() if isinstance(reply, str) else next(reversed(broker.jobs))
+            broker.policies.set_content_type(broker, job_id, ctype)
 
-        reply = await self.bridge.call("ADDJOB", name, body, "0", after=remember)
+        # On a cluster an ADDJOB waits until replicated (at most ADDJOB_TIMEOUT_MS).
+        reply = await self.bridge.call("ADDJOB", name, body, str(ADDJOB_TIMEOUT_MS),
+                                       after=remember, wait_s=ADDJOB_TIMEOUT_MS / 1000)
+        if isinstance(reply, bytes):  # a blocked ADDJOB's reply, decoded from RESP
+            reply = reply.decode("ascii")
         _raise_for(reply)
+        if not isinstance(reply, str):
+            raise HttpError(503, "not replicated in time", {"Retry-After": RETRY_AFTER_S})
         job_id = str(reply)
         headers = {"X-MQS-MESSAGE-ID": job_id, "X-Message-Id": job_id}
         return JSONResponse({"id": job_id}, status_code=200 if duplicate else 201,
