@@ -544,6 +544,9 @@ async def serve(server: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> 
     hyper.errorlog = log
     hyper.h11_max_incomplete_size = 64 * 1024
     hyper.keep_alive_timeout = 30
+    # A client that stalls mid-request (headers) is dropped; long polls keep the connection
+    # quiet for up to MAX_WAIT_S, so the limit is above that.
+    hyper.read_timeout = MAX_WAIT_S + 30
     await hypercorn_serve(make_app(server), hyper, task_status=task_status)  # type: ignore[arg-type]
 
 
