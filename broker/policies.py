@@ -448,6 +448,9 @@ def dead_letter(b: Broker, job: Job, now_ms: int, nack: bool) -> bool:
     dl.qtime = now_ms
     table.origins[new_id] = (original, queue)
     b.outbox.append(LogRecord(RECORD_KIND, ["origin", new_id, original, queue], None))
+    ctype = table.content_types.get(original)
+    if ctype is not None:  # posted over HTTP with a Content-Type: the dead letter keeps it
+        table.set_content_type(b, new_id, ctype)
     b._register(dl, schedule=False)
     if not b._enqueue(dl, now_ms):
         b._reschedule(dl)

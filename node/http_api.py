@@ -28,6 +28,7 @@ import json
 import logging
 from collections.abc import Callable
 from typing import Any, Final
+from urllib.parse import quote
 
 import trio
 from hypercorn.config import Config as HyperConfig
@@ -396,9 +397,13 @@ class Api:
         if not batch:
             (_, job_id, body, _, nacks, _, deliveries), = reply
             jid = job_id.decode()
-            return Response(body, media_type=types.get(job_id, OCTET), headers={
-                "X-MQS-MESSAGE-ID": jid, "X-Message-Id": jid,
-                "X-Receive-Count": str(1 + nacks + deliveries)})
+            headers = {"X-MQS-MESSAGE-ID": jid, "X-Message-Id": jid,
+                       "X-Receive-Count": str(1 + nacks + deliveries)}
+            origin = self.bridge.server.broker.policies.origins.get(job_id)
+            if origin is not None:  # a dead letter: where it came from
+                headers["X-Original-Message-Id"] = origin[0].decode()
+                headers["X-Original-Queue"] = quote(origin[1], safe="")
+            return Response(body, media_type=types.get(job_id, OCTET), headers=headers)
         return JSONResponse({"messages": [
             {"id": job_id.decode(), "queue": queue.decode("utf-8", "replace"),
              "content_type": types.get(job_id, OCTET),

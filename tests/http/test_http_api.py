@@ -184,6 +184,9 @@ def test_dead_letters_over_http(http: httpx.Client) -> None:
     assert r.status_code == 200 and r.content == b"poison"
     assert r.headers["x-receive-count"] == "2"
     assert r.headers["x-message-id"] != job_id
+    assert r.headers["x-original-message-id"] == job_id
+    assert r.headers["x-original-queue"] == "work"
+    assert r.headers["content-type"].startswith("text/plain")  # kept with the body
     assert http.delete("/messages/" + q(job_id)).status_code == 404  # the original is gone
 
 
