@@ -37,6 +37,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m cli.bench_table
+	$(PY) -m cli.bench_cluster
 
 clean:
 	rm -rf $(VENV) build *.egg-info

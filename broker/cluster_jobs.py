@@ -69,7 +69,7 @@ class ReplWait:
     def __init__(self, client: Client, deadline: int, added: int) -> None:
         self.client = client
         self.deadline = deadline  # ms; 0: no timeout
-        self.added = added  # when a node was last added to job.delivered
+        self.added = added  # when one more node was last tried (ADDJOB, then every 50 ms)
 
 
 def _rep(b: Broker) -> Any:
@@ -143,8 +143,12 @@ def replication_timer(b: Broker, job: Job, now_ms: int) -> None:
         b._unregister(job)
         return
     if now_ms - wait.added >= ADD_NODE_PERIOD_MS:
-        if b.replication.replicate(job, 1, False, now_ms) > 0:
-            wait.added = now_ms
+        # The next try is 50 ms from this one whether or not a node was added: with no node
+        # left to add, keeping the old time scheduled the timer again 1 ms later and re-sent
+        # REPLJOB to every node asked about 1,000 times a second per waiting ADDJOB (Disque
+        # tries from clientsCron, at most every 50 ms per blocked client).
+        b.replication.replicate(job, 1, False, now_ms)
+        wait.added = now_ms
     _schedule_wait(b, job, wait, now_ms)
 
 

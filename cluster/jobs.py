@@ -141,8 +141,10 @@ class JobCore:
         for node_id in job.delivered:
             if node_id == self.membership.myself_id:
                 continue
-            quiet = noreply or node_id in job.confirmed
-            self._send(node_id, ReplJob(record, quiet))
+            confirmed = node_id in job.confirmed
+            if confirmed and added == 0:
+                continue  # Disque: a node that has its copy hears again only of new holders
+            self._send(node_id, ReplJob(record, noreply or confirmed))
         return added
 
     def enqueue_elsewhere(self, job: Job, delay: int) -> None:

@@ -40,14 +40,25 @@ and time, following the contract of ``cluster/effects.py``:
   ``Disconnect`` cancels the keeper and closes its link; no ``link_down`` follows (the core
   asked for it). ``CloseLink`` closes one link; an outbound one is reconnected by its keeper
   if the node is still wanted, after ``link_down``.
-* **Effects go through one place.** Every event handed to the core (a frame,
+* **Several cores, one router.** The membership core and the job core (issue 9) each say
+  which frame types they handle (``HANDLES``); ``Bus.receive`` hands a frame to the one
+  core that handles its type (a type nobody handles, such as the reserved NACK, goes to the
+  first core, which counts it and drops it). Link events go to the first core (membership
+  owns the links), ticks to every core.
+* **Effects go through one place.** Every event handed to a core (a frame,
   ``link_up``/``link_down``, a ``tick`` every ``TICK_S``) goes through ``Bus.event``, which
-  then runs ``Bus.flush`` (the server calls ``flush`` after a client command that touched the
-  cluster); an exception out of the core is logged with its traceback (rate-limited) and the
-  node goes on. ``flush`` takes the core's effects and routes each one
-  in ``Bus.route``: links, sends, the nodes file (``save_nodes`` callback), the node ID
-  (``new_node_id`` callback) and log lines (at most one per key every ``LOG_EVERY_S``, the
-  number suppressed meanwhile added to the next one).
+  then runs ``Bus.flush`` (the server calls ``flush`` after every client command and timer
+  tick); an exception out of a core is logged with its traceback (rate-limited) and the
+  node goes on. ``flush`` first calls ``before_flush`` (the server routes the *broker's*
+  effects there, so log records reach the append log before any message that depends on
+  them), then takes each core's effects and routes each one in ``Bus.route``: links, sends,
+  the nodes file (``save_nodes`` callback), the node ID (``new_node_id`` callback) and log
+  lines (at most one per key every ``LOG_EVERY_S``, the number suppressed meanwhile added
+  to the next one).
+* **GOTJOB waits for the log.** A node may promise a copy only once it would still have it
+  after kill -9: a ``Send`` of GOTJOB whose node has log records not yet durable
+  (``log_ticket()``, 0 when none) is sent by a task once ``wait_durable(ticket)`` says so,
+  and dropped if that write failed (the broker undid the copy). Other sends go at once.
 """
 
 from __future__ import annotations
@@ -98,15 +109,22 @@ LOG_EVERY_S = 10.0
 _LEVELS = {"debug": logging.DEBUG, "notice": logging.INFO, "warning": logging.WARNING}
 
 
-class ClusterCore(Protocol):
-    """What the bus needs of the cluster core (``cluster.membership.Membership``)."""
+class FrameCore(Protocol):
+    """What the bus needs of a core that handles frames (``cluster.jobs.JobCore``)."""
 
+    HANDLES: frozenset[MessageType]
     outbox: list[ClusterEffect]
 
     def take_effects(self) -> list[ClusterEffect]: ...
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None: ...
+
+    def tick(self, now_ms: int) -> None: ...
+
+
+class ClusterCore(FrameCore, Protocol):
+    """The first core (``cluster.membership.Membership``): it also gets the link events."""
 
     def link_up(self, node_id: str, link: LinkId, now_ms: int) -> None: ...
 
@@ -287,12 +305,25 @@ class _Outbound:
     up_for: float = 0.0  # how long its last link stayed up (seconds)
 
 
+async def _always_durable(ticket: int) -> bool:
+    return True
+
+
 class Bus:
     def __init__(self, core: ClusterCore, config: Config, clock: Clock, node_id: str, *,
                  save_nodes: Callable[[str], None] = lambda content: None,
                  new_node_id: Callable[[str], None] = lambda node_id: None,
-                 rng: random.Random | None = None) -> None:
-        self.core = core
+                 rng: random.Random | None = None,
+                 before_flush: Callable[[], None] = lambda: None,
+                 log_ticket: Callable[[], int] = lambda: 0,
+                 wait_durable: Callable[[int], Awaitable[bool]] = _always_durable) -> None:
+        self.core = core  # the membership core: link events, and frames nobody else handles
+        self.cores: list[FrameCore] = [core]
+        self.by_type: dict[MessageType, FrameCore] = {
+            t: core for t in getattr(core, "HANDLES", ())}
+        self.before_flush = before_flush
+        self.log_ticket = log_ticket
+        self.wait_durable = wait_durable
         self.config = config
         self.clock = clock
         self.node_id = node_id
@@ -312,6 +343,14 @@ class Bus:
             "links_dropped_bad_frame", "links_closed_silent", "links_closed_idle",
             "links_closed_slow", "connect_failures", "core_errors"), 0)
         self._nursery: trio.Nursery | None = None
+
+    def add_core(self, core: FrameCore) -> None:
+        """Route the frames of ``core.HANDLES`` to ``core`` and tick it (the job core)."""
+        overlap = self.by_type.keys() & core.HANDLES
+        if overlap:
+            raise ValueError(f"frame types handled twice: {sorted(t.name for t in overlap)}")
+        self.cores.append(core)
+        self.by_type.update((t, core) for t in core.HANDLES)
 
     # -- timeouts (read live: CONFIG SET cluster-node-timeout applies at once) -------------
 
@@ -377,7 +416,7 @@ class Bus:
         while True:
             deadline = max(deadline + TICK_S, trio.current_time())
             await trio.sleep_until(deadline)
-            self.event(self.core.tick, self.clock.now_ms())
+            self.event(self.tick, self.clock.now_ms())
 
     async def _accept(self, listener: trio.socket.SocketType) -> None:
         assert self._nursery is not None
@@ -463,8 +502,18 @@ class Bus:
 
     def deliver(self, link: Link, frame: Frame) -> None:
         self.counters["frames_received"] += 1
-        self.event(self.core.receive, frame, link.id, link.peer_ip, link.local_ip,
+        self.event(self.receive, frame, link.id, link.peer_ip, link.local_ip,
                    link.outbound_to, self.clock.now_ms())
+
+    def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
+                outbound_to: str | None, now_ms: int) -> None:
+        """The one place a frame is routed by its type."""
+        core = self.by_type.get(frame.type, self.core)
+        core.receive(frame, link, peer_ip, local_ip, outbound_to, now_ms)
+
+    def tick(self, now_ms: int) -> None:
+        for core in self.cores:
+            core.tick(now_ms)
 
     def event(self, handler: Callable[..., None], *args: Any) -> None:
         """Hand one event to the core, then route its effects. A bug met there is logged
@@ -479,16 +528,24 @@ class Bus:
                               "Cluster bus: unexpected error in the cluster core", exc_info=True)
 
     def flush(self) -> None:
-        """Take the core's effects and route them (after every event into the core)."""
-        if self.core.outbox:
-            for effect in self.core.take_effects():
-                self.route(effect)
+        """After every event: the broker's effects first (``before_flush``), then each core's,
+        routed in order."""
+        self.before_flush()
+        for core in self.cores:
+            if core.outbox:
+                for effect in core.take_effects():
+                    self.route(effect)
 
     def route(self, effect: ClusterEffect) -> None:
         """The one place a cluster effect goes where it belongs."""
         t = type(effect)
         if t is Send:
             assert isinstance(effect, Send)
+            if effect.type is MessageType.GOTJOB:
+                ticket = self.log_ticket()
+                if ticket and self._nursery is not None:
+                    self._nursery.start_soon(self._send_when_durable, ticket, effect)
+                    return
             ob = self.outbound.get(effect.node_id)
             self._send(ob.link if ob is not None else None, effect.type, effect.body)
         elif t is Answer:
@@ -522,6 +579,13 @@ class Bus:
                               _LEVELS.get(effect.level, logging.INFO), effect.text)
         else:
             raise AssertionError(f"unknown cluster effect {effect!r}")
+
+    async def _send_when_durable(self, ticket: int, effect: Send) -> None:
+        if not await self.wait_durable(ticket):
+            self.counters["sends_dropped"] += 1
+            return
+        ob = self.outbound.get(effect.node_id)
+        self._send(ob.link if ob is not None else None, effect.type, effect.body)
 
     def _send(self, link: Link | None, mtype: MessageType, body: dict[str, Any]) -> None:
         if link is None or link.closed:

@@ -289,6 +289,11 @@ class Persistence:
                 return batch.ticket
         return 0  # a GETJOB's dlv: its reply does not wait for the disk
 
+    @property
+    def done_ticket(self) -> int:
+        """Every batch up to this ticket is finished (written, or failed)."""
+        return self._done_ticket
+
     async def wait_durable(self, ticket: int) -> None:
         if ticket == 0:
             return

@@ -18,8 +18,19 @@ its connection is still read, so a disconnect is noticed and the broker forgets 
 The cluster: the node's ID and its peers come from ``cluster-config-file`` (``node/nodes_store``;
 a missing file is a new node, written at once; a corrupt one stops the start). The membership
 core (``cluster.membership.Membership``) is the broker's ``cluster`` view, and ``node/bus.py``
-runs its links and timers; a client command that changed the table (CLUSTER MEET, FORGET,
-RESET, LEAVING) has its cluster effects routed by the bus right after it runs.
+runs its links and timers. The job core (``cluster.jobs.JobCore``, issue 9) is built right
+after it, before the append log is replayed, and becomes ``broker.replication``; the bus
+routes it the frames of its ``HANDLES``. After every event - a client command, a bus frame,
+a tick - the broker's effects are routed before the cluster cores' (``Bus.flush`` calls
+``Server.settle_broker`` first): a replica's log record reaches the log before its GOTJOB
+is sent, and the bus holds a GOTJOB until the log says it is durable.
+
+A synchronous ADDJOB (``REPLICATE`` > 1) returns ``BLOCKED`` like a GETJOB with nothing to
+deliver: the connection stops executing its pipeline (``Connection.blocked``) until the
+``Reply`` effect that answers it (GOTJOBs reached the level, or ``-NOREPL``) is delivered.
+Every ``Reply`` routed outside the client's own batch (a bus frame, a tick, another client's
+command) is written only once the log records emitted before it are durable, ``-ERR`` with
+the error if that write failed (``Server.dispatch``).
 """
 
 from __future__ import annotations
@@ -54,6 +65,7 @@ from broker.intents import (
     RewriteLog,
     Shutdown,
 )
+from cluster.jobs import JobCore
 from cluster.membership import Membership
 from node import config_file, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus
@@ -94,7 +106,7 @@ class Connection:
     """
 
     __slots__ = ("server", "sock", "client", "parser", "closing", "processing", "reprocess",
-                 "sending", "pending", "soft_since", "close_after_reply")
+                 "sending", "pending", "soft_since", "close_after_reply", "blocked")
 
     def __init__(self, server: Server, sock: socket.socket, client: Client) -> None:
         self.server = server
@@ -108,6 +120,9 @@ class Connection:
         self.pending: list[bytes] = []
         self.soft_since = 0.0  # when unsent replies went past the soft output limit
         self.close_after_reply = False  # CLIENT KILL of its own connection
+        # A command of this client waits for a Reply effect (ADDJOB replicating; a blocked
+        # GETJOB also has client.waiter): its pipelined commands wait behind it.
+        self.blocked = False
 
     def over_output_limit(self, unsent: int) -> bool:
         """Apply ``client-output-buffer-limit`` to ``unsent`` bytes; True when the client must
@@ -218,13 +233,13 @@ class Connection:
             except BlockingIOError:
                 ready_streak = 0
                 idle = server.config.timeout
-                if not idle or self.client.waiter is not None:
-                    # A blocked GETJOB is waiting by request, not idle.
+                if not idle or self.blocked:
+                    # A blocked GETJOB or ADDJOB is waiting by request, not idle.
                     await trio.lowlevel.wait_readable(sock)
                     continue
                 with trio.move_on_after(idle) as scope:
                     await trio.lowlevel.wait_readable(sock)
-                if scope.cancelled_caught and self.client.waiter is None:
+                if scope.cancelled_caught and not self.blocked:
                     log.debug("Closing idle client %s", self.client.addr)
                     break
                 continue
@@ -253,6 +268,8 @@ class Connection:
             return
         self.closing = True
         self.server.broker.client_gone(self.client)
+        if self.server.jobs.outbox:
+            self.server.bus.flush()  # the DELJOBs of an ADDJOB it left waiting
         self.server.connections.discard(self)
         self.server.monitors.discard(self)
         trio.lowlevel.notify_closing(self.sock)
@@ -290,7 +307,7 @@ class Connection:
         close = False
         parser = self.parser
         cmdstats = server.cmdstats
-        while client.waiter is None and not server.stopping:
+        while not self.blocked and not server.stopping:
             try:
                 argv = parser.next()
             except ProtocolError as exc:
@@ -322,9 +339,10 @@ class Connection:
                 ticket = server.route(broker.take_effects(), others)
                 if ticket and reply is not BLOCKED:
                     logged.append((len(out), ticket))
-            if server.cluster.outbox:  # CLUSTER MEET, FORGET, RESET, LEAVING...
-                server.bus.flush()
+            # REPLJOB, SETACK, PAUSE ..., CLUSTER MEET: after the broker's effects, as always.
+            server.bus.flush()
             if reply is BLOCKED:
+                self.blocked = True
                 break
             encode_into(reply, out, client.protover)
             if close:
@@ -339,7 +357,7 @@ class Connection:
         if out:
             await self.send(b"".join(out) if len(out) > 1 else out[0])
         if others:
-            server.deliver(others)
+            server.dispatch(others, 0)
         if close:
             await self._drain()
             self.close()
@@ -414,8 +432,18 @@ class Server:
         if self.cluster.leaving:  # CLUSTER LEAVING yes survives a restart, as in Disque
             self.broker.set_leaving(True)
         self.nodes_file = NodesFileWriter(nodes_path)
+        # Before the bus: its first flush routes whatever the broker emitted so far.
+        self.persistence = Persistence(config, self.broker, log,
+                                       clock=lambda: self.clock.now_ms() / 1000)
+        self.last_ticket = 0  # the newest append-log batch submitted
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
-                       save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id)
+                       save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id,
+                       before_flush=self.settle_broker, log_ticket=self.log_ticket,
+                       wait_durable=self.durable)
+        # Replicated jobs: built before the log is replayed (run() loads it), since replay
+        # keeps acked cluster jobs only when broker.replication is set.
+        self.jobs = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
+        self.bus.add_core(self.jobs)
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
             try:
@@ -423,8 +451,6 @@ class Server:
             except OSError as exc:
                 raise ServerError(f"Can't write the cluster config file {nodes_path}: "
                                   f"{exc.strerror}") from None
-        self.persistence = Persistence(config, self.broker, log,
-                                       clock=lambda: self.clock.now_ms() / 1000)
         self.connections: set[Connection] = set()
         self.next_client_id = 0
         self.start_time = time.time()
@@ -465,7 +491,10 @@ class Server:
         records = [e for e in effects if type(e) is LogRecord]
         if len(records) != len(effects):
             replies.extend(e for e in effects if type(e) is Reply)
-        return self.persistence.submit(records)
+        ticket = self.persistence.submit(records)
+        if ticket:
+            self.last_ticket = ticket
+        return ticket
 
     async def wait_durable(self, tickets: set[int]) -> dict[int, str]:
         """Wait for each log batch; the error text of those whose write failed."""
@@ -483,9 +512,42 @@ class Server:
             if conn is None or conn.closing:
                 continue
             conn.send_nowait(_encode(reply, client.protover))
-            if conn.parser.buffered and client.waiter is None:
-                # Pipelined commands waited behind the blocked GETJOB: run them now.
-                self.nursery.start_soon(conn.process)
+            if client.waiter is None:
+                conn.blocked = False
+                if conn.parser.buffered:
+                    # Pipelined commands waited behind the blocked command: run them now.
+                    self.nursery.start_soon(conn.process)
+
+    def settle_broker(self) -> None:
+        """Route the broker's effects left by an event that was not a client's own batch (a
+        bus frame, a tick, before a flush): records to the log now, replies once durable."""
+        if self.broker.outbox:
+            replies: list[Reply] = []
+            ticket = self.route(self.broker.take_effects(), replies)
+            if replies:
+                self.dispatch(replies, ticket)
+
+    def dispatch(self, replies: list[Reply], ticket: int) -> None:
+        """Deliver ``replies`` once the log records emitted before them are durable."""
+        ticket = max(ticket, self.log_ticket())
+        if not ticket:
+            self.deliver(replies)
+        else:
+            self.nursery.start_soon(self._deliver_when_durable, replies, ticket)
+
+    async def _deliver_when_durable(self, replies: list[Reply], ticket: int) -> None:
+        failures = await self.wait_durable({ticket})
+        if ticket in failures:
+            replies = [Reply(client, errors.err(failures[ticket])) for client, _ in replies]
+        self.deliver(replies)
+
+    def log_ticket(self) -> int:
+        """The newest log batch that may not be durable yet (0 when the log is idle or off)."""
+        p = self.persistence
+        return self.last_ticket if self.last_ticket > p.done_ticket else 0
+
+    async def durable(self, ticket: int) -> bool:
+        return not await self.wait_durable({ticket})
 
     # -- intents: commands only the runtime can finish ------------------------------------
 
@@ -699,12 +761,10 @@ class Server:
             now = self.clock.now_ms()
             self._sample(now)
             broker.tick(now)
-            if broker.outbox:
-                # Requeues and expiries gate no reply: hand them to the log and move on, so a
-                # slow disk never delays timeouts and requeues.
-                replies: list[Reply] = []
-                self.route(broker.take_effects(), replies)
-                self.deliver(replies)
+            # Requeues and expiries hand their records to the log and move on (a slow disk
+            # never delays timers); a reply they make (a GETJOB served by a requeue, a NOREPL)
+            # waits for its records; WILLQUEUE, QUEUED, SETACK... go out after them.
+            self.bus.flush()
 
     def _sample(self, now: int) -> None:
         t, n = self._ops_sample

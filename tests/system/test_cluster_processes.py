@@ -97,7 +97,7 @@ def test_kill_9_two_of_five_then_they_rejoin_from_nodes_conf(local_cluster: Fact
         info = c.info(a)
         assert (info["cluster_known_nodes"], info["cluster_reachable_nodes"]) == ("5", "2"), info
         _, known = c.hello(a)
-        # Disque's HELLO priorities: a failed node is 100, so clients avoid it.
+        # Disque's helloCommand: 100 for a failed node (10 is for one only suspected).
         assert {node_id: prio for node_id, _ip, _port, prio in known} == {
             ids[0]: 1, ids[1]: 1, ids[2]: 1, ids[3]: 100, ids[4]: 100}
 
