@@ -9,8 +9,10 @@ One message type, ``QPOLICY`` (40), carries ``{"policies": [record, ...]}`` (the
 ``["queue", name, fields | None, ms, node]`` records):
 
 * a change made here (``QPOLICY`` command, HTTP) goes at once to every node with a link;
-* when an outbound link comes up (a node joined, came back, or the link was re-made) the
-  whole table goes to that node: a node that joins later gets every policy;
+* when a node gets an outbound link (it joined, came back, or the link was re-made), seen at
+  the next ``tick`` (the runtime ticks every core every 100 ms), the whole table goes to it:
+  a node that joins later gets every policy. (Watching the table instead of a ``link_up``
+  event keeps the runtime's side to routing frames and ticking, as for the job core.)
 * every ``SYNC_PERIOD_MS`` the whole table goes to one random node with a link, failing or
   not (anti-entropy: a change whose broadcast was lost still reaches everyone);
 * a whole table (``"full": true``) is answered with the versions the receiver holds that are
@@ -53,6 +55,7 @@ class PolicySync:
         self.outbox: list[ClusterEffect] = []
         self.next_sync = now_ms + SYNC_PERIOD_MS
         self.stats = {"sent": 0, "received": 0, "malformed": 0, "applied": 0}
+        self._linked_before: set[str] = set()  # nodes with an outbound link at the last tick
         broker.policies.on_change = self._changed
 
     # -- the runtime's side (cluster/effects.py) ------------------------------------------------
@@ -62,6 +65,11 @@ class PolicySync:
         return effects
 
     def tick(self, now_ms: int) -> None:
+        linked = set(self._linked())
+        if self.broker.policies.by_name:
+            for node_id in sorted(linked - self._linked_before):
+                self._send_all(node_id)
+        self._linked_before = linked
         if now_ms < self.next_sync:
             return
         self.next_sync = now_ms + SYNC_PERIOD_MS
@@ -69,12 +77,6 @@ class PolicySync:
         if targets and self.broker.policies.by_name:
             self._send_all(self.rng.choice(targets))
 
-    def link_up(self, node_id: str, link: LinkId, now_ms: int) -> None:
-        if self.broker.policies.by_name and node_id != self.membership.myself_id:
-            self._send_all(node_id)
-
-    def link_down(self, node_id: str, link: LinkId, now_ms: int) -> None:
-        pass
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:

@@ -86,6 +86,7 @@ class _Handle:
 
     def __init__(self) -> None:
         self.closing = False
+        self.blocked = False
         self.reader = ReplyReader()
         self.value: Any = NEED_DATA
         self.done = trio.Event()
@@ -125,10 +126,10 @@ class Bridge:
             after(reply)
         others: list[Any] = []
         ticket = server.route(broker.take_effects(), others) if broker.outbox else 0
-        if server.cluster.outbox:
-            server.bus.flush()
+        # REPLJOB, SETACK, QPOLICY ...: after the broker's effects, as a connection does.
+        server.bus.flush()
         if others:
-            server.deliver(others)
+            server.dispatch(others, ticket)  # replies to other clients, once durable
         if reply is BLOCKED:
             handle: _Handle = client.handle
             try:

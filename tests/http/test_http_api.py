@@ -272,6 +272,7 @@ class _FailingLogServer:
         self.stopping = False
         self.entries: list[object] = []
         self.cluster = type("C", (), {"outbox": []})()
+        self.bus = type("B", (), {"flush": staticmethod(lambda: None)})()
 
         class Clock:
             @staticmethod
@@ -284,7 +285,7 @@ class _FailingLogServer:
         self.entries = effects
         return 1
 
-    def deliver(self, replies: list[object]) -> None:
+    def dispatch(self, replies: list[object], ticket: int) -> None:
         pass
 
     async def wait_durable(self, tickets: set[int]) -> dict[int, str]:
