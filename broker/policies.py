@@ -293,7 +293,10 @@ class PolicyTable:
 # The command
 
 
-def _stamp(b: Broker, old: Policy | None, now_ms: int) -> tuple[int, str]:
+def _stamp(b: Broker, name: bytes, now_ms: int) -> tuple[int, str]:
+    """A stamp newer than every version of ``name`` this node has seen, tombstones included
+    (another node's clock may be ahead: a change made here must still win)."""
+    old = b.policies.by_name.get(name)
     ms = max(now_ms, old.stamp[0] + 1) if old is not None else now_ms
     return (ms, b.node_id)
 
@@ -353,7 +356,7 @@ def command(b: Broker, cmd: QPolicy, now_ms: int) -> Any:
         # Disque's default RETRY for the TTL (ADDJOB: max(1, min(300, TTL / 10))).
         ttl = changes.get("retention_timeout", DEFAULT_RETENTION)
         changes["visibility_timeout"] = max(1, min(DEFAULT_VISIBILITY, ttl // 10))
-    new = replace(base, **changes, stamp=_stamp(b, current, now_ms), deleted=False)
+    new = replace(base, **changes, stamp=_stamp(b, cmd.target, now_ms), deleted=False)
     if new.message_deduplication and not (current and current.message_deduplication):
         table.mark_indexed(new.name)
     store(b, new)
@@ -367,8 +370,8 @@ def delete(b: Broker, p: Policy, now_ms: int) -> list[bytes]:
     table = b.policies
     for other in table.policies():
         if other.redrive is not None and other.redrive[1] == p.name and other.name != p.name:
-            store(b, replace(other, redrive=None, stamp=_stamp(b, other, now_ms)))
-    store(b, Policy(p.name, stamp=_stamp(b, p, now_ms), deleted=True))
+            store(b, replace(other, redrive=None, stamp=_stamp(b, other.name, now_ms)))
+    store(b, Policy(p.name, stamp=_stamp(b, p.name, now_ms), deleted=True))
     return [j.id for j in b.jobs.values() if j.queue == p.name]
 
 

@@ -210,3 +210,13 @@ def test_merge_keeps_the_newest_stamp() -> None:
     assert not t.merge(Policy(b"q", retention_timeout=6, stamp=(10, "a")))
     assert t.merge(Policy(b"q", stamp=(11, "a"), deleted=True))
     assert t.get(b"q") is None and t.live == 0
+
+
+def test_a_change_made_here_wins_over_a_peer_version_stamped_ahead() -> None:
+    n = Node()
+    t = n.b.policies
+    # A peer whose clock is an hour ahead deleted the queue.
+    t.merge(Policy(b"q", stamp=(n.now + 3_600_000, "z" * 40), deleted=True))
+    n("QPOLICY", "CREATE", "q", "RETENTION", 50)
+    mine = t.by_name[b"q"]
+    assert not mine.deleted and mine.stamp > (n.now + 3_600_000, "z" * 40)
