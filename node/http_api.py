@@ -48,6 +48,7 @@ from protocol.resp import NEED_DATA, Error, ReplyReader
 log = logging.getLogger("trisque.http")
 
 MAX_BODY: Final = 1024 * 1024  # mqs's message limit
+DRAIN_LIMIT: Final = 8 * MAX_BODY  # an oversized body read and dropped before the 413
 BODY_TIMEOUT_S: Final = 10.0  # a client that does not send its body in this time gets 408
 RETRY_AFTER_S: Final = "1"
 ADDJOB_TIMEOUT_MS: Final = 5000  # ADDJOB's ms-timeout (synchronous replication on a cluster)
@@ -220,18 +221,30 @@ def _raise_for(reply: Any) -> None:
 
 
 async def _read_body(request: Request, limit: int = MAX_BODY) -> bytes:
+    """The body, at most ``limit`` bytes, within BODY_TIMEOUT_S. A larger body is 413; it is
+    still read and dropped up to DRAIN_LIMIT, so the client, still sending, gets the answer
+    instead of a connection reset (beyond that the connection is closed after the answer)."""
     length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > limit):
-        raise HttpError(413 if length.isdigit() else 400,
-                        f"body larger than {limit} bytes" if length.isdigit()
-                        else "bad Content-Length")
+    if length is not None and not (length.isascii() and length.isdigit()):
+        raise HttpError(400, "bad Content-Length")
+    declared = int(length) if length is not None else None
     chunks: list[bytes] = []
     size = 0
     with trio.move_on_after(BODY_TIMEOUT_S) as scope:
         try:
+            if declared is not None and declared > limit:
+                if declared <= DRAIN_LIMIT:
+                    async for _ in request.stream():
+                        pass
+                raise HttpError(413, f"body larger than {limit} bytes")
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
+                    if size <= DRAIN_LIMIT:
+                        async for more in request.stream():
+                            size += len(more)
+                            if size > DRAIN_LIMIT:
+                                break
                     raise HttpError(413, f"body larger than {limit} bytes")
                 chunks.append(chunk)
         except ClientDisconnect:
