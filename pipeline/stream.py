@@ -273,8 +273,9 @@ class TrisqueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     break
                 if info is None or used is None:
                     raise JobVanishedError(
-                        f"job {job_id} of the batch being replayed is gone from trisque "
-                        f"({why.strip()}); it was acknowledged, deleted or expired")
+                        f"job {job_id} of the batch being replayed is on no node given that "
+                        f"can be reached ({why.strip()}): acknowledged, deleted, expired, or "
+                        f"its only copies are on nodes that are down")
                 body = base64.b64decode(body_b64) if body_b64 is not None else info.body
                 with self._lock:
                     self._alive[job_id] = None

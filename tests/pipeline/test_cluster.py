@@ -9,6 +9,7 @@ node's jobs only through that node (see docs/spark.md, "On a cluster")."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,6 +209,11 @@ def test_stream_carries_on_when_a_node_is_killed(spark, local_cluster, tmp_path)
              .trigger(processingTime="200 milliseconds").start())
     try:
         wait_until(lambda: len(_memory_rows(spark, "kq_out")) >= 60, 60, "the first 60 jobs read")
+        # A batch claimed from node2 by an earlier run of the query (replayed below).
+        replicated = [c.call(2, "ADDJOB", "rp", f"rp-{k}", 0, "REPLICATE", 3, "RETRY", 30).decode()
+                      for k in range(3)]
+        single = c.call(2, "ADDJOB", "rp", "rp-single", 0, "REPLICATE", 1, "RETRY", 30).decode()
+        assert len(c.call(2, "GETJOB", "NOHANG", "COUNT", 10, "FROM", "rp")) == 4
         t0 = time.monotonic()
         c.kill(2)
         second = set()
@@ -233,3 +239,24 @@ def test_stream_carries_on_when_a_node_is_killed(spark, local_cluster, tmp_path)
     # that node holds, so it fails with the node's address.
     with pytest.raises(Exception, match=f"127.0.0.1:{c.port(2)}"):
         spark.read.format("trisque").option("nodes", _addr(c, 0)).load().collect()
+    # Spark replays an uncommitted batch by calling partitions(start, end) on a fresh reader.
+    # The batch's jobs were delivered by node2, now dead: the replicated ones are re-claimed
+    # (WORKING) and their bodies read (SHOW) on another node given; the one whose only copy
+    # died fails the replay naming it.
+    from pipeline.options import stream_options
+    from pipeline.stream import JobVanishedError, TrisqueStreamReader
+
+    def replay(ids: list[str]) -> list[Any]:
+        reader = TrisqueStreamReader(stream_options({"nodes": nodes, "queue": "rp"}))
+        end = {"seq": 7, "jobs": [[i, "rp", None, _addr(c, 2)] for i in ids]}
+        try:
+            return [row for part in reader.partitions({"seq": 6, "jobs": []}, end)
+                    for row in reader.read(part)]
+        finally:
+            reader.stop()
+
+    rows = replay(replicated)
+    assert sorted((r[0], bytes(r[8])) for r in rows) == sorted(
+        (i, f"rp-{k}".encode()) for k, i in enumerate(replicated))
+    with pytest.raises(JobVanishedError, match=re.escape(single)):
+        replay([single])
