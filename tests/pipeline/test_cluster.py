@@ -260,3 +260,17 @@ def test_stream_carries_on_when_a_node_is_killed(spark, local_cluster, tmp_path)
         (i, f"rp-{k}".encode()) for k, i in enumerate(replicated))
     with pytest.raises(JobVanishedError, match=re.escape(single)):
         replay([single])
+
+
+def test_stream_fails_naming_every_node_when_none_is_reachable(spark) -> None:
+    from tests.support.server import free_port
+
+    ports = [free_port(), free_port()]
+    query = (spark.readStream.format("trisque")
+             .option("nodes", ",".join(f"127.0.0.1:{p}" for p in ports)).option("queue", "q")
+             .load().writeStream.format("memory").queryName("none_out").start())
+    try:
+        with pytest.raises(Exception, match=f"127.0.0.1:{ports[0]}.*127.0.0.1:{ports[1]}"):
+            query.awaitTermination(60)
+    finally:
+        query.stop()
