@@ -73,6 +73,7 @@ from broker.intents import (
 from cluster.federation import FederationCore
 from cluster.jobs import JobCore
 from cluster.membership import Membership
+from cluster.policy_sync import PolicySync
 from node import config_file, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus
 from node.clock import Clock, WallClock
@@ -456,6 +457,10 @@ class Server:
         self.bus.add_core(self.federation)
         self._fed_armed: int | None = None  # the deadline federation_timer sleeps until
         self._fed_wake = trio.Event()
+        # Queue policies, replicated to every node (issue 13, cluster/policy_sync.py).
+        self.policy_sync = PolicySync(self.broker, self.cluster, random.Random(os.urandom(16)),
+                                      now_ms)
+        self.bus.add_core(self.policy_sync)
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
             try:
@@ -837,6 +842,14 @@ class Server:
             await nursery.start(self.bus.run, bus_listeners)
             nursery.start_soon(self.timers)
             nursery.start_soon(self.federation_timer)
+            if cfg.http_port:  # the HTTP API (node/http_api.py), off by default
+                from node import http_api
+
+                try:
+                    await nursery.start(http_api.serve, self)
+                except OSError as exc:
+                    raise ServerError(f"Can't listen for HTTP on port {cfg.http_port}: "
+                                      f"{exc.strerror or exc}") from None
             for listener in listeners:
                 nursery.start_soon(self.accept, listener)
             nursery.start_soon(self._signals)
