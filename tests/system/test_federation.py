@@ -202,6 +202,7 @@ def test_a_rebalancing_consumer_moves_to_the_node_that_produces_its_jobs(
                 rebalance_window=16) as client:
         taken = 0
         moved_after = None
+        exported_after_move = None
         while taken < 200:
             jobs = client.get_job("rb", count=4, timeout_ms=int(BROADCAST_GAP_S * 1000 + 3000))
             assert jobs
@@ -210,12 +211,16 @@ def test_a_rebalancing_consumer_moves_to_the_node_that_produces_its_jobs(
             taken += len(jobs)
             if moved_after is None and client.address == ("127.0.0.1", c.port(0)):
                 moved_after = taken
+            elif moved_after is not None and exported_after_move is None \
+                    and taken >= moved_after + 40:
+                exported_after_move = int(info(c, 0, "federation")["jobs_exported"])
         assert at_first == ("127.0.0.1", c.port(1))
         # The window (16) is judged from a quarter of it on.
         assert moved_after is not None and moved_after <= 16, moved_after
         exported = int(info(c, 0, "federation")["jobs_exported"])
-    # After the move every job was taken on node0 itself: few crossed the bus.
-    assert exported < 100, exported
+    # After the move every job was taken on node0 itself: none crossed the bus any more
+    # (node1 keeps what it had imported for its consumer, which is gone).
+    assert exported == exported_after_move, (exported_after_move, exported)
     assert "cmdstat_getjob" in c.call(0, "INFO", "commandstats").decode()
     assert c.call(0, "QLEN", "rb") == 400 - exported - (taken - moved_after)
     print(f"the consumer moved from node1 to node0 after {moved_after} jobs; "
@@ -236,8 +241,11 @@ def test_the_benchmark_cycles_from_producers_on_one_node_to_consumers_on_two(
     assert result["produce_nodes"] == [addr(c, 0)]
     assert result["consume_nodes"] == [addr(c, 1), addr(c, 2)]
     imported = [int(info(c, i, "federation")["jobs_imported"]) for i in (1, 2)]
+    # Which consumer node imports what is a race: a node whose first broadcast NEEDJOBS
+    # came before the first job waits 4 s for the next one, by then the other may have
+    # taken everything.
     assert int(info(c, 0, "federation")["jobs_exported"]) == sum(imported) == 3000
-    assert min(imported) > 0, imported
+    assert "cmdstat_getjob" not in c.call(0, "INFO", "commandstats").decode()
     lat = result["e2e_latency_ms"]
     print(f"bench cycle node0 -> node1,node2: {result['ops_per_sec']:.0f} jobs/s, end to end "
           f"p50 {lat['p50']:.1f} ms p99 {lat['p99']:.1f} ms; imported {imported}")
