@@ -86,7 +86,7 @@ from cluster.effects import (
     SaveNodes,
     Send,
 )
-from cluster.wire import Frame, FrameDecoder, MessageType, WireError, encode
+from cluster.wire import Frame, FrameDecoder, MessageType, WireError, encode_message
 from node.clock import Clock
 
 log = logging.getLogger("trisque.bus")
@@ -260,13 +260,18 @@ class Link:
                 decoder.truncated_at_eof()
                 return
             decoder.feed(data)
-            while not self.closed:
-                frame = decoder.next()
-                if frame is None:
-                    break
-                spoke = True
-                last_frame = trio.current_time()
-                bus.deliver(self, frame)
+            frames: list[Frame] = []
+            try:
+                while True:
+                    frame = decoder.next()
+                    if frame is None:
+                        break
+                    frames.append(frame)
+            finally:  # the frames before a bad one still count, as they arrived
+                if frames:
+                    spoke = True
+                    last_frame = trio.current_time()
+                    bus.deliver(self, frames)
 
     async def _write(self) -> None:
         bus = self.bus
@@ -500,10 +505,36 @@ class Bus:
 
     # -- events into the core, effects out ---------------------------------------------
 
-    def deliver(self, link: Link, frame: Frame) -> None:
-        self.counters["frames_received"] += 1
-        self.event(self.receive, frame, link.id, link.peer_ip, link.local_ip,
-                   link.outbound_to, self.clock.now_ms())
+    def deliver(self, link: Link, frames: list[Frame]) -> None:
+        """The frames of one read, in order. Consecutive frames for the cores that only
+        send (the job cores) are handed over one after the other and flushed once: one
+        ``settle_broker`` and one wake-up per link for all of them (their records still
+        reach the log before any message routed after them). A frame for the membership
+        core is an event of its own (its ``CloseLink`` must take effect before the next
+        frame of that link)."""
+        now_ms = self.clock.now_ms()
+        membership = self.core
+        pending = False
+        for frame in frames:
+            if link.closed:
+                return
+            self.counters["frames_received"] += 1
+            core = self.by_type.get(frame.type, membership)
+            if core is membership:
+                if pending:
+                    self.event(self.flush)
+                    pending = False
+                self.event(membership.receive, frame, link.id, link.peer_ip, link.local_ip,
+                           link.outbound_to, now_ms)
+                continue
+            try:
+                core.receive(frame, link.id, link.peer_ip, link.local_ip, link.outbound_to,
+                             now_ms)
+            except Exception:
+                self._core_error(core.receive)
+            pending = True
+        if pending:
+            self.event(self.flush)
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:
@@ -521,11 +552,15 @@ class Bus:
         would: one bad message must not take the node down."""
         try:
             handler(*args)
-            self.flush()
+            if handler != self.flush:
+                self.flush()
         except Exception:
-            self.counters["core_errors"] += 1
-            self.limiter.emit(f"core-error:{getattr(handler, '__name__', '?')}", logging.ERROR,
-                              "Cluster bus: unexpected error in the cluster core", exc_info=True)
+            self._core_error(handler)
+
+    def _core_error(self, handler: Callable[..., None]) -> None:
+        self.counters["core_errors"] += 1
+        self.limiter.emit(f"core-error:{getattr(handler, '__name__', '?')}", logging.ERROR,
+                          "Cluster bus: unexpected error in the cluster core", exc_info=True)
 
     def flush(self) -> None:
         """After every event: the broker's effects first (``before_flush``), then each core's,
@@ -592,7 +627,7 @@ class Bus:
             self.counters["sends_dropped"] += 1
             return
         try:
-            data = encode(Frame(mtype, self.node_id, body), self.secret)
+            data = encode_message(mtype, self.node_id, body, self.secret)
         except (WireError, ValueError, TypeError) as exc:
             self.counters["sends_dropped"] += 1
             self.limiter.emit(f"encode:{mtype.name}", logging.WARNING,
