@@ -64,6 +64,7 @@ and time, following the contract of ``cluster/effects.py``:
 from __future__ import annotations
 
 import logging
+import os
 import random
 import socket
 from collections import deque
@@ -234,28 +235,33 @@ class Link:
         self.close()
 
     async def _read(self) -> None:
+        """Read straight from the socket (trio waits only when the kernel has nothing, as
+        for client connections: no stream wrapper or cancel scope per read), hand every
+        complete frame of a read to ``Bus.deliver`` at once, then let the other tasks run,
+        as trio's own ``recv`` would, so that more frames gather for the next read."""
         bus = self.bus
+        fd = self.stream.socket.fileno()
         decoder = FrameDecoder(bus.secret)
         spoke = False
+        inbound = self.outbound_to is None  # the core's PING/PONG watches outbound links
         # Absolute deadlines, moved only by complete frames: a peer dribbling a byte now and
         # then does not keep a link open any longer than a silent one.
         last_frame = trio.current_time()
         while not self.closed:
-            if self.outbound_to is not None:
-                deadline = float("inf")  # the core's PING/PONG watches outbound links
-            else:
+            if inbound:
                 deadline = last_frame + (bus.idle_timeout if spoke else bus.first_frame_timeout)
-            with trio.move_on_at(deadline) as waited:
-                data = await self.stream.receive_some(READ_SIZE)
-            if waited.cancelled_caught:
-                key = "idle" if spoke else "silent"
-                bus.counters[f"links_closed_{key}"] += 1
-                what = "no frame" if spoke else "no complete frame"
-                waited_s = trio.current_time() - last_frame
-                bus.limiter.emit(f"{key}:{self.peer_ip}", logging.WARNING,
-                                 f"Cluster bus: closing link from {self.peer_ip}: {what} "
-                                 f"in {waited_s:.1f} s")
-                return
+                if trio.current_time() >= deadline:
+                    self._timed_out(spoke, last_frame)
+                    return
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                if inbound:
+                    with trio.move_on_at(deadline):
+                        await trio.lowlevel.wait_readable(fd)
+                else:
+                    await trio.lowlevel.wait_readable(fd)
+                continue
             if not data:
                 decoder.truncated_at_eof()
                 return
@@ -272,21 +278,46 @@ class Link:
                     spoke = True
                     last_frame = trio.current_time()
                     bus.deliver(self, frames)
+            await trio.lowlevel.checkpoint()
+
+    def _timed_out(self, spoke: bool, last_frame: float) -> None:
+        bus = self.bus
+        key = "idle" if spoke else "silent"
+        bus.counters[f"links_closed_{key}"] += 1
+        what = "no frame" if spoke else "no complete frame"
+        waited_s = trio.current_time() - last_frame
+        bus.limiter.emit(f"{key}:{self.peer_ip}", logging.WARNING,
+                         f"Cluster bus: closing link from {self.peer_ip}: {what} "
+                         f"in {waited_s:.1f} s")
 
     async def _write(self) -> None:
+        """Drain the queue: everything queued since the last wake-up in one write (the
+        frames of every event handled meanwhile share it), straight to the socket; trio
+        waits only when the kernel takes nothing, and a peer that takes no byte for
+        ``send_stall_timeout`` gets its link closed."""
         bus = self.bus
+        fd = self.stream.socket.fileno()
         while True:
             if not self.queue:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
-            data = b"".join(self.queue)
+            data = b"".join(self.queue) if len(self.queue) > 1 else self.queue[0]
             self.queue.clear()
             view = memoryview(data)
+            progress = trio.current_time()
             while view:
-                chunk = view[:SEND_CHUNK]
-                with trio.move_on_after(bus.send_stall_timeout) as waited:
-                    await self.stream.send_all(chunk)
+                try:
+                    sent = os.write(fd, view[:SEND_CHUNK])
+                except BlockingIOError:
+                    sent = 0
+                if sent:
+                    self.unsent -= sent
+                    view = view[sent:]
+                    progress = trio.current_time() if view else progress
+                    continue
+                with trio.move_on_at(progress + bus.send_stall_timeout) as waited:
+                    await trio.lowlevel.wait_writable(fd)
                 if waited.cancelled_caught:
                     bus.counters["links_closed_slow"] += 1
                     bus.limiter.emit(f"stall:{self.peer_ip}", logging.WARNING,
@@ -294,8 +325,6 @@ class Link:
                                      f"nothing for {bus.send_stall_timeout:g} s")
                     self.close()
                     return
-                self.unsent -= len(chunk)
-                view = view[len(chunk):]
 
 
 @dataclass
