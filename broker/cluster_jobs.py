@@ -297,6 +297,19 @@ def ack_command(b: Broker, name: str, ids: tuple[bytes, ...] | list[bytes],
             continue
         if job is None:
             job = dummy_ack(b, job_id, now_ms)
+        elif job.state is not _ACKED and job.state is not _WAIT_REPL and all(
+                n == b.node_id for n in job.delivered):
+            # Only this node ever held it (REPLICATE 1): nobody to tell, so the ACK is
+            # collected at once with one short record, as on a single node, instead of an
+            # acked job record (with its body) and a later ``del`` (Disque's tryJobGC frees
+            # such a job at once too).
+            prev = job.to_record()
+            b._dequeue(job)
+            job.transition(_ACKED)
+            b._unregister(job)
+            b.outbox.append(LogRecord("ack", job_id, prev))
+            known += 1
+            continue
         elif acknowledge(b, job, now_ms):
             known += 1
         if job is not None and b.jobs.get(job_id) is job:

@@ -201,3 +201,17 @@ def test_a_dummy_ack_is_dropped_as_soon_as_a_node_that_knows_the_job_answers() -
     assert c.job(0, odd) is not None
     c.deliver(0, 1, M.GOTACK, {"id": odd, "known": True})
     assert c.job(0, odd) is None
+
+
+def test_ackjob_of_a_job_only_this_node_holds_is_collected_at_once_with_one_ack_record() -> None:
+    # REPLICATE 1: nobody else has a copy, so no SETACK round and no acked record with the
+    # body in the log, just the single-node "ack" record.
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500", "REPLICATE", "1")
+    before = len(c.logs[0])
+    assert c.cmd(0, "ACKJOB", job_id) == 1
+    assert c.job(0, job_id) is None
+    c.run_for(2000)
+    assert c.messages(M.SETACK, job_id) == [] and c.messages(M.DELJOB, job_id) == []
+    assert [(r.kind, r.payload) for r in c.logs[0][before:]] == [("ack", job_id)]
+    assert c.cmd(0, "ACKJOB", job_id) == 0  # known no more: a dummy ACK, counted 0 as Disque
