@@ -11,9 +11,10 @@ and time, following the contract of ``cluster/effects.py``:
   connection is closed at once (rate-limited log line).
 * **Links.** Every link, inbound or outbound, is a ``Link`` with an int ``LinkId`` that is
   never reused in the process. It runs two tasks: a reader that feeds a ``FrameDecoder`` and
-  hands every complete frame to ``core.receive`` (with the peer's and our own IP and, for an
-  outbound link, the table ID it was opened for), and a writer that drains the link's send
-  queue. A ``WireError`` (bad magic, version, type, oversized, malformed body, bad MAC, a frame
+  hands the complete frames of each read to ``Bus.deliver`` (with the peer's and our own IP
+  and, for an outbound link, the table ID it was opened for), and a writer that drains the
+  link's send queue. Both use the socket directly, as client connections do: trio waits
+  only when the kernel has nothing to read or takes nothing. A ``WireError`` (bad magic, version, type, oversized, malformed body, bad MAC, a frame
   cut by EOF) closes the link with one log line per (peer address, reason) every
   ``LOG_EVERY_S``. An inbound peer that sends no complete frame within
   ``first_frame_timeout`` (``min(FIRST_FRAME_TIMEOUT_S, cluster-node-timeout)``) is closed,
@@ -47,7 +48,8 @@ and time, following the contract of ``cluster/effects.py``:
   owns the links), ticks to every core.
 * **Effects go through one place.** Every event handed to a core (a frame,
   ``link_up``/``link_down``, a ``tick`` every ``TICK_S``) goes through ``Bus.event``, which
-  then runs ``Bus.flush`` (the server calls ``flush`` after every client command and timer
+  then runs ``Bus.flush`` (the job cores' frames of one read are handed over back to back
+  and flushed once, ``Bus.deliver``) (the server calls ``flush`` after every client command and timer
   tick); an exception out of a core is logged with its traceback (rate-limited) and the
   node goes on. ``flush`` first calls ``before_flush`` (the server routes the *broker's*
   effects there, so log records reach the append log before any message that depends on
