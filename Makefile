@@ -1,4 +1,4 @@
-# trisque: `make run` starts a node with its data in ./data, `make cluster` three joined nodes
+# trisque: `make run` starts a node with its data in ./data (HTTP API on 7780, docs/http.md), `make cluster` three joined nodes
 # (7711-7713, data in ./data/cluster/<port>), `make test` runs the whole suite.
 PYTHON ?= python3
 VENV   := .venv
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	mkdir -p data
-	$(VENV)/bin/trisque-server conf/trisque.conf --dir ./data
+	$(VENV)/bin/trisque-server conf/trisque.conf --dir ./data --http-port 7780
 
 # Three nodes in the foreground, joined with CLUSTER MEET; Ctrl-C stops them (tools/local_cluster.py).
 cluster: $(STAMP)

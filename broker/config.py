@@ -41,6 +41,7 @@ DIRECTIVES: dict[str, Directive] = {
     for d in [
         _D("port", "int", 7711, False, "TCP port for clients; the cluster bus uses port + 10000."),
         _D("bind", "list", "", False, "Addresses to listen on (default: all interfaces)."),
+        _D("http-port", "int", 0, False, "TCP port of the HTTP API (docs/http.md) on the bind addresses; 0: off."),
         _D("tcp-backlog", "int", 511, False, "listen() backlog."),
         _D("timeout", "int", 0, True, "Close a client idle this many seconds, unless blocked in GETJOB (0: never)."),
         _D("tcp-keepalive", "int", 0, True, "Send TCP keepalives to clients every this many seconds (0: off)."),
@@ -104,6 +105,7 @@ HZ_MIN, HZ_MAX = 1, 500
 # past what the kernel takes, maxclients 0, a timeout trio cannot represent. Others: 0 to
 # INT32_MAX ("int") or INT64_MAX ("memory").
 RANGES: dict[str, tuple[int, int]] = {
+    "http-port": (0, 65535),
     "tcp-backlog": (0, 65535),
     "tcp-keepalive": (0, 32767),  # Linux's largest TCP_KEEPIDLE
     "unixsocketperm": (0, 0o777),

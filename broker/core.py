@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import admin, cluster_jobs
+from broker import admin, cluster_jobs, policies
 from broker.clients import BLOCKED as BLOCKED  # re-exported: node/server.py imports it here
 from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
@@ -50,6 +50,7 @@ from protocol.commands import (
     JScan,
     Pause,
     QPeek,
+    QPolicy,
     QScan,
     QueueCommand,
     lookup,
@@ -123,6 +124,8 @@ class Broker:
         self._ctime_seq = 0
         self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
         self._last_tick_ms = 0
+        # Queue policies (broker/policies.py); empty unless a client sets one.
+        self.policies = policies.PolicyTable()
 
     # =========================================================================================
     # Entry points
@@ -141,6 +144,8 @@ class Broker:
         if t is Error:
             return cmd
         if t is AddJob:
+            if self.policies.live:
+                return policies.addjob(self, cmd, client, now_ms)  # type: ignore[arg-type]
             return self._addjob(cmd, client, now_ms)  # type: ignore[arg-type]
         if t is GetJob:
             return self._getjob(cmd, client, now_ms)  # type: ignore[arg-type]
@@ -156,6 +161,8 @@ class Broker:
             return self._jscan(cmd, now_ms)  # type: ignore[arg-type]
         if t is Pause:
             return self._pause(cmd, now_ms)  # type: ignore[arg-type]
+        if t is QPolicy:
+            return policies.command(self, cmd, now_ms)  # type: ignore[arg-type]
         handler = admin.HANDLERS.get(cmd.name)  # type: ignore[union-attr]
         if handler is None:
             return errors.unknown_command(cmd.name)  # type: ignore[union-attr]
@@ -283,6 +290,8 @@ class Broker:
             return False
         if not job.qtime or (not job.retry and job.flags & FLAG_DELIVERED):
             return False
+        if self.policies.redrive and policies.dead_letter(self, job, now_ms, nack):
+            return False  # moved to its dead-letter queue instead
         job.transition(_QUEUED)
         if self.replication is not None and (nack or job.flags & FLAG_QUEUED_BEFORE):
             # Re-queued (or NACKed) here: the other holders move their retry time and
@@ -367,6 +376,8 @@ class Broker:
                     if self._enqueue(job, now_ms):
                         self._log_job(job, prev)
                         return
+                    if self.jobs.get(job.id) is not job or job.state is not _ACTIVE:
+                        return  # dead-lettered (broker/policies.py)
                     job.qtime = 0
             elif job.state is _QUEUED and job.retry:
                 # Still waiting for a consumer: nothing to redo, look again after RETRY.
@@ -382,6 +393,9 @@ class Broker:
     def undo_entry(self, entry: tuple[str, Any, Any], now_ms: int) -> None:
         """Put back the state from before ``entry`` (its write to the log failed)."""
         kind, payload, prev = entry
+        if kind == policies.RECORD_KIND:
+            self.policies.undo(payload, prev)
+            return
         job_id = payload[0] if kind == "job" else payload
         if kind == "flushall":
             return
@@ -409,6 +423,8 @@ class Broker:
 
     @staticmethod
     def validate_record(kind: str, data: Any) -> str | None:
+        if kind == policies.RECORD_KIND:
+            return policies.validate_record(data)
         return validate_record(kind, data)
 
     def load_record(self, record: tuple[Any, ...], now_ms: int) -> None:
@@ -427,6 +443,8 @@ class Broker:
             old = self.jobs.get(payload)
             if old is not None:
                 self._unregister(old)
+        elif kind == policies.RECORD_KIND:
+            self.policies.load(payload)
         elif kind == "flushall":
             self.jobs.clear()
             self.job_bytes = 0
@@ -476,6 +494,7 @@ class Broker:
             self.timers.schedule(job.id, job.awake)
 
     def snapshot(self) -> Iterator[tuple[str, Any]]:
+        yield from list(self.policies.snapshot(self.jobs))
         for job in list(self.jobs.values()):
             if self.jobs.get(job.id) is job:
                 yield ("job", job.to_record())

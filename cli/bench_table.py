@@ -12,6 +12,9 @@ Starts its own servers on free loopback ports (temporary directories), then meas
   (f) the Spark data source (issue 11): ``python -m pipeline.bench`` in its own process, bulk
       load of 1,000,000 jobs vs trisque-benchmark's pipelined ADDJOB on the same node, and the
       stream consumption rate; printed after the table (skipped without the spark extra)
+  (h) the HTTP API (issue 13): produce and consume with 16 concurrent HTTP clients next to RESP
+      ADDJOB / GETJOB with 16 connections on the same node in the same run (cli/bench_http.py);
+      printed after the table, also in ``bench-results/http.json``
 
 Each throughput case runs several short times, trisque and redis interleaved, and the medians
 are reported: the machine is shared and noisy. The primary figures come from our load generator
@@ -390,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                  duration=opts.duration or (1.0 if opts.quick else 2.0),
                  preload=30_000 if opts.quick else 60_000, procs=opts.procs,
                  redis_benchmark=not opts.no_redis_benchmark)
-    only = set((opts.only or "a,b,c,d,e,f").split(","))
+    only = set((opts.only or "a,b,c,d,e,f,h").split(","))
     started = time.monotonic()
     rows: list[Row] = []
     with BenchServer("trisque", "trisque") as trisque, BenchServer("redis", "redis") as redis:
@@ -427,9 +430,23 @@ def main(argv: list[str] | None = None) -> int:
         "table": table,
     }, indent=2, default=str))
     print(f"results written to {out}")
+    if "h" in only:
+        http_case(s)
     if "f" in only:
         spark_case(opts.quick)
     return 0
+
+
+def http_case(s: Settings) -> None:
+    """(h): the HTTP API next to RESP, 16 clients each (cli/bench_http.py)."""
+    from cli import bench_http
+
+    res = bench_http.run(runs=min(s.runs, 3), duration=s.duration, procs=s.procs,
+                         preload_jobs=s.preload)
+    print("\n" + bench_http.render(res), flush=True)
+    out = REPO / "bench-results" / "http.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
 
 
 def spark_case(quick: bool) -> None:

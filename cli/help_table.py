@@ -54,6 +54,11 @@ COMMANDS: tuple[CommandHelp, ...] = (
                 "[IMPORTRATE rate]", "Iterate over the queues of this node", "queues"),
     CommandHelp("PAUSE", "queue in|out|all|none|state [BCAST]",
                 "Pause a queue for input, output or both, or show its pause state", "queues"),
+    CommandHelp("QPOLICY", "CREATE|UPDATE|SET queue [REDRIVE max-receives dead-letter-queue] "
+                "[NOREDRIVE] [RETENTION sec] [VISIBILITY sec] [DELAY sec] [DEDUP yes|no] | "
+                "GET queue | DEL queue | LIST [OFFSET n] [LIMIT n] | ORIGIN id",
+                "Queue policies: default TTL, RETRY and DELAY, dead-letter queue, "
+                "deduplication (docs/policies.md)", "queues"),
     CommandHelp("HELLO", "", "This node's ID and every known node with its priority",
                 "cluster"),
     CommandHelp("CLUSTER", "MEET ip port | NODES | INFO | LEAVING [yes|no] | FORGET id | "

@@ -58,6 +58,7 @@ class MessageType(enum.IntEnum):
     PAUSE = 20
     NEEDJOBS = 21
     YOURJOBS = 22
+    QPOLICY = 40  # queue policies (cluster/policy_sync.py); numbers are never reused
 
 
 _HEX_DIGITS = b"0123456789abcdef"

@@ -67,6 +67,7 @@ from broker.intents import (
 )
 from cluster.jobs import JobCore
 from cluster.membership import Membership
+from cluster.policy_sync import PolicySync
 from node import config_file, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus
 from node.clock import Clock, WallClock
@@ -444,6 +445,10 @@ class Server:
         # keeps acked cluster jobs only when broker.replication is set.
         self.jobs = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
         self.bus.add_core(self.jobs)
+        # Queue policies, replicated to every node (issue 13, cluster/policy_sync.py).
+        self.policy_sync = PolicySync(self.broker, self.cluster, random.Random(os.urandom(16)),
+                                      now_ms)
+        self.bus.add_core(self.policy_sync)
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
             try:
@@ -797,6 +802,14 @@ class Server:
             await nursery.start(self.nodes_file.run)
             await nursery.start(self.bus.run, bus_listeners)
             nursery.start_soon(self.timers)
+            if cfg.http_port:  # the HTTP API (node/http_api.py), off by default
+                from node import http_api
+
+                try:
+                    await nursery.start(http_api.serve, self)
+                except OSError as exc:
+                    raise ServerError(f"Can't listen for HTTP on port {cfg.http_port}: "
+                                      f"{exc.strerror or exc}") from None
             for listener in listeners:
                 nursery.start_soon(self.accept, listener)
             nursery.start_soon(self._signals)

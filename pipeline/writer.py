@@ -195,9 +195,9 @@ def _pick(column: list[Any] | None, i: int, default: int | None) -> int | None:
 
 def _retry_elsewhere(opts: WriteOptions, failed: list[Any], first_error: str,
                      counts: WriteCounts) -> None:
-    from pipeline.connect import cluster_nodes, open_client
+    from pipeline.connect import open_client, writable_nodes
 
-    others = [n for n in cluster_nodes(opts.common) if n != counts.node]
+    others = [n for n in writable_nodes(opts.common) if n != counts.node]
     if not others:
         raise ResponseError(f"ADDJOB refused by {counts.node}: {first_error}")
     client = open_client(opts.common, others)

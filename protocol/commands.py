@@ -65,6 +65,8 @@ class AddJob(NamedTuple):
     ttl: int | None
     maxlen: int | None
     async_: bool
+    # DELAY given explicitly (even 0): a queue policy's message_delay must not override it.
+    delay_given: bool = False
 
 
 class GetJob(NamedTuple):
@@ -124,7 +126,22 @@ class Generic(NamedTuple):
     args: tuple[bytes, ...]
 
 
-Command = AddJob | GetJob | JobsCommand | QueueCommand | QPeek | QScan | JScan | Pause | Generic
+class QPolicy(NamedTuple):
+    """QPOLICY CREATE|UPDATE|SET|GET|DEL|LIST|ORIGIN (queue policies, broker/policies.py).
+
+    ``changes`` holds only the fields given (name -> value; ``redrive`` is ``(max_receives,
+    dead_letter_queue)`` or None for NOREDRIVE); ``target`` is the queue name, or the job ID
+    for ORIGIN."""
+
+    sub: str
+    target: bytes
+    changes: tuple[tuple[str, Any], ...] = ()
+    offset: int = 0
+    limit: int | None = None
+
+
+Command = (AddJob | GetJob | JobsCommand | QueueCommand | QPeek | QScan | JScan | Pause | QPolicy
+           | Generic)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,6 +155,7 @@ def _addjob(argv: list[bytes]) -> AddJob | Error:
     ttl: int | None = None
     maxlen: int | None = None
     async_ = False
+    delay_given = False
     j = 4
     argc = len(argv)
     while j < argc:
@@ -163,6 +181,7 @@ def _addjob(argv: list[bytes]) -> AddJob | Error:
             if value > MAX_JOB_SECONDS:
                 return errors.too_big("DELAY", MAX_JOB_SECONDS)
             delay = value
+            delay_given = True
         elif opt == b"retry":
             if value is None or value < 0:
                 return errors.BAD_RETRY
@@ -187,7 +206,8 @@ def _addjob(argv: list[bytes]) -> AddJob | Error:
         return errors.RETRY0_REPLICATE
     if delay >= (ttl if ttl is not None else DEFAULT_TTL):
         return errors.DELAY_GT_TTL
-    return AddJob(argv[1], argv[2], timeout, replicate, delay, retry, ttl, maxlen, async_)
+    return AddJob(argv[1], argv[2], timeout, replicate, delay, retry, ttl, maxlen, async_,
+                  delay_given)
 
 
 def _getjob(argv: list[bytes]) -> GetJob | Error:
@@ -341,6 +361,88 @@ def _pause(argv: list[bytes]) -> Pause | Error:
     return Pause(argv[1], options)
 
 
+# mqs's bounds (INT32_MAX) for the policy numbers; each also fits Disque's uint32 job fields.
+INT32_MAX = (1 << 31) - 1
+_QPOLICY_SUBS = ("CREATE", "UPDATE", "SET", "GET", "DEL", "LIST", "ORIGIN")
+
+
+def _policy_number(raw: bytes, name: str, low: int) -> int | Error:
+    value = parse_int(raw)
+    if value is None or value < low or value > INT32_MAX:
+        return errors.err(f"{name} must be an integer between {low} and {INT32_MAX}")
+    return value
+
+
+def _qpolicy(argv: list[bytes]) -> QPolicy | Error:
+    sub = argv[1].decode("latin-1").upper()
+    if sub not in _QPOLICY_SUBS:
+        return errors.unknown_subcommand("QPOLICY", argv[1].decode("utf-8", "replace"))
+    if sub == "LIST":
+        offset, limit, j = 0, None, 2
+        while j < len(argv):
+            opt = argv[j].lower()
+            if opt not in (b"offset", b"limit") or j + 1 >= len(argv):
+                return errors.SYNTAX
+            n = parse_int(argv[j + 1])
+            if n is None or n < 0:
+                return errors.err("OFFSET and LIMIT must be non negative integers")
+            if opt == b"offset":
+                offset = n
+            else:
+                limit = n
+            j += 2
+        return QPolicy(sub, b"", (), offset, limit)
+    if len(argv) < 3:
+        return errors.wrong_arity("qpolicy")
+    target = argv[2]
+    if sub in ("GET", "DEL", "ORIGIN"):
+        if len(argv) != 3:
+            return errors.SYNTAX
+        if sub == "ORIGIN" and not is_valid(target):
+            return errors.BADID
+        return QPolicy(sub, target)
+    changes: dict[str, Any] = {}
+    j = 3
+    while j < len(argv):
+        opt = argv[j].lower()
+        left = len(argv) - j - 1
+        value: Any
+        if opt == b"noredrive":
+            changes["redrive"] = None
+            j += 1
+            continue
+        if opt == b"redrive" and left >= 2:
+            value = _policy_number(argv[j + 1], "max_receives", 1)
+            if isinstance(value, Error):
+                return value
+            changes["redrive"] = (value, argv[j + 2])
+            j += 3
+            continue
+        if left < 1:
+            return errors.SYNTAX
+        if opt == b"retention":
+            value = _policy_number(argv[j + 1], "retention_timeout", 1)
+            field = "retention_timeout"
+        elif opt == b"visibility":
+            value = _policy_number(argv[j + 1], "visibility_timeout", 0)
+            field = "visibility_timeout"
+        elif opt == b"delay":
+            value = _policy_number(argv[j + 1], "message_delay", 0)
+            field = "message_delay"
+        elif opt == b"dedup":
+            flag = argv[j + 1].lower()
+            if flag not in (b"yes", b"no"):
+                return errors.err("DEDUP must be yes or no")
+            value, field = flag == b"yes", "message_deduplication"
+        else:
+            return errors.SYNTAX
+        if isinstance(value, Error):
+            return value
+        changes[field] = value
+        j += 2
+    return QPolicy(sub, target, tuple(changes.items()))
+
+
 def _generic(argv: list[bytes]) -> Generic:
     return Generic(argv[0].decode("latin-1").upper(), tuple(argv[1:]))
 
@@ -377,6 +479,7 @@ COMMANDS: dict[bytes, Spec] = {
     b"qscan": Spec(-1, _qscan),
     b"jscan": Spec(-1, _jscan),
     b"pause": Spec(-3, _pause),
+    b"qpolicy": Spec(-2, _qpolicy),
     b"hello": Spec(-1, _generic, _NA),  # bare HELLO checks AUTH itself, as Disque
     b"info": Spec(-1, _generic),
     b"cluster": Spec(-2, _generic),

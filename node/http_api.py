@@ -1,0 +1,566 @@
+"""The HTTP API (issue 13): mqs's and MQ's routes on Starlette, served by hypercorn's trio worker
+inside the node's nursery (``serve``). docs/http.md is the user's reference; ``OPENAPI``
+(node/http_openapi.py) is the document served at ``/openapi.json``.
+
+Theory of operation
+-------------------
+No HTTP is parsed here: hypercorn speaks HTTP/1.1, Starlette routes. Every route turns into
+RESP commands run by the broker exactly as a connection runs them (``Bridge.call``): the
+broker's effects go through ``Server.route``, the reply waits until its log records are durable
+(a failed write answers 503 with Retry-After, as MQ does), blocked GETJOBs (long polling) are
+answered through ``Server.deliver`` like any blocked client, whose handle here is a
+``_Handle`` that decodes the RESP reply instead of writing it to a socket. So HTTP and RESP
+clients see one broker: jobs added over HTTP are consumed over RESP and the other way round.
+
+A queue exists for ``/queues`` (mqs) and ``/mq`` (MQ) when it has a policy
+(broker/policies.py): PUT creates one, DELETE deletes it and the jobs of the queue this node
+holds. Job IDs contain ``/`` and ``+``: in a path, ``/`` must be sent as ``%2F`` (``+`` may
+stay). Every error is JSON ``{"error": text}`` with a 4xx status; nothing here answers 500 for
+bad input, and a body is read with a deadline (408) and a 1 MiB limit (413).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+from urllib.parse import quote
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve as hypercorn_serve
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from broker.clients import BLOCKED, Client
+from broker.job import JobState
+from node.http_openapi import MAX_COUNT, MAX_WAIT_S, OPENAPI, QUEUE_FIELDS
+from protocol.jobid import is_valid
+from protocol.resp import NEED_DATA, Error, ReplyReader
+
+log = logging.getLogger("trisque.http")
+
+MAX_BODY: Final = 1024 * 1024  # mqs's message limit
+DRAIN_LIMIT: Final = 8 * MAX_BODY  # an oversized body read and dropped before the 413
+BODY_TIMEOUT_S: Final = 10.0  # a client that does not send its body in this time gets 408
+RETRY_AFTER_S: Final = "1"
+ADDJOB_TIMEOUT_MS: Final = 5000  # ADDJOB's ms-timeout (synchronous replication on a cluster)
+OCTET: Final = "application/octet-stream"
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, text: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(text)
+        self.status, self.text, self.headers = status, text, headers or {}
+
+
+class NotDurable(HttpError):
+    def __init__(self, text: str) -> None:
+        super().__init__(503, f"not stored durably: {text}", {"Retry-After": RETRY_AFTER_S})
+
+
+def _error(status: int, text: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": text}, status_code=status, headers=headers)
+
+
+# =============================================================================================
+# The bridge to the broker
+
+
+class _Handle:
+    """A blocked HTTP client's stand-in for a connection (``Server.deliver`` writes to it)."""
+
+    class _NoInput:
+        buffered = 0
+
+    parser = _NoInput()
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.blocked = False
+        self.reader = ReplyReader()
+        self.value: Any = NEED_DATA
+        self.done = trio.Event()
+
+    def send_nowait(self, data: bytes) -> None:
+        self.reader.feed(data)
+        value = self.reader.next()
+        if value is not NEED_DATA and not self.done.is_set():
+            self.value = value
+            self.done.set()
+
+
+class Bridge:
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def _client(self) -> Client:
+        server = self.server
+        server.next_client_id += 1
+        client = Client(server.next_client_id, "http", server.clock.now_ms(), _Handle())
+        client.authenticated = True  # the HTTP layer checked the password
+        return client
+
+    async def call(self, *args: str | bytes, after: Callable[[Any], None] | None = None,
+                   wait_s: float = 0) -> Any:
+        """Run one command; its reply once its log records are durable. ``after(reply)`` runs
+        right after the command, before anything else can (same loop turn)."""
+        server = self.server
+        broker = server.broker
+        if server.stopping:
+            raise HttpError(503, "the node is shutting down", {"Retry-After": RETRY_AFTER_S})
+        client = self._client()
+        argv = [a if isinstance(a, bytes) else a.encode() for a in args]
+        server.commands += 1
+        reply = broker.execute(argv, client, server.clock.now_ms())
+        if after is not None:
+            after(reply)
+        others: list[Any] = []
+        ticket = server.route(broker.take_effects(), others) if broker.outbox else 0
+        # REPLJOB, SETACK, QPOLICY ...: after the broker's effects, as a connection does.
+        server.bus.flush()
+        if others:
+            server.dispatch(others, ticket)  # replies to other clients, once durable
+        if reply is BLOCKED:
+            handle: _Handle = client.handle
+            try:
+                with trio.move_on_after(wait_s + 5):  # the broker's own timeout comes first
+                    await handle.done.wait()
+            finally:
+                if not handle.done.is_set():
+                    handle.closing = True
+                    broker.client_gone(client)
+            reply = handle.value if handle.done.is_set() else None
+        if ticket:
+            failures = await server.wait_durable({ticket})
+            if failures:
+                raise NotDurable(next(iter(failures.values())))
+        return reply
+
+    def policy(self, name: bytes) -> Any:
+        return self.server.broker.policies.get(name)
+
+
+# =============================================================================================
+# JSON shapes
+
+
+def _policy_json(reply: list[Any]) -> dict[str, Any]:
+    f = dict(zip(reply[::2], reply[1::2], strict=True))
+    redrive = None
+    if f[b"dead-letter-queue"] is not None:
+        redrive = {"max_receives": f[b"redrive-max-receives"],
+                   "dead_letter_queue": f[b"dead-letter-queue"].decode("utf-8", "replace")}
+    return {
+        "name": f[b"name"].decode("utf-8", "replace"),
+        "redrive_policy": redrive,
+        "retention_timeout": f[b"retention-timeout"],
+        "visibility_timeout": f[b"visibility-timeout"],
+        "message_delay": f[b"message-delay"],
+        "message_deduplication": bool(f[b"message-deduplication"]),
+    }
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _queue_options(body: Any) -> list[str]:
+    """QPOLICY options from a queue's JSON body; HttpError 400 for anything mqs would refuse
+    to parse (types, unknown fields); ranges are checked by the command's parser."""
+    if not isinstance(body, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    unknown = set(body) - set(QUEUE_FIELDS)
+    if unknown:
+        raise HttpError(400, f"unknown fields: {', '.join(sorted(unknown))}")
+    opts: list[str] = []
+    if "redrive_policy" in body:
+        rp = body["redrive_policy"]
+        if rp is None:
+            opts.append("NOREDRIVE")
+        else:
+            if not isinstance(rp, dict) or set(rp) != {"max_receives", "dead_letter_queue"}:
+                raise HttpError(400, "redrive_policy must be null or an object with "
+                                     "max_receives and dead_letter_queue")
+            if not _is_int(rp["max_receives"]) or not isinstance(rp["dead_letter_queue"], str) \
+                    or not rp["dead_letter_queue"]:
+                raise HttpError(400, "redrive_policy: max_receives must be an integer and "
+                                     "dead_letter_queue a non-empty string")
+            opts += ["REDRIVE", str(rp["max_receives"]), rp["dead_letter_queue"]]
+    for field, opt in (("retention_timeout", "RETENTION"), ("visibility_timeout", "VISIBILITY"),
+                       ("message_delay", "DELAY")):
+        if field in body:
+            if not _is_int(body[field]):
+                raise HttpError(400, f"{field} must be an integer")
+            opts += [opt, str(body[field])]
+    if "message_deduplication" in body:
+        if not isinstance(body["message_deduplication"], bool):
+            raise HttpError(400, "message_deduplication must be a boolean")
+        opts += ["DEDUP", "yes" if body["message_deduplication"] else "no"]
+    return opts
+
+
+def _raise_for(reply: Any) -> None:
+    if isinstance(reply, Error):
+        text = str(reply)
+        code = text.split(" ", 1)[0]
+        if code == "NOQUEUE":
+            raise HttpError(404, "queue not found")
+        if code == "EXISTS":
+            raise HttpError(409, "queue already exists")
+        if code in ("OOM", "NOREPL", "LEAVING", "PAUSED", "LOADING"):
+            raise HttpError(503, text, {"Retry-After": RETRY_AFTER_S})
+        raise HttpError(400, text)
+
+
+async def _read_body(request: Request, limit: int = MAX_BODY) -> bytes:
+    """The body, at most ``limit`` bytes, within BODY_TIMEOUT_S. A larger body is 413; it is
+    still read and dropped up to DRAIN_LIMIT, so the client, still sending, gets the answer
+    instead of a connection reset (beyond that the connection is closed after the answer)."""
+    length = request.headers.get("content-length")
+    if length is not None and not (length.isascii() and length.isdigit()):
+        raise HttpError(400, "bad Content-Length")
+    declared = int(length) if length is not None else None
+    chunks: list[bytes] = []
+    size = 0
+    with trio.move_on_after(BODY_TIMEOUT_S) as scope:
+        try:
+            if declared is not None and declared > limit:
+                if declared <= DRAIN_LIMIT:
+                    async for _ in request.stream():
+                        pass
+                raise HttpError(413, f"body larger than {limit} bytes")
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    if size <= DRAIN_LIMIT:
+                        async for more in request.stream():
+                            size += len(more)
+                            if size > DRAIN_LIMIT:
+                                break
+                    raise HttpError(413, f"body larger than {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise HttpError(400, "client disconnected before the end of the body") from None
+    if scope.cancelled_caught:
+        raise HttpError(408, f"body not received within {BODY_TIMEOUT_S:g} s")
+    return b"".join(chunks)
+
+
+async def _json_body(request: Request, empty: Any) -> Any:
+    raw = await _read_body(request)
+    if not raw.strip():
+        return empty
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise HttpError(400, "malformed JSON") from None
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+        raise HttpError(400, f"{name} must be an integer between {low} and {high}")
+    return int(raw)
+
+
+def _name(raw: str) -> bytes:
+    name = raw.encode("utf-8", "surrogateescape")
+    if not name:
+        raise HttpError(404, "queue not found")
+    return name
+
+
+# =============================================================================================
+# Routes
+
+
+class Api:
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+
+    async def _require_queue(self, name: bytes) -> None:
+        if self.bridge.policy(name) is None:
+            raise HttpError(404, "queue not found")
+
+    # -- queues (mqs) -----------------------------------------------------------------------------
+
+    async def queue(self, request: Request) -> Response:
+        name = _name(request.path_params["name"])
+        method = request.method
+        if method == "GET":
+            reply = await self.bridge.call("QPOLICY", "GET", name)
+            if reply is None:
+                raise HttpError(404, "queue not found")
+            body = _policy_json(reply)
+            body["status"] = self._status(name)
+            return JSONResponse(body)
+        if method == "DELETE":
+            reply = await self.bridge.call("QPOLICY", "GET", name)
+            if reply is None:
+                raise HttpError(404, "queue not found")
+            await self._delete_queue(name)
+            return JSONResponse(_policy_json(reply))
+        if method == "POST":
+            await self._require_queue(name)  # mqs: 404 before parsing the body
+        elif self.bridge.policy(name) is not None:
+            raise HttpError(409, "queue already exists")
+        opts = _queue_options(await _json_body(request, {}))
+        reply = await self.bridge.call("QPOLICY", "CREATE" if method == "PUT" else "UPDATE",
+                                       name, *opts)
+        _raise_for(reply)
+        return JSONResponse(_policy_json(reply), status_code=201 if method == "PUT" else 200)
+
+    async def _delete_queue(self, name: bytes) -> None:
+        from broker import policies
+
+        broker = self.bridge.server.broker
+
+        def purge(reply: Any) -> None:
+            if reply == 1:
+                policies.purge(broker, name, self.bridge.server.clock.now_ms())
+
+        _raise_for(await self.bridge.call("QPOLICY", "DEL", name, after=purge))
+
+    def _status(self, name: bytes) -> dict[str, int]:
+        broker = self.bridge.server.broker
+        now = self.bridge.server.clock.now_ms()
+        jobs = [j for j in broker.jobs.values()
+                if j.queue == name and j.state is not JobState.ACKED]
+        q = broker.queues.get(name)
+        oldest = min((j.ctime // 1_000_000 for j in jobs), default=now)
+        return {"messages": len(jobs), "visible_messages": len(q) if q is not None else 0,
+                "oldest_message_age": max(0, (now - oldest) // 1000)}
+
+    async def queues(self, request: Request) -> Response:
+        offset = _int_param(request, "offset", 0, 0, 2**31 - 1)
+        limit = _int_param(request, "limit", 2**31 - 1, 0, 2**31 - 1)
+        total, items = await self.bridge.call("QPOLICY", "LIST", "OFFSET", str(offset),
+                                              "LIMIT", str(limit))
+        return JSONResponse({"total": total, "queues": [_policy_json(i) for i in items]})
+
+    # -- messages (mqs) --------------------------------------------------------------------------
+
+    async def messages(self, request: Request) -> Response:
+        target = request.path_params["name"]
+        if request.method == "DELETE":
+            return await self._delete_message(target.encode("utf-8", "surrogateescape"), None)
+        name = _name(target)
+        if request.method == "POST":
+            return await self._publish(request, name, mq=False)
+        return await self._receive(request, name, mq=False)
+
+    async def _publish(self, request: Request, name: bytes, mq: bool) -> Response:
+        await self._require_queue(name)
+        body = await _read_body(request)
+        ctype = request.headers.get("content-type", OCTET)[:1024]
+        broker = self.bridge.server.broker
+        duplicate = False
+
+        def remember(reply: Any) -> None:
+            nonlocal duplicate
+            duplicate = broker.policies.last_duplicate
+            if duplicate or ctype == OCTET or isinstance(reply, Error):
+                return
+            # A reply, or BLOCKED (replication under way): the job just registered is the
+            # newest key of the table either way.
+            job_id = reply.encode() if isinstance(reply, str) else next(reversed(broker.jobs))
+            broker.policies.set_content_type(broker, job_id, ctype)
+
+        # On a cluster an ADDJOB waits until replicated (at most ADDJOB_TIMEOUT_MS).
+        reply = await self.bridge.call("ADDJOB", name, body, str(ADDJOB_TIMEOUT_MS),
+                                       after=remember, wait_s=ADDJOB_TIMEOUT_MS / 1000)
+        if isinstance(reply, bytes):  # a blocked ADDJOB's reply, decoded from RESP
+            reply = reply.decode("ascii")
+        _raise_for(reply)
+        if not isinstance(reply, str):
+            raise HttpError(503, "not replicated in time", {"Retry-After": RETRY_AFTER_S})
+        job_id = str(reply)
+        headers = {"X-MQS-MESSAGE-ID": job_id, "X-Message-Id": job_id}
+        return JSONResponse({"id": job_id}, status_code=200 if duplicate else 201,
+                            headers=headers)
+
+    async def _receive(self, request: Request, name: bytes, mq: bool) -> Response:
+        await self._require_queue(name)
+        wait = _int_param(request, "wait", 0, 0, MAX_WAIT_S)
+        batch = "count" in request.query_params
+        count = _int_param(request, "count", 1, 1, MAX_COUNT)
+        args = ["GETJOB", *(("TIMEOUT", str(wait * 1000)) if wait else ("NOHANG",)),
+                "COUNT", str(count), "WITHCOUNTERS", "FROM"]
+        reply: Any = None  # stays None if the client leaves while waiting
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_disconnect, request, nursery.cancel_scope)
+            reply = await self.bridge.call(*args, name, wait_s=wait)
+            nursery.cancel_scope.cancel()
+        _raise_for(reply)
+        if not isinstance(reply, list) or not reply:  # NULL_ARRAY: nothing within the wait
+            return Response(status_code=204)
+        types = self.bridge.server.broker.policies.content_types
+        if not batch:
+            (_, job_id, body, _, nacks, _, deliveries), = reply
+            jid = job_id.decode()
+            headers = {"X-MQS-MESSAGE-ID": jid, "X-Message-Id": jid,
+                       "X-Receive-Count": str(1 + nacks + deliveries)}
+            origin = self.bridge.server.broker.policies.origins.get(job_id)
+            if origin is not None:  # a dead letter: where it came from
+                headers["X-Original-Message-Id"] = origin[0].decode()
+                headers["X-Original-Queue"] = quote(origin[1], safe="")
+            return Response(body, media_type=types.get(job_id, OCTET), headers=headers)
+        return JSONResponse({"messages": [
+            {"id": job_id.decode(), "queue": queue.decode("utf-8", "replace"),
+             "content_type": types.get(job_id, OCTET),
+             "body_base64": base64.b64encode(body).decode(), "nacks": nacks,
+             "additional_deliveries": deliveries}
+            for queue, job_id, body, _, nacks, _, deliveries in reply]})
+
+    async def _delete_message(self, job_id: bytes, queue: bytes | None) -> Response:
+        if not is_valid(job_id):
+            raise HttpError(400, "not a valid message ID (a job ID: D-...; send / as %2F)")
+        if queue is not None:
+            job = self.bridge.server.broker.jobs.get(job_id)
+            if job is None or job.queue != queue:
+                raise HttpError(404, "message not found")
+        reply = await self.bridge.call("ACKJOB", job_id)
+        _raise_for(reply)
+        if reply != 1:
+            raise HttpError(404, "message not found")
+        return Response(status_code=204)
+
+    # -- MQ's routes -----------------------------------------------------------------------------
+
+    async def mq_queue(self, request: Request) -> Response:
+        name = _name(request.path_params["queue"])
+        exists = self.bridge.policy(name) is not None
+        if request.method == "GET":
+            return Response(status_code=200 if exists else 404)
+        if request.method == "PUT":
+            await _read_body(request)  # MQ: the body is discarded
+            if exists:
+                return Response(status_code=200)
+            _raise_for(await self.bridge.call("QPOLICY", "CREATE", name))
+            return Response(status_code=201)
+        if not exists:
+            raise HttpError(404, "queue not found")
+        await self._delete_queue(name)
+        return Response(status_code=200)
+
+    async def mq_messages(self, request: Request) -> Response:
+        name = _name(request.path_params["queue"])
+        if request.method == "POST":
+            return await self._publish(request, name, mq=True)
+        return await self._receive(request, name, mq=True)
+
+    async def mq_message(self, request: Request) -> Response:
+        name = _name(request.path_params["queue"])
+        await self._require_queue(name)
+        return await self._delete_message(
+            request.path_params["id"].encode("utf-8", "surrogateescape"), name)
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(OPENAPI)
+
+
+async def _watch_disconnect(request: Request, scope: trio.CancelScope) -> None:
+    """A long poll whose client went away stops waiting (the broker forgets the waiter)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+# =============================================================================================
+# The application: errors, auth
+
+
+def _wrap(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    async def endpoint(request: Request) -> Response:
+        try:
+            response: Response = await handler(request)
+            return response
+        except HttpError as exc:
+            return _error(exc.status, exc.text, exc.headers)
+
+    return endpoint
+
+
+def _authorized(scope: Scope, password: str) -> bool:
+    """The same password as RESP's AUTH (compared in constant time)."""
+    for key, value in scope.get("headers", []):
+        if key != b"authorization":
+            continue
+        kind, _, cred = value.decode("latin-1").partition(" ")
+        if kind.lower() == "bearer":
+            return hmac.compare_digest(cred.strip().encode(), password.encode())
+        if kind.lower() == "basic":
+            try:
+                decoded = base64.b64decode(cred.strip(), validate=True).decode("utf-8")
+            except (binascii.Error, UnicodeDecodeError):
+                return False
+            return hmac.compare_digest(decoded.partition(":")[2].encode(), password.encode())
+    return False
+
+
+class _Auth:
+    """``requirepass`` guards every route but /openapi.json: Basic (any user name) or Bearer."""
+
+    def __init__(self, app: ASGIApp, config: Any) -> None:
+        self.app, self.config = app, config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        password = self.config.requirepass
+        if (scope["type"] == "http" and password and scope["path"] != "/openapi.json"
+                and not _authorized(scope, password)):
+            response = _error(401, "authentication required", {
+                "WWW-Authenticate": 'Basic realm="trisque", Bearer realm="trisque"'})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def make_app(server: Any) -> ASGIApp:
+    api = Api(Bridge(server))
+    routes = [
+        Route("/openapi.json", _wrap(api.openapi), methods=["GET"]),
+        Route("/queues", _wrap(api.queues), methods=["GET"]),
+        Route("/queues/{name}", _wrap(api.queue), methods=["GET", "PUT", "POST", "DELETE"]),
+        Route("/messages/{name:path}", _wrap(api.messages), methods=["GET", "POST", "DELETE"]),
+        Route("/mq/{queue}", _wrap(api.mq_queue), methods=["GET", "PUT", "DELETE"]),
+        Route("/mq/{queue}/messages", _wrap(api.mq_messages), methods=["GET", "POST"]),
+        Route("/mq/{queue}/messages/{id:path}", _wrap(api.mq_message), methods=["DELETE"]),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _error(404, "no such route")
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return _error(405, "method not allowed")
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+    return _Auth(app, server.config)
+
+
+async def serve(server: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Run the HTTP API on ``http-port`` at the client listeners' addresses until cancelled."""
+    cfg = server.config
+    hosts = [h for h, _ in server.listening] or ["127.0.0.1"]
+    hyper = HyperConfig()
+    hyper.bind = [f"[{h}]:{cfg.http_port}" if ":" in h else f"{h}:{cfg.http_port}"
+                  for h in dict.fromkeys(hosts)]
+    hyper.accesslog = None
+    hyper.errorlog = log
+    hyper.h11_max_incomplete_size = 64 * 1024
+    hyper.keep_alive_timeout = 30
+    # A client that stalls mid-request (headers) is dropped; long polls keep the connection
+    # quiet for up to MAX_WAIT_S, so the limit is above that.
+    hyper.read_timeout = MAX_WAIT_S + 30
+    await hypercorn_serve(make_app(server), hyper, task_status=task_status)  # type: ignore[arg-type]

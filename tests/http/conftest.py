@@ -1,0 +1,50 @@
+"""A real node with the HTTP API on (``http-port``) for the HTTP tests."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.support.server import ServerProcess
+
+
+def free_http_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start(**directives: object) -> tuple[ServerProcess, str]:
+    http_port = free_http_port()
+    srv = ServerProcess(http_port=http_port, appendonly="yes", **directives).start()
+    base = f"http://127.0.0.1:{http_port}"
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            httpx.get(base + "/openapi.json", timeout=2)
+            return srv, base
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                srv.stop()
+                raise
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[tuple[ServerProcess, str]]:
+    srv, base = start()
+    try:
+        yield srv, base
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def http(node: tuple[ServerProcess, str]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=node[1], timeout=10) as client:
+        yield client
