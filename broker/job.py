@@ -71,6 +71,7 @@ _RECORD_INTS: Final = {
     10: ("nacks", 0, _INT64_MAX), 11: ("deliveries", 0, _INT64_MAX), 14: ("flags", 0, 255),
     15: ("dtime", 0, _INT64_MAX),
 }
+_RECORD_INT_FIELDS: Final = tuple((i, *v) for i, v in _RECORD_INTS.items())
 # A record has 16 fields; logs written before ``dtime`` (field 15: the first delivery, unix
 # ms, 0 = not delivered yet) have 15 and still load, with dtime 0.
 RECORD_FIELDS: Final = 16
@@ -82,26 +83,32 @@ def record_problem(rec: Any) -> str | None:
 
     The append log checks every record with this before replay applies it, so a damaged or
     foreign record is reported as damage at its offset instead of failing later (when its
-    delay ends, at a rewrite, at shutdown)."""
-    if not isinstance(rec, list) or len(rec) not in (RECORD_FIELDS, OLD_RECORD_FIELDS):
+    delay ends, at a rewrite, at shutdown). Every REPLJOB's job goes through it too: plain
+    loops, no generators (about half the time of the generic version)."""
+    if not isinstance(rec, list):
         return "job record is not a list of 15 or 16 fields"
-    job_id, queue, body, state = rec[0], rec[1], rec[2], rec[3]
+    size = len(rec)
+    if size != RECORD_FIELDS and size != OLD_RECORD_FIELDS:
+        return "job record is not a list of 15 or 16 fields"
+    job_id = rec[0]
     if not isinstance(job_id, bytes) or not is_valid(job_id):
         return "job record with an invalid job ID"
-    if not isinstance(queue, bytes) or not isinstance(body, bytes):
+    if not isinstance(rec[1], bytes) or not isinstance(rec[2], bytes):
         return "job record whose queue or body is not bytes"
+    state = rec[3]
     if state not in STATE_BY_NAME:
         return f"job record with an unknown state {state!r}"
-    for index, (name, low, high) in _RECORD_INTS.items():
-        if index >= len(rec):
-            continue  # dtime, absent from a 15-field record
-        value = rec[index]
-        if type(value) is not int or not low <= value <= high:
-            return f"job record with {name} {value!r} outside [{low}, {high}]"
-    for index in (12, 13):
-        nodes = rec[index]
-        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+    for index, name, low, high in _RECORD_INT_FIELDS:
+        if index < size:  # dtime is absent from a 15-field record
+            value = rec[index]
+            if type(value) is not int or not low <= value <= high:
+                return f"job record with {name} {value!r} outside [{low}, {high}]"
+    for nodes in (rec[12], rec[13]):
+        if not isinstance(nodes, list):
             return "job record whose node lists are not lists of node IDs"
+        for n in nodes:
+            if not isinstance(n, str):
+                return "job record whose node lists are not lists of node IDs"
     return None
 
 

@@ -28,13 +28,14 @@ Events into the core (method names on the core):
     tick(now_ms)
         called at least every 100 ms.
 
-Effects out of the core (this module): each one is an immutable value.
+Effects out of the core (this module): each one is an immutable value (a frozen dataclass,
+or a named tuple for the two sends).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cluster.wire import MessageType
 
@@ -58,17 +59,17 @@ class Disconnect:
     node_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Send a message on the outbound link of ``node_id`` (dropped if it is not up)."""
+class Send(NamedTuple):
+    """Send a message on the outbound link of ``node_id`` (dropped if it is not up). A tuple,
+    like ``Answer``: the most frequent effect (four per replicated ADDJOB), and a frozen
+    dataclass costs about 1 us more to build."""
 
     node_id: str
     type: MessageType
     body: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
+class Answer(NamedTuple):
     """Send a message back on the link a frame came from (dropped if it has closed)."""
 
     link: LinkId

@@ -234,6 +234,19 @@ def _active_record(record: Any, field: str) -> list[Any]:
         raise MalformedBody(f"field {field!r}: a job is sent active")
     if not record[12]:
         raise MalformedBody(f"field {field!r}: no node may have a copy")
-    if len(record[12]) > MAX_NODES or not all(is_node_id(n) for n in record[12]):
+    nodes = record[12]
+    if len(nodes) > MAX_NODES:
         raise MalformedBody(f"field {field!r}: its nodes must be 40-hex node IDs")
+    for n in nodes:
+        # The same few node IDs come in every REPLJOB: check each one once.
+        if n not in _CHECKED_IDS:
+            if not is_node_id(n):
+                raise MalformedBody(f"field {field!r}: its nodes must be 40-hex node IDs")
+            if len(_CHECKED_IDS) >= MAX_NODES:  # bounded, whatever peers send
+                _CHECKED_IDS.clear()
+            _CHECKED_IDS.add(n)
     return record
+
+
+#: Node IDs already found well-formed (strings: a hit is exactly a value that passed).
+_CHECKED_IDS: set[str] = set()

@@ -117,7 +117,7 @@ class JobCore:
 
     def _reachable(self) -> list[str]:
         return [n.node_id for n in self.membership.nodes.values()
-                if not n.flags & _UNREACHABLE and n.link is not None]
+                if n.link is not None and n.flags.isdisjoint(_UNREACHABLE)]
 
     def _others(self) -> list[str]:
         me = self.membership.myself_id

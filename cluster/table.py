@@ -41,6 +41,9 @@ PUBLISHED_FLAGS = frozenset({"leaving"})
 _PRIVATE_FLAGS = frozenset({"meet", "myself"})
 
 
+_UNREACHABLE = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
+
+
 @dataclass(slots=True, eq=False)
 class Node:
     node_id: str
@@ -131,8 +134,7 @@ class Table:
     def reachable_nodes(self) -> int:
         # Disque's list, plus noaddr: a node with no address cannot be reached (Disque
         # counts it, so replication would pick a node it cannot talk to).
-        return sum(1 for n in self.nodes.values() if not n.flags
-                   & {"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
+        return sum(1 for n in self.nodes.values() if n.flags.isdisjoint(_UNREACHABLE))
 
     def hello_nodes(self) -> list[list[bytes]]:
         rows = []

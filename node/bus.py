@@ -11,9 +11,10 @@ and time, following the contract of ``cluster/effects.py``:
   connection is closed at once (rate-limited log line).
 * **Links.** Every link, inbound or outbound, is a ``Link`` with an int ``LinkId`` that is
   never reused in the process. It runs two tasks: a reader that feeds a ``FrameDecoder`` and
-  hands every complete frame to ``core.receive`` (with the peer's and our own IP and, for an
-  outbound link, the table ID it was opened for), and a writer that drains the link's send
-  queue. A ``WireError`` (bad magic, version, type, oversized, malformed body, bad MAC, a frame
+  hands the complete frames of each read to ``Bus.deliver`` (with the peer's and our own IP
+  and, for an outbound link, the table ID it was opened for), and a writer that drains the
+  link's send queue. Both use the socket directly, as client connections do: trio waits
+  only when the kernel has nothing to read or takes nothing. A ``WireError`` (bad magic, version, type, oversized, malformed body, bad MAC, a frame
   cut by EOF) closes the link with one log line per (peer address, reason) every
   ``LOG_EVERY_S``. An inbound peer that sends no complete frame within
   ``first_frame_timeout`` (``min(FIRST_FRAME_TIMEOUT_S, cluster-node-timeout)``) is closed,
@@ -48,7 +49,8 @@ and time, following the contract of ``cluster/effects.py``:
   owns the links), ticks to every core.
 * **Effects go through one place.** Every event handed to a core (a frame,
   ``link_up``/``link_down``, a ``tick`` every ``TICK_S``) goes through ``Bus.event``, which
-  then runs ``Bus.flush`` (the server calls ``flush`` after every client command and timer
+  then runs ``Bus.flush`` (the job cores' frames of one read are handed over back to back
+  and flushed once, ``Bus.deliver``) (the server calls ``flush`` after every client command and timer
   tick); an exception out of a core is logged with its traceback (rate-limited) and the
   node goes on. ``flush`` first calls ``before_flush`` (the server routes the *broker's*
   effects there, so log records reach the append log before any message that depends on
@@ -67,6 +69,7 @@ and time, following the contract of ``cluster/effects.py``:
 from __future__ import annotations
 
 import logging
+import os
 import random
 import socket
 from collections import deque
@@ -89,7 +92,7 @@ from cluster.effects import (
     SaveNodes,
     Send,
 )
-from cluster.wire import Frame, FrameDecoder, MessageType, WireError, encode
+from cluster.wire import Frame, FrameDecoder, MessageType, WireError, encode_message
 from node.clock import Clock
 
 log = logging.getLogger("trisque.bus")
@@ -241,54 +244,89 @@ class Link:
         self.close()
 
     async def _read(self) -> None:
+        """Read straight from the socket (trio waits only when the kernel has nothing, as
+        for client connections: no stream wrapper or cancel scope per read), hand every
+        complete frame of a read to ``Bus.deliver`` at once, then let the other tasks run,
+        as trio's own ``recv`` would, so that more frames gather for the next read."""
         bus = self.bus
+        fd = self.stream.socket.fileno()
         decoder = FrameDecoder(bus.secret)
         spoke = False
+        inbound = self.outbound_to is None  # the core's PING/PONG watches outbound links
         # Absolute deadlines, moved only by complete frames: a peer dribbling a byte now and
         # then does not keep a link open any longer than a silent one.
         last_frame = trio.current_time()
         while not self.closed:
-            if self.outbound_to is not None:
-                deadline = float("inf")  # the core's PING/PONG watches outbound links
-            else:
+            if inbound:
                 deadline = last_frame + (bus.idle_timeout if spoke else bus.first_frame_timeout)
-            with trio.move_on_at(deadline) as waited:
-                data = await self.stream.receive_some(READ_SIZE)
-            if waited.cancelled_caught:
-                key = "idle" if spoke else "silent"
-                bus.counters[f"links_closed_{key}"] += 1
-                what = "no frame" if spoke else "no complete frame"
-                waited_s = trio.current_time() - last_frame
-                bus.limiter.emit(f"{key}:{self.peer_ip}", logging.WARNING,
-                                 f"Cluster bus: closing link from {self.peer_ip}: {what} "
-                                 f"in {waited_s:.1f} s")
-                return
+                if trio.current_time() >= deadline:
+                    self._timed_out(spoke, last_frame)
+                    return
+            try:
+                data = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                if inbound:
+                    with trio.move_on_at(deadline):
+                        await trio.lowlevel.wait_readable(fd)
+                else:
+                    await trio.lowlevel.wait_readable(fd)
+                continue
             if not data:
                 decoder.truncated_at_eof()
                 return
             decoder.feed(data)
-            while not self.closed:
-                frame = decoder.next()
-                if frame is None:
-                    break
-                spoke = True
-                last_frame = trio.current_time()
-                bus.deliver(self, frame)
+            frames: list[Frame] = []
+            try:
+                while True:
+                    frame = decoder.next()
+                    if frame is None:
+                        break
+                    frames.append(frame)
+            finally:  # the frames before a bad one still count, as they arrived
+                if frames:
+                    spoke = True
+                    last_frame = trio.current_time()
+                    bus.deliver(self, frames)
+            await trio.lowlevel.checkpoint()
+
+    def _timed_out(self, spoke: bool, last_frame: float) -> None:
+        bus = self.bus
+        key = "idle" if spoke else "silent"
+        bus.counters[f"links_closed_{key}"] += 1
+        what = "no frame" if spoke else "no complete frame"
+        waited_s = trio.current_time() - last_frame
+        bus.limiter.emit(f"{key}:{self.peer_ip}", logging.WARNING,
+                         f"Cluster bus: closing link from {self.peer_ip}: {what} "
+                         f"in {waited_s:.1f} s")
 
     async def _write(self) -> None:
+        """Drain the queue: everything queued since the last wake-up in one write (the
+        frames of every event handled meanwhile share it), straight to the socket; trio
+        waits only when the kernel takes nothing, and a peer that takes no byte for
+        ``send_stall_timeout`` gets its link closed."""
         bus = self.bus
+        fd = self.stream.socket.fileno()
         while True:
             if not self.queue:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
-            data = b"".join(self.queue)
+            data = b"".join(self.queue) if len(self.queue) > 1 else self.queue[0]
             self.queue.clear()
             view = memoryview(data)
+            progress = trio.current_time()
             while view:
-                chunk = view[:SEND_CHUNK]
-                with trio.move_on_after(bus.send_stall_timeout) as waited:
-                    await self.stream.send_all(chunk)
+                try:
+                    sent = os.write(fd, view[:SEND_CHUNK])
+                except BlockingIOError:
+                    sent = 0
+                if sent:
+                    self.unsent -= sent
+                    view = view[sent:]
+                    progress = trio.current_time() if view else progress
+                    continue
+                with trio.move_on_at(progress + bus.send_stall_timeout) as waited:
+                    await trio.lowlevel.wait_writable(fd)
                 if waited.cancelled_caught:
                     bus.counters["links_closed_slow"] += 1
                     bus.limiter.emit(f"stall:{self.peer_ip}", logging.WARNING,
@@ -296,8 +334,6 @@ class Link:
                                      f"nothing for {bus.send_stall_timeout:g} s")
                     self.close()
                     return
-                self.unsent -= len(chunk)
-                view = view[len(chunk):]
 
 
 @dataclass
@@ -509,10 +545,36 @@ class Bus:
 
     # -- events into the core, effects out ---------------------------------------------
 
-    def deliver(self, link: Link, frame: Frame) -> None:
-        self.counters["frames_received"] += 1
-        self.event(self.receive, frame, link.id, link.peer_ip, link.local_ip,
-                   link.outbound_to, self.clock.now_ms())
+    def deliver(self, link: Link, frames: list[Frame]) -> None:
+        """The frames of one read, in order. Consecutive frames for the cores that only
+        send (the job cores) are handed over one after the other and flushed once: one
+        ``settle_broker`` and one wake-up per link for all of them (their records still
+        reach the log before any message routed after them). A frame for the membership
+        core is an event of its own (its ``CloseLink`` must take effect before the next
+        frame of that link)."""
+        now_ms = self.clock.now_ms()
+        membership = self.core
+        pending = False
+        for frame in frames:
+            if link.closed:
+                return
+            self.counters["frames_received"] += 1
+            core = self.by_type.get(frame.type, membership)
+            if core is membership:
+                if pending:
+                    self.event(self.flush)
+                    pending = False
+                self.event(membership.receive, frame, link.id, link.peer_ip, link.local_ip,
+                           link.outbound_to, now_ms)
+                continue
+            try:
+                core.receive(frame, link.id, link.peer_ip, link.local_ip, link.outbound_to,
+                             now_ms)
+            except Exception:
+                self._core_error(core.receive)
+            pending = True
+        if pending:
+            self.event(self.flush)
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:
@@ -530,11 +592,15 @@ class Bus:
         would: one bad message must not take the node down."""
         try:
             handler(*args)
-            self.flush()
+            if handler != self.flush:
+                self.flush()
         except Exception:
-            self.counters["core_errors"] += 1
-            self.limiter.emit(f"core-error:{getattr(handler, '__name__', '?')}", logging.ERROR,
-                              "Cluster bus: unexpected error in the cluster core", exc_info=True)
+            self._core_error(handler)
+
+    def _core_error(self, handler: Callable[..., None]) -> None:
+        self.counters["core_errors"] += 1
+        self.limiter.emit(f"core-error:{getattr(handler, '__name__', '?')}", logging.ERROR,
+                          "Cluster bus: unexpected error in the cluster core", exc_info=True)
 
     def flush(self) -> None:
         """After every event: the broker's effects first (``before_flush``), then each core's,
@@ -602,7 +668,7 @@ class Bus:
             self.counters["sends_dropped"] += 1
             return
         try:
-            data = encode(Frame(mtype, self.node_id, body), self.secret)
+            data = encode_message(mtype, self.node_id, body, self.secret)
         except (WireError, ValueError, TypeError) as exc:
             self.counters["sends_dropped"] += 1
             self.limiter.emit(f"encode:{mtype.name}", logging.WARNING,
