@@ -64,7 +64,8 @@ from cluster.job_messages import (
     parse_federation,
 )
 from cluster.membership import Membership
-from cluster.wire import Frame, MalformedBody, MessageType
+from cluster.peer_frames import accept
+from cluster.wire import Frame, MessageType
 
 NEEDJOBS_MIN_REQUEST: Final = 5  # Disque's: the fewest jobs an ad hoc NEEDJOBS asks for
 RESPONDER_TTL_MS: Final = 5000  # a source is recent this long after its last YOURJOBS
@@ -156,24 +157,15 @@ class FederationCore:
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:
-        self.membership.messages_received += 1
-        sender = self.membership.nodes.get(frame.sender)
-        if sender is None or "handshake" in sender.flags or sender is self.membership.myself:
-            self._log("debug", f"{frame.type.name} from unknown node {frame.sender[:8]}",
-                      f"unknown-fed-sender:{peer_ip}")
+        accepted = accept(self.membership, frame, peer_ip, parse_federation, self.stats,
+                          self.outbox, "fed")
+        if accepted is None:
             return
-        try:
-            msg = parse_federation(frame)
-        except MalformedBody as exc:
-            self.stats["malformed"] += 1
-            self._log("warning", f"malformed {frame.type.name} from {frame.sender[:8]}: {exc}",
-                      f"malformed-fed:{peer_ip}")
-            return
-        self.stats["received"] += 1
+        msg, sender_id = accepted
         if isinstance(msg, NeedJobs):
-            self._on_needjobs(msg, sender.node_id, now_ms)
+            self._on_needjobs(msg, sender_id, now_ms)
         else:
-            self._on_yourjobs(msg, sender.node_id, now_ms)
+            self._on_yourjobs(msg, sender_id, now_ms)
 
     # =========================================================================================
     # broker.federation.Federation

@@ -55,7 +55,8 @@ from cluster.job_messages import (
     parse,
 )
 from cluster.membership import Membership
-from cluster.wire import Frame, MalformedBody, MessageType
+from cluster.peer_frames import accept
+from cluster.wire import Frame, MessageType
 
 _WAIT_REPL: Final = JobState.WAIT_REPL
 _ACTIVE: Final = JobState.ACTIVE
@@ -90,24 +91,10 @@ class JobCore:
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:
-        # CLUSTER INFO's cluster_stats_messages_received counts every bus message (Disque's
-        # only cluster counters: its INFO has no cluster section); job frames reach only here.
-        self.membership.messages_received += 1
-        sender = self.membership.nodes.get(frame.sender)
-        if sender is None or "handshake" in sender.flags or sender is self.membership.myself:
-            self._log("debug", f"{frame.type.name} from unknown node {frame.sender[:8]}",
-                      f"unknown-job-sender:{peer_ip}")
-            return
-        try:
-            msg = parse(frame)
-        except MalformedBody as exc:
-            self.stats["malformed"] += 1
-            self._log("warning", f"malformed {frame.type.name} from {frame.sender[:8]}: {exc}",
-                      f"malformed-job:{peer_ip}")
-            return
-        self.stats["received"] += 1
-        handler = _HANDLERS[msg.type]
-        handler(self, msg, sender.node_id, now_ms)
+        accepted = accept(self.membership, frame, peer_ip, parse, self.stats, self.outbox, "job")
+        if accepted is not None:
+            msg, sender_id = accepted
+            _HANDLERS[msg.type](self, msg, sender_id, now_ms)
 
     # =========================================================================================
     # broker.replication.Replication

@@ -32,9 +32,10 @@ from typing import Any, Final
 
 from broker.core import Broker
 from broker.policies import Policy, apply_remote, validate_record
-from cluster.effects import ClusterEffect, LinkId, LogLine, Send
+from cluster.effects import ClusterEffect, LinkId, Send
 from cluster.membership import Membership
-from cluster.wire import Frame, MessageType
+from cluster.peer_frames import accept
+from cluster.wire import Frame, MalformedBody, MessageType
 
 SYNC_PERIOD_MS: Final = 5_000
 MAX_POLICIES_PER_FRAME: Final = 10_000
@@ -80,22 +81,15 @@ class PolicySync:
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:
-        self.membership.messages_received += 1
-        sender = self.membership.nodes.get(frame.sender)
-        if sender is None or "handshake" in sender.flags or sender is self.membership.myself:
+        accepted = accept(self.membership, frame, peer_ip, _parse, self.stats, self.outbox,
+                          "policy")
+        if accepted is None:
             return
-        parsed = _parse(frame.body)
-        policies = None if parsed is None else parsed[0]
-        if policies is None:
-            self.stats["malformed"] += 1
-            self.outbox.append(LogLine("warning", f"malformed QPOLICY from {frame.sender[:8]}",
-                                       f"malformed-policy:{peer_ip}"))
-            return
-        self.stats["received"] += 1
+        (policies, full), _sender = accepted
         for p in policies:
             if apply_remote(self.broker, p):
                 self.stats["applied"] += 1
-        if parsed is not None and parsed[1]:
+        if full:
             # The sender's whole table: answer with what it lacks or holds in an older version.
             theirs = {p.name: p.stamp for p in policies}
             newer = [p.to_record() for p in self.broker.policies.by_name.values()
@@ -132,18 +126,20 @@ class PolicySync:
         self.outbox.append(Send(node_id, MessageType.QPOLICY, body))
 
 
-def _parse(body: Any) -> tuple[list[Policy], bool] | None:
+def _parse(frame: Frame) -> tuple[list[Policy], bool]:
+    """The policies a QPOLICY frame carries and whether they are the sender's whole table."""
+    body = frame.body
     if not isinstance(body, dict) or not set(body) <= {"policies", "full"}:
-        return None
+        raise MalformedBody("fields other than policies and full")
     full = body.get("full", False)
     if not isinstance(full, bool):
-        return None
-    records = body["policies"]
+        raise MalformedBody("full is not a boolean")
+    records = body.get("policies")
     if not isinstance(records, list) or len(records) > MAX_POLICIES_PER_FRAME:
-        return None
+        raise MalformedBody(f"policies is not a list of at most {MAX_POLICIES_PER_FRAME}")
     out = []
     for rec in records:
         if validate_record(rec) is not None or rec[0] != "queue":
-            return None
+            raise MalformedBody("a policy record a node could not have written")
         out.append(Policy.from_record(rec))
     return out, full

@@ -75,13 +75,16 @@ def test_malformed_and_unknown_sender_frames_change_nothing() -> None:
     c = PolicyCluster(2)
     sync = c.syncs[0]
     for body in ({"policies": [["queue", b"q", {"x": 1}, 1, "n"]]}, {"nope": 1},
-                 {"policies": "x"}, {"policies": [["origin", b"a", b"b", b"c"]]}):
+                 {"policies": "x"}, {"policies": [["origin", b"a", b"b", b"c"]]},
+                 {"full": True}):  # no policies at all: once a KeyError out of the core
         sync.receive(Frame(MessageType.QPOLICY, c.node_id(1), body), 0, "127.0.0.1",
                      "127.0.0.1", None, c.sim.now)
     good = {"policies": [["queue", b"q", None, 1, "n"]]}
     sync.receive(Frame(MessageType.QPOLICY, "f" * 40, good), 0, "127.0.0.1", "127.0.0.1",
                  None, c.sim.now)
-    assert sync.stats["malformed"] == 4 and c.policies(0) == [0, []]
+    logged = [e for e in sync.take_effects() if getattr(e, "key", "").startswith("malformed-")]
+    assert len(logged) == 5  # one rate-limited line per malformed frame, keyed by peer
+    assert sync.stats["malformed"] == 5 and c.policies(0) == [0, []]
     assert not c.broker(0).policies.by_name
 
 
