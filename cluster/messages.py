@@ -33,7 +33,7 @@ their bodies belong to the job cores of later issues.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from cluster.wire import Frame, MalformedBody, MessageType
 
@@ -121,7 +121,12 @@ class _Heartbeat:
                 "gossip": [g.to_body() for g in self.gossip]}
 
     @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Any:
+    def from_frame(cls, frame: Frame) -> Self:
+        _check_type(frame, cls.TYPE)
+        return cls.from_body(frame.body)
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Self:
         gossip = body.get("gossip")
         if not isinstance(gossip, list) or len(gossip) > MAX_GOSSIP:
             raise MalformedBody(f"field 'gossip' must be a list of at most {MAX_GOSSIP}")
@@ -135,12 +140,6 @@ class Ping(_Heartbeat):
 
     TYPE: ClassVar[MessageType] = MessageType.PING
 
-    @classmethod
-    def from_frame(cls, frame: Frame) -> Ping:
-        _check_type(frame, cls.TYPE)
-        result: Ping = cls.from_body(frame.body)
-        return result
-
 
 @dataclass(frozen=True, slots=True)
 class Pong(_Heartbeat):
@@ -148,24 +147,12 @@ class Pong(_Heartbeat):
 
     TYPE: ClassVar[MessageType] = MessageType.PONG
 
-    @classmethod
-    def from_frame(cls, frame: Frame) -> Pong:
-        _check_type(frame, cls.TYPE)
-        result: Pong = cls.from_body(frame.body)
-        return result
-
 
 @dataclass(frozen=True, slots=True)
 class Meet(_Heartbeat):
     """A PING that asks the receiver to add the sender (CLUSTER MEET's handshake)."""
 
     TYPE: ClassVar[MessageType] = MessageType.MEET
-
-    @classmethod
-    def from_frame(cls, frame: Frame) -> Meet:
-        _check_type(frame, cls.TYPE)
-        result: Meet = cls.from_body(frame.body)
-        return result
 
 
 @dataclass(frozen=True, slots=True)
