@@ -28,6 +28,12 @@ _POLICY_PROPS = {
 }
 _QUEUE_NAME = {"name": "name", "in": "path", "required": True,
                "schema": {"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9_.-]+$"}}
+# GET of messages, mqs's and MQ's routes alike: long polling and batches.
+_RECEIVE_PARAMS = [
+    {"name": "wait", "in": "query",
+     "schema": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_S}},
+    {"name": "count", "in": "query",
+     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT}}]
 _MQ_QUEUE = dict(_QUEUE_NAME, name="queue")
 _MSG_HEADERS = {"X-MQS-MESSAGE-ID": {"schema": {"type": "string"}},
                 "X-Message-Id": {"schema": {"type": "string"}}}
@@ -101,11 +107,7 @@ OPENAPI: Final[dict[str, Any]] = {
                 "201": {"description": "Published", "headers": _MSG_HEADERS},
                 "400": _ERR, "404": _ERR, "408": _ERR, "413": _ERR, "401": _ERR,
                 "503": _RETRY}},
-            "get": {"parameters": [
-                {"name": "wait", "in": "query",
-                 "schema": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_S}},
-                {"name": "count", "in": "query",
-                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT}}],
+            "get": {"parameters": _RECEIVE_PARAMS,
                 "responses": {
                     "200": {"description": "A message (raw body, its Content-Type), or with "
                                            "count a JSON batch", "headers": _MSG_HEADERS,
@@ -132,11 +134,7 @@ OPENAPI: Final[dict[str, Any]] = {
                 "201": {"description": "Stored", "headers": _MSG_HEADERS},
                 "400": _ERR, "404": _ERR, "408": _ERR, "413": _ERR, "401": _ERR,
                 "503": _RETRY}},
-            "get": {"parameters": [
-                {"name": "wait", "in": "query",
-                 "schema": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_S}},
-                {"name": "count", "in": "query",
-                 "schema": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT}}],
+            "get": {"parameters": _RECEIVE_PARAMS,
                 "responses": {"200": {"description": "A message", "headers": _MSG_HEADERS,
                                       "content": {"*/*": {"schema": {}}}},
                               "204": {"description": "No message"},
