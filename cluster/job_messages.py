@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.job import Job, record_problem
-from cluster.messages import is_node_id
+from cluster.messages import int_field, is_node_id
 from cluster.wire import Frame, MalformedBody, MessageType
 from protocol.jobid import is_valid
 
@@ -61,13 +61,6 @@ def _bool(body: dict[str, Any], key: str) -> bool:
     value = body.get(key, False)
     if not isinstance(value, bool):
         raise MalformedBody(f"field {key!r} must be a boolean")
-    return value
-
-
-def _int(body: dict[str, Any], key: str, lo: int, hi: int) -> int:
-    value = body.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise MalformedBody(f"field {key!r} must be an integer in [{lo}, {hi}]")
     return value
 
 
@@ -190,15 +183,15 @@ def parse(frame: Frame) -> JobMessage:
     if t is MessageType.REPLJOB:
         return ReplJob(_active_record(body.get("job"), "job"), _bool(body, "noreply"))
     if t is MessageType.ENQUEUE:
-        return Enqueue(_id(body), _int(body, "delay", 0, 2**31))
+        return Enqueue(_id(body), int_field(body, "delay", 0, 2**31))
     if t is MessageType.QUEUED:
         return Queued(_id(body), _bool(body, "nack"), _bool(body, "deliv"))
     if t is MessageType.SETACK:
-        return SetAck(_id(body), _int(body, "mayhave", 0, 2**31))
+        return SetAck(_id(body), int_field(body, "mayhave", 0, 2**31))
     if t is MessageType.GOTACK:
         return GotAck(_id(body), _bool(body, "known"))
     if t is MessageType.PAUSE:
-        return PauseQueue(_queue(body), _int(body, "flags", 0, 3))
+        return PauseQueue(_queue(body), int_field(body, "flags", 0, 3))
     raise MalformedBody(f"{t.name} is not a job message")
 
 
@@ -208,7 +201,7 @@ def parse_federation(frame: Frame) -> FedMessage:
     if not isinstance(body, dict):
         raise MalformedBody("body is not a map")
     if frame.type is MessageType.NEEDJOBS:
-        return NeedJobs(_queue(body), _int(body, "count", 1, NEEDJOBS_MAX_REQUEST))
+        return NeedJobs(_queue(body), int_field(body, "count", 1, NEEDJOBS_MAX_REQUEST))
     if frame.type is MessageType.YOURJOBS:
         records = body.get("jobs")
         if not isinstance(records, list) or not 0 < len(records) <= NEEDJOBS_MAX_REQUEST:

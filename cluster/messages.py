@@ -55,7 +55,7 @@ def is_node_id(value: object) -> bool:
     return isinstance(value, str) and len(value) == 40 and not value.strip(_HEX_DIGITS)
 
 
-def _int(body: dict[str, Any], key: str, lo: int, hi: int) -> int:
+def int_field(body: dict[str, Any], key: str, lo: int, hi: int) -> int:
     value = body.get(key)
     # bool is an int subclass: refuse it, a peer sending True for a port is broken.
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
@@ -103,9 +103,9 @@ class Gossip:
         if not isinstance(ip, str) or len(ip) > MAX_IP_LEN:
             raise MalformedBody("gossip entry 'ip' must be a short string")
         assert isinstance(node_id, str)
-        return cls(node_id, ip, _int(body, "port", 0, 65535), _flags(body, "flags"),
-                   _int(body, "ping_sent", 0, 2**63 - 1),
-                   _int(body, "pong_received", 0, 2**63 - 1))
+        return cls(node_id, ip, int_field(body, "port", 0, 65535), _flags(body, "flags"),
+                   int_field(body, "ping_sent", 0, 2**63 - 1),
+                   int_field(body, "pong_received", 0, 2**63 - 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +130,7 @@ class _Heartbeat:
         gossip = body.get("gossip")
         if not isinstance(gossip, list) or len(gossip) > MAX_GOSSIP:
             raise MalformedBody(f"field 'gossip' must be a list of at most {MAX_GOSSIP}")
-        return cls(_int(body, "port", 1, 65535), _flags(body, "flags"),
+        return cls(int_field(body, "port", 1, 65535), _flags(body, "flags"),
                    tuple(Gossip.from_body(g) for g in gossip))
 
 
