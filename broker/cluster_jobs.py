@@ -85,16 +85,18 @@ def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
     """Disque's addjobCommand after the checks ``Broker._addjob`` already made."""
     rep = _rep(b)
     discard_local_copy = cmd.async_ and external
+    # Every local job shares the broker's one (myself,) tuple, and ttl/retry come interned
+    # (Broker._addjob): a tuple and two ints per job were ~60 bytes of each queued job.
     job = Job(b.ids.next_id(ttl, retry), queue, cmd.body, repl=replicate, ttl=ttl,
               retry=retry, delay=cmd.delay, ctime=b._new_ctime(now_ms),
-              delivered=() if external else (b.node_id,), state=_WAIT_REPL)
+              delivered=() if external else b._myself, state=_WAIT_REPL)
     job.flags |= FLAG_REPLICA
     job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000
     additional = replicate if external else replicate - 1
     reply: Any
     log_now = False
     if (replicate > 1 or external) and not cmd.async_:
-        job.confirmed = () if external else (b.node_id,)
+        job.confirmed = () if external else b._myself
         b._register(job, schedule=False)
         wait = ReplWait(client, now_ms + cmd.timeout_ms if cmd.timeout_ms else 0, now_ms)
         b.repl_wait[job.id] = wait

@@ -541,7 +541,8 @@ class Broker:
         if retry is None:
             retry = max(1, min(DEFAULT_RETRY, ttl // 10))
         if self.replication is not None:
-            return cluster_jobs.addjob(self, cmd, client, now_ms, replicate, external, ttl, retry,
+            return cluster_jobs.addjob(self, cmd, client, now_ms, replicate, external,
+                                       _intern(ttl), _intern(retry),
                                        q.name if q is not None else cmd.queue)
         job = Job(
             # Jobs of one queue share its name object instead of holding a copy each.
