@@ -35,7 +35,7 @@ from broker.policies import Policy, apply_remote, validate_record
 from cluster.effects import ClusterEffect, LinkId, Send
 from cluster.membership import Membership
 from cluster.peer_frames import accept
-from cluster.wire import Frame, MalformedBody, MessageType
+from cluster.wire import Frame, MalformedBody, MessageType, received_body
 
 SYNC_PERIOD_MS: Final = 5_000
 MAX_POLICIES_PER_FRAME: Final = 10_000
@@ -128,7 +128,7 @@ class PolicySync:
 
 def _parse(frame: Frame) -> tuple[list[Policy], bool]:
     """The policies a QPOLICY frame carries and whether they are the sender's whole table."""
-    body = frame.body
+    body = received_body(frame)
     if not isinstance(body, dict) or not set(body) <= {"policies", "full"}:
         raise MalformedBody("fields other than policies and full")
     full = body.get("full", False)
