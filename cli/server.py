@@ -13,6 +13,7 @@ from broker.config import Config, ConfigError
 from node import config_file
 from node.persistence import StartupError
 from node.server import VERSION, Server, ServerError, adjust_max_clients, log
+from protocol import core_build
 
 
 def setup_logging(config: Config) -> None:
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"Can't use dir {config.dir!r}: {exc.strerror}", file=sys.stderr)
         return 1
+    log.info("trisque %s, %s", VERSION, core_build.describe())
     adjust_max_clients(config)
     if config.pidfile:
         with open(config.pidfile, "w") as fh:
