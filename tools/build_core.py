@@ -30,7 +30,6 @@ import shutil
 import sys
 import sysconfig
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
@@ -77,8 +76,9 @@ INTERPRETED = {
     "cluster/sim.py": "the in-process cluster harness of the tests",
 }
 
-# mypyc's defaults are -O3 and -g1; -O2 without debug information compiles in about half the
-# time, and the node ran as fast in the A/B of docs/benchmarks.md (issue 12, item 3).
+# mypyc's defaults are -O3 and -g1. -O2 without debug information took 10 % less compiler CPU
+# (about 37 s against 41 s) and the core ran as fast: 13.9 against 13.8 us per ADDJOB and 8.6
+# against 8.8 us per GETJOB in cli.bench_builds' in-process loop, 5 runs each, interleaved.
 OPT_LEVEL = "2"
 DEBUG_LEVEL = "0"
 
@@ -138,7 +138,7 @@ def missing_tools() -> str | None:
         import mypyc.build  # noqa: F401
     except ImportError:
         return "mypyc is not installed (it comes with mypy: pip install mypy)"
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None:
         return f"no C compiler ({cc}) found"
     include = sysconfig.get_paths()["include"]
@@ -231,43 +231,51 @@ def clean(root: str = ROOT) -> int:
     return len(files)
 
 
-def compile_core(dest: str, inplace: bool,
-                 run_build_ext: Callable[[list[Extension]], None] | None = None) -> float:
-    """Compile ``modules()`` and write the stamp under ``dest``; the seconds it took.
-    Raises CompileFailed. ``run_build_ext`` builds the extensions (setup.py hands its own
-    command's); by default a build_ext of our own runs, in place when ``inplace``."""
-    started = time.monotonic()
+def translate_core() -> tuple[list[Extension], dict[str, str]]:
+    """The first half of a build: the sources' hashes (read before compiling, so an edit made
+    meanwhile shows as stale), then mypyc. Raises CompileFailed."""
     sources = modules()
-    stamp = os.path.join(dest, "protocol", STAMP)
-    if os.path.exists(stamp):
-        os.remove(stamp)  # from here until the end, nothing looks current
     hashes = source_hashes(ROOT, sources)
+    started = time.monotonic()
     say(f"compiling the core with mypyc: {len(sources)} modules of {', '.join(PACKAGES)} "
-        f"(the first build takes about a minute on 2 cores)")
+        f"(the first build takes 30 s to 2 minutes on 2 cores)")
     say("[1/2] mypyc: type-checking and translating to C ...")
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
         extensions = translate(sources)
-        c_files = sum(len(e.sources) for e in extensions)
-        say(f"[1/2] done in {time.monotonic() - started:.0f} s: {c_files} C files in build/")
-        compiling = time.monotonic()
-        say(f"[2/2] C compiler: {c_files} files, {CoreBuildExt.jobs} at a time ...")
-        if run_build_ext is not None:
-            run_build_ext(extensions)
-        else:
-            dist = Distribution({"name": "trisque-core", "ext_modules": extensions,
-                                 "cmdclass": {"build_ext": CoreBuildExt}})
-            dist.verbose = 0  # our progress lines instead of every compiler command line
-            cmd = dist.get_command_obj("build_ext")
-            cmd.inplace = inplace
-            # Always compile: build_ext judges by file times and would keep objects built
-            # with other flags; a build only runs when something changed anyway.
-            cmd.force = True
-            dist.run_command("build_ext")
-        say(f"[2/2] done in {time.monotonic() - compiling:.0f} s")
     finally:
         os.chdir(cwd)
+    c_files = sum(len(e.sources) for e in extensions)
+    say(f"[1/2] done in {time.monotonic() - started:.0f} s: {c_files} C files in build/")
+    say(f"[2/2] C compiler: {c_files} files, {CoreBuildExt.jobs} at a time ...")
+    return extensions, hashes
+
+
+def compile_core(dest: str, inplace: bool) -> float:
+    """Compile ``modules()`` under ``dest`` and write the stamp; the seconds it took.
+    Raises CompileFailed."""
+    started = time.monotonic()
+    stamp = os.path.join(dest, "protocol", STAMP)
+    if os.path.exists(stamp):
+        os.remove(stamp)  # from here until the end, nothing looks current
+    extensions, hashes = translate_core()
+    compiling = time.monotonic()
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the extensions name their C files relative to the root
+    try:
+        dist = Distribution({"name": "trisque-core", "ext_modules": extensions,
+                             "cmdclass": {"build_ext": CoreBuildExt}})
+        dist.verbose = 0  # our progress lines instead of every compiler command line
+        cmd = dist.get_command_obj("build_ext")
+        cmd.inplace = inplace
+        # Always compile: build_ext judges by file times and would keep objects built with
+        # other flags; a build only runs when something changed anyway.
+        cmd.force = True
+        dist.run_command("build_ext")
+    finally:
+        os.chdir(cwd)
+    say(f"[2/2] done in {time.monotonic() - compiling:.0f} s")
     write_stamp(dest, hashes)
     return time.monotonic() - started
 
