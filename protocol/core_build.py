@@ -52,7 +52,7 @@ PURE = "pure"
 PACKAGES = ("protocol", "broker", "cluster")
 #: The build stamp, beside this file: written by tools/build_core.py after a build succeeded.
 STAMP = "compiled-core.json"
-#: The shared library mypyc builds for the group (its name is given by tools/build_core.py).
+#: The shared library mypyc builds for the group (tools/build_core.py names the group after it).
 GROUP_LIBRARY = "trisque_core__mypyc"
 ENV = "TRISQUE_CORE"
 
