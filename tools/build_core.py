@@ -182,8 +182,12 @@ class CoreBuildExt(build_ext):
                     f"({time.monotonic() - started:.1f} s)")
                 return objects[0]
 
+            # The biggest files first, so that no long one starts last while the other
+            # compiler sits idle; the objects are returned in the sources' order.
+            by_size = sorted(sources, key=lambda src: -os.path.getsize(src))
             with ThreadPoolExecutor(self.jobs) as pool:
-                return list(pool.map(one, sources))
+                futures = {src: pool.submit(one, src) for src in by_size}
+                return [futures[src].result() for src in sources]
 
         self.compiler.compile = parallel
         try:
@@ -238,7 +242,7 @@ def translate_core() -> tuple[list[Extension], dict[str, str]]:
     hashes = source_hashes(ROOT, sources)
     started = time.monotonic()
     say(f"compiling the core with mypyc: {len(sources)} modules of {', '.join(PACKAGES)} "
-        f"(the first build takes 30 s to 2 minutes on 2 cores)")
+        f"(about 40 s of CPU: a minute or less on 2 idle cores, 2 on busy ones)")
     say("[1/2] mypyc: type-checking and translating to C ...")
     cwd = os.getcwd()
     os.chdir(ROOT)
