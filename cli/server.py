@@ -44,6 +44,10 @@ Starts one trisque node. Directives are those of the config file (see conf/trisq
 given on the command line as --name value; they override the file. Examples:
   trisque-server conf/trisque.conf
   trisque-server --port 7777 --dir /var/lib/trisque --appendonly yes
+
+The core runs compiled (mypyc, `make build`) when a build matching the sources is there, else
+as plain Python; TRISQUE_CORE=pure or TRISQUE_CORE=compiled in the environment chooses. The
+start log and INFO's trisque_core field say which one runs.
 """
 
 
