@@ -101,13 +101,15 @@ class JobRunner:
         self._notes: list[str] = []
         self._status_closed_at: float | None = None
         self._signalled = False  # the guard sent SIGTERM to the group
+        self._exited = False  # the script's own process exited
         self.state = ""
 
     # -- the worker's handle ---------------------------------------------------------------
 
     def stop(self, why: str) -> None:
-        """Stop the script (worker shutdown); the job is NACKed."""
-        if not self._stop.is_set():
+        """Stop the script (worker shutdown); the job is NACKed. Nothing to stop once it
+        exited (the run is only draining its pipes and settling the job)."""
+        if not self._stop.is_set() and not self._exited:
             self.outcome.stopped = why
             self._stop.set()
 
@@ -116,34 +118,31 @@ class JobRunner:
     async def run(self) -> None:
         job = self.job
         info = await self._call(self.client.show(job.id), quiet=True)
-        workdir = Path(tempfile.mkdtemp(prefix="trisque-job-"))
-        joblog = self.worker.logs.open(job.id, self.attempt)
+        workdir: Path | None = None
+        joblog: JobLog | None = None
         try:
+            # Files first: a full disk or a vanished log directory fails this job with the
+            # reason, like a command that cannot be executed, and the worker goes on.
+            workdir = Path(tempfile.mkdtemp(prefix="trisque-job-"))
             body_file = workdir / "body"
             body_file.write_bytes(job.body)
+            joblog = self.worker.logs.open(job.id, self.attempt)
             node = self.client.address
             env = job_environment(dict(os.environ), job, self.attempt, body_file,
                                   f"{node[0]}:{node[1]}" if node else "", self.settings.name,
                                   joblog.path)
-            try:
-                proc = spawn(self.settings.command, env)
-            except OSError as exc:
-                self.outcome.spawn_error = spawn_error_text(exc)
-                await self.report.start(0)
+        except OSError as exc:
+            self.outcome.spawn_error = f"cannot prepare the job's files: {exc}"
+        try:
+            if joblog is not None and not self.outcome.spawn_error:
+                await self._spawn_and_supervise(env, joblog, info)
             else:
-                log.info("job %s (queue %s, attempt %d): started pid %d", job.id, job.queue,
-                         self.attempt, proc.pid)
-                await self.report.start(proc.pid)
-                try:
-                    await self._supervise(proc, joblog, info)
-                finally:
-                    await proc.aclose()
-            if joblog.rotations:
-                self._notes.append(f"log rotated {joblog.rotations} time(s) at "
-                                   f"{self.settings.log_max_bytes} bytes")
+                await self.report.start(0)
         finally:
-            joblog.close()
-            shutil.rmtree(workdir, ignore_errors=True)
+            if joblog is not None:
+                joblog.close()
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
         self.outcome.notes = tuple(self._notes)
         verdict = status.decide(self.outcome)
         reason = await self._carry_out(verdict, info)
@@ -151,6 +150,25 @@ class JobRunner:
         await self.report.end(verdict.state, self.outcome.exit_code, reason)
         level = logging.INFO if verdict.state == "done" else logging.WARNING
         log.log(level, "job %s: %s (%s)", job.id, verdict.state, reason)
+
+    async def _spawn_and_supervise(self, env: dict[str, str], joblog: JobLog,
+                                   info: JobInfo | None) -> None:
+        try:
+            proc = spawn(self.settings.command, env)
+        except OSError as exc:
+            self.outcome.spawn_error = "cannot execute the command: " + spawn_error_text(exc)
+            await self.report.start(0)
+            return
+        log.info("job %s (queue %s, attempt %d): started pid %d", self.job.id, self.job.queue,
+                 self.attempt, proc.pid)
+        await self.report.start(proc.pid)
+        try:
+            await self._supervise(proc, joblog, info)
+        finally:
+            await proc.aclose()
+        if joblog.rotations:
+            self._notes.append(f"log rotated {joblog.rotations} time(s) at "
+                               f"{self.settings.log_max_bytes} bytes")
 
     async def _supervise(self, proc: ScriptProcess, joblog: JobLog,
                          info: JobInfo | None) -> None:
@@ -162,6 +180,7 @@ class JobRunner:
             nursery.start_soon(self.report.keep_flushing)
             nursery.start_soon(self._guard, proc)
             self.outcome.exit_code = await proc.wait()
+            self._exited = True
             closed = self._status_closed_at
             # The kernel closes an exiting process's files just before it can be reaped: only
             # a clear gap means the script closed fd 3 itself and went on.
@@ -184,12 +203,14 @@ class JobRunner:
         limit = self.settings.time_limit_for(self.job.queue)
         with trio.move_on_after(limit if limit else float("inf")):
             await self._stop.wait()
+        if self._exited:
+            return  # the limit came while its pipes were drained: it ended on its own
         if not self._stop.is_set():
             self.outcome.timed_out_after = limit
         log.warning("job %s: stopping pid %d (%s): SIGTERM to its process group", self.job.id,
                     proc.pid, "time limit" if self.outcome.timed_out_after else
                     self.outcome.violation or self.outcome.stopped)
-        self._signalled = True
+        self._signalled = self.outcome.signalled = True
         proc.signal_group(signal.SIGTERM)
         await trio.sleep(self.settings.kill_after)
         if proc.signal_group(signal.SIGKILL):
