@@ -37,19 +37,18 @@ import signal
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import trio
 
 from cli.worker import status
-from cli.worker.joblog import JobLog
+from cli.worker.joblog import JobLog, LogDir
 from cli.worker.process import ScriptProcess, spawn, spawn_error_text
 from cli.worker.report import RunReport
+from cli.worker.settings import Settings
+from protocol.aio_client import AsyncClient
 from protocol.client_commands import Job, JobInfo
 from protocol.client_core import ResponseError, TrisqueError
-
-if TYPE_CHECKING:
-    from cli.worker.loop import Worker
 
 BODY_ENV_MAX: Final = 64 * 1024
 DRAIN_S: Final = 2.0  # after the script's exit, how long its pipes may stay open
@@ -88,10 +87,10 @@ def job_environment(base: dict[str, str], job: Job, attempt: int, body_file: Pat
 
 
 class JobRunner:
-    def __init__(self, worker: Worker, job: Job) -> None:
-        self.worker = worker
-        self.settings = worker.settings
-        self.client = worker.client
+    def __init__(self, settings: Settings, client: AsyncClient, logs: LogDir, job: Job) -> None:
+        self.settings = settings
+        self.client = client
+        self.logs = logs
         self.job = job
         self.attempt = 1 + (job.nacks or 0) + (job.additional_deliveries or 0)
         self.outcome = status.Outcome()
@@ -126,7 +125,7 @@ class JobRunner:
             workdir = Path(tempfile.mkdtemp(prefix="trisque-job-"))
             body_file = workdir / "body"
             body_file.write_bytes(job.body)
-            joblog = self.worker.logs.open(job.id, self.attempt)
+            joblog = self.logs.open(job.id, self.attempt)
             node = self.client.address
             env = job_environment(dict(os.environ), job, self.attempt, body_file,
                                   f"{node[0]}:{node[1]}" if node else "", self.settings.name,
