@@ -99,8 +99,8 @@ class JobRunner:
         self._stop = trio.Event()  # set: the guard stops the script
         self._notes: list[str] = []
         self._status_closed_at: float | None = None
-        self._signalled = False  # the guard sent SIGTERM to the group
         self._exited = False  # the script's own process exited
+        self._last_error = ""  # the last failed node call, for the reason
         self.state = ""
 
     # -- the worker's handle ---------------------------------------------------------------
@@ -188,7 +188,7 @@ class JobRunner:
                 self._notes.append("it closed its status pipe (fd 3) and went on running")
             # Whatever is left of its group dies with it (after the guard's signals, stragglers
             # of the group it was stopping are no news).
-            if proc.signal_group(signal.SIGKILL) and not self._signalled:
+            if proc.signal_group(signal.SIGKILL) and not self.outcome.signalled:
                 self._notes.append("processes it left in its group were killed")
             with trio.move_on_after(DRAIN_S) as drain:
                 await out_done.wait()
@@ -209,7 +209,7 @@ class JobRunner:
         log.warning("job %s: stopping pid %d (%s): SIGTERM to its process group", self.job.id,
                     proc.pid, "time limit" if self.outcome.timed_out_after else
                     self.outcome.violation or self.outcome.stopped)
-        self._signalled = self.outcome.signalled = True
+        self.outcome.signalled = True
         proc.signal_group(signal.SIGTERM)
         await trio.sleep(self.settings.kill_after)
         if proc.signal_group(signal.SIGKILL):
@@ -217,14 +217,17 @@ class JobRunner:
                         proc.pid, self.settings.kill_after)
 
     async def _pump_output(self, proc: ScriptProcess, joblog: JobLog, done: trio.Event) -> None:
+        logging_to_file = True
         try:
             while data := await proc.out.receive_some(READ_CHUNK):
-                joblog.write(data)
+                if logging_to_file:
+                    try:
+                        joblog.write(data)
+                    except OSError as exc:  # a full disk, say: the node still gets the tail
+                        logging_to_file = False
+                        self._notes.append(f"log file not written after "
+                                           f"{self.report.total} bytes: {exc}")
                 self.report.add_output(data)
-        except OSError as exc:  # the log's disk is full, say: the script goes on, unlogged
-            self._notes.append(f"output not logged after {self.report.total} bytes: {exc}")
-            while await proc.out.receive_some(READ_CHUNK):
-                pass
         finally:
             done.set()
 
@@ -337,8 +340,6 @@ class JobRunner:
         if acked is None:
             return text + f"; ACKJOB of the original failed ({self._last_error})"
         return text
-
-    _last_error = ""
 
     async def _settle(self, call: Callable[[], Awaitable[T]]) -> T | None:
         """Retry through node failures (the client moves to another node) for SETTLE_S."""
