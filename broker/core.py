@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import admin, cluster_jobs, policies
+from broker import admin, cluster_jobs, periodic, policies
 from broker.clients import BLOCKED as BLOCKED  # re-exported: node/server.py imports it here
 from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
@@ -126,6 +126,8 @@ class Broker:
         self._last_tick_ms = 0
         # Queue policies (broker/policies.py); empty unless a client sets one.
         self.policies = policies.PolicyTable()
+        # Periodic timers (broker/periodic.py; fired by cluster/periodic_sync.py).
+        self.periodic = periodic.PeriodicTable()
 
     # =========================================================================================
     # Entry points
