@@ -29,10 +29,12 @@ holder). At each tick, for each timer:
   the cluster (Disque's size: every entry not in handshake). A fire logs and announces the
   new progress to every node, then adds the job with the ID derived from the name and the due
   time (``broker.periodic.fire``);
-* the owner that does not hold the baton waits for the hand-over while the holder is
-  reachable. When the holder is unreachable (failed, partitioned away, leaving, unknown for a
-  node timeout) it takes the baton itself, with the lease, and marks done every due time up
-  to ``U - node_timeout / 8``, where U is when this node first saw the holder unreachable.
+* the owner that does not hold the baton waits for the hand-over while the holder has not
+  *failed*. Once the holder is flagged ``fail`` (a majority of the cluster agrees it is
+  unreachable: one node's suspicion, ``pfail``, is not enough, as another node may still
+  reach it and see it as the owner) or has been unknown for a node timeout, the owner takes
+  the baton itself, with the lease, and marks done every due time up to
+  ``U - node_timeout / 8``, where U is when this node first saw the holder unreachable.
 
 Why that bound: the old holder fires only while it holds its lease, that is within 3/4 of a
 node timeout of the last PONG it had from the majority; a node flags a peer pfail only after a
@@ -42,11 +44,13 @@ trips and clock offsets under node_timeout/8, every due time it may have fired i
 the new holder. A due time that fell in that window when the holder really died is missed
 (docs/timers.md says so); one after it is fired, late, when the new holder takes over.
 
-A minority partition never fires (no lease); the majority takes over after the node timeout.
-What is left, and documented: two nodes each holding a majority lease with views that keep
-disagreeing (an asymmetric partition), or round trips or clock offsets beyond node_timeout/8,
-can fire one due time twice. Both jobs then carry the same ID, and a node never adds a job
-whose ID it already holds.
+A minority partition never fires (no lease); the majority takes over once the holder is
+flagged ``fail``. Two nodes that cannot talk while both talk to the others (an asymmetric
+partition) may each see itself as the owner, but neither takes the baton from a holder the
+cluster has not agreed has failed. What is left, and documented: round trips or clock offsets
+beyond node_timeout/8, or a FAIL agreed while the holder still reaches a majority (through
+nodes that do not see it failing), can fire one due time twice. Both jobs then carry the same
+ID, and a node never adds a job whose ID it already holds.
 """
 
 from __future__ import annotations
@@ -230,16 +234,22 @@ class PeriodicSync(TableSync):
         self._next_due = d_next if self._next_due is None else min(self._next_due, d_next)
 
     def _take_over(self, e: Entry, holder: str, now_ms: int) -> bool:
-        """Take the baton from ``holder`` if it is unreachable; False if it must be waited
-        for."""
+        """Take the baton from ``holder`` if the cluster agrees it failed; False if it must
+        be waited for."""
         m = self.membership
         known = m.nodes.get(holder)
-        since = self.unreachable_since.setdefault(holder, now_ms)
-        if known is not None and "handshake" not in known.flags:
-            if not known.flags & UNREACHABLE:
-                return False  # reachable: its hand-over will come
-        elif now_ms - since < m.node_timeout():
-            return False  # not (yet) in our table: it may be alive, give it a node timeout
+        if known is not None and "handshake" not in known.flags and "noaddr" not in known.flags:
+            if "fail" not in known.flags:
+                # Reachable (its hand-over will come), leaving (it hands over as it leaves) or
+                # only suspected here: another node may still reach it and see it as the
+                # owner, so this node's view alone is not enough.
+                return False
+            since = self.unreachable_since.setdefault(holder, now_ms)
+        else:
+            # Not (or no longer) in the table: it may be alive elsewhere; give it a timeout.
+            since = self.unreachable_since.setdefault(holder, now_ms)
+            if now_ms - since < m.node_timeout():
+                return False
         floor = since - m.node_timeout() // 8
         p = e.progress
         self.counters["taken_over"] += 1
