@@ -96,7 +96,8 @@ class PeriodicSync(TableSync):
         self.table.owner_of = self.owner
         self.table.on_change = self._changed
         self.table.now_ms = max(self.table.now_ms, now_ms)
-        self.counters = {"fired": 0, "failed": 0, "handed_over": 0, "taken_over": 0}
+        self.counters = {"fired": 0, "refused": 0, "handed_over": 0, "taken_over": 0}
+        broker.info_sources["timers"] = self.info
 
     # -- the table's records (cluster/table_sync.py) ------------------------------------------
 
@@ -168,6 +169,21 @@ class PeriodicSync(TableSync):
                         and n.node_id in self.synced and now_ms - n.pong_received <= fresh_ms)
         return heard >= m.size() // 2 + 1
 
+    def info(self) -> list[tuple[str, Any]]:
+        """INFO's ``# Timers`` section (``INFO timers``, ``INFO all``): trisque's own, like
+        ``# Federation``, so ``INFO`` stays Disque's."""
+        now = self.table.now_ms
+        me = self.membership.myself_id
+        live = [e for e in self.table.entries.values() if e.definition is not None]
+        return [("timers", len(live)),
+                ("timers_owned", sum(1 for e in live if self.owner(e.name) == me)),
+                ("timers_held", sum(1 for e in live if e.progress.holder == me)),
+                ("timer_lease", int(self.lease(now))),
+                ("timer_fires", self.counters["fired"]),
+                ("timer_fires_refused", self.counters["refused"]),
+                ("timer_handovers", self.counters["handed_over"]),
+                ("timer_takeovers", self.counters["taken_over"])]
+
     # -- time -----------------------------------------------------------------------------------
 
     def next_deadline(self) -> int | None:
@@ -224,7 +240,7 @@ class PeriodicSync(TableSync):
             return
         reply = fire(self.broker, e, due, now_ms)
         if isinstance(reply, Error):
-            self.counters["failed"] += 1
+            self.counters["refused"] += 1
             self.outbox.append(LogLine(
                 "warning", f"Timer {e.name.decode('utf-8', 'replace')}: the job of due time "
                 f"{due} was refused: {reply}", key=f"timer-fire:{e.name!r}"))
