@@ -56,6 +56,7 @@ ID, and a node never adds a job whose ID it already holds.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import random
 from typing import Any, Final
 
@@ -92,7 +93,15 @@ class PeriodicSync(TableSync):
         self._passed: dict[bytes, int] = {}  # timer -> when this node last handed it on
         self._owners: dict[bytes, str] = {}  # rendezvous results for ``_owners_for``
         self._owners_for: tuple[str, ...] = ()
-        self._next_due: int | None = None
+        # Work at a tick is proportional to what changed, not to the table: every timer is
+        # looked at only when the view changed (candidates, failed nodes, the lease) or a
+        # rescan is due; otherwise the timers changed since the last tick (``_dirty``) and
+        # those whose due time came (``_due``, a heap of (due time, name) for the timers this
+        # node holds and owns; entries may be stale, ``_consider`` rechecks each).
+        self._dirty: set[bytes] = set(self.table.entries)
+        self._due: list[tuple[int, bytes]] = []
+        self._view: tuple[Any, ...] = ()
+        self._rescan_at: int | None = now_ms
         self.table.owner_of = self.owner
         self.table.on_change = self._changed
         self.table.now_ms = max(self.table.now_ms, now_ms)
@@ -187,16 +196,31 @@ class PeriodicSync(TableSync):
     # -- time -----------------------------------------------------------------------------------
 
     def next_deadline(self) -> int | None:
-        return self._next_due
+        if self._dirty:
+            return self.table.now_ms  # a change to look at: at once
+        return self._due[0][0] if self._due else None
 
     def tick(self, now_ms: int) -> None:
         super().tick(now_ms)
         self.table.now_ms = max(self.table.now_ms, now_ms)
         self._track(now_ms)
-        self._next_due = None
         lease = self.lease(now_ms)
-        for e in list(self.table.entries.values()):
-            if e.definition is not None:
+        m = self.membership
+        view = (self.candidates(), lease, m.myself_id,
+                frozenset(n.node_id for n in m.nodes.values() if "fail" in n.flags))
+        entries = self.table.entries
+        if view != self._view or (self._rescan_at is not None and now_ms >= self._rescan_at):
+            self._view, self._rescan_at, self._due = view, None, []
+            self._dirty.clear()
+            names: Any = list(entries)
+        else:
+            names = self._dirty
+            self._dirty = set()
+            while self._due and self._due[0][0] <= now_ms:
+                names.add(heapq.heappop(self._due)[1])
+        for name in names:
+            e = entries.get(name)
+            if e is not None and e.definition is not None:
                 self._consider(e, now_ms, lease)
 
     def _track(self, now_ms: int) -> None:
@@ -219,10 +243,15 @@ class PeriodicSync(TableSync):
         owner = self.owner(e.name)
         holder = e.progress.holder
         if holder == me and owner != me:
-            if owner and now_ms - self._passed.get(e.name, -PASS_INTERVAL_MS) >= PASS_INTERVAL_MS:
+            if not owner:
+                return
+            passed = self._passed.get(e.name, -PASS_INTERVAL_MS)
+            if now_ms - passed >= PASS_INTERVAL_MS:
                 self._passed[e.name] = now_ms
                 self.counters["handed_over"] += 1
                 pass_baton(self.broker, e, owner)
+            else:
+                self._rescan(passed + PASS_INTERVAL_MS)
             return
         if owner != me or not lease:
             return
@@ -236,7 +265,7 @@ class PeriodicSync(TableSync):
             return
         due = d.next_due(e.progress.done_ms, now_ms)
         if due > now_ms:
-            self._next_due = due if self._next_due is None else min(self._next_due, due)
+            heapq.heappush(self._due, (due, e.name))
             return
         reply = fire(self.broker, e, due, now_ms)
         if isinstance(reply, Error):
@@ -246,8 +275,7 @@ class PeriodicSync(TableSync):
                 f"{due} was refused: {reply}", key=f"timer-fire:{e.name!r}"))
         else:
             self.counters["fired"] += 1
-        d_next = d.next_due(due, now_ms)
-        self._next_due = d_next if self._next_due is None else min(self._next_due, d_next)
+        heapq.heappush(self._due, (d.next_due(due, now_ms), e.name))
 
     def _take_over(self, e: Entry, holder: str, now_ms: int) -> bool:
         """Take the baton from ``holder`` if the cluster agrees it failed; False if it must
@@ -265,6 +293,7 @@ class PeriodicSync(TableSync):
             # Not (or no longer) in the table: it may be alive elsewhere; give it a timeout.
             since = self.unreachable_since.setdefault(holder, now_ms)
             if now_ms - since < m.node_timeout():
+                self._rescan(since + m.node_timeout())
                 return False
         floor = since - m.node_timeout() // 8
         p = e.progress
@@ -277,9 +306,9 @@ class PeriodicSync(TableSync):
         return True
 
     def _note(self, e: Entry) -> None:
-        """An entry changed between ticks: tick at its next due time if this node holds it."""
-        d = e.definition
-        if d is None or d.paused or e.progress.holder != self.membership.myself_id:
-            return
-        due = d.next_due(e.progress.done_ms, self.table.now_ms)
-        self._next_due = due if self._next_due is None else min(self._next_due, due)
+        """An entry changed (here or by a peer): look at it at the next tick."""
+        self._dirty.add(e.name)
+
+    def _rescan(self, at: int) -> None:
+        """Look at every timer again at ``at`` (a wait that ends with time, not an event)."""
+        self._rescan_at = at if self._rescan_at is None else min(self._rescan_at, at)
