@@ -115,8 +115,7 @@ def _entry(**fields: Any) -> list[Any]:
     rec = Entry(b"t", periodic.Definition(60_000, b"q", b"x", (b"RETRY", b"5"), 1, 1,
                                           origin="ab" * 20),
                 (1, "n"), Progress(0, 1, "n")).to_record()
-    rec[1].update(fields)
-    return rec
+    return [rec[0], {**rec[1], **fields}, *rec[2:]]
 
 
 @pytest.mark.parametrize(("record", "why"), [
