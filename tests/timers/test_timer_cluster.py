@@ -255,3 +255,36 @@ def _score(name: str, node_id: str) -> bytes:
     import hashlib
 
     return hashlib.sha1(name.encode() + b"\0" + node_id.encode()).digest()
+
+
+def test_malformed_timer_frames_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cluster.wire import Frame, MessageType
+
+    c = TimerCluster(monkeypatch, n=2)
+    add_timer(c, 1, "t")
+    assert c.run_until(lambda: c.cmd(0, "TIMER", "GET", "t") is not None, 1000)
+    before = c.cmd(0, "TIMER", "LIST")
+    sync = c.syncs[0]
+    sync.take_effects()
+    good = c.broker(1).periodic.entries[b"t"].to_record()
+    newer = [good[0], good[1], good[2] + 10, good[3], [good[4][0] + 1, *good[4][1:]]]
+    frames = [
+        {"timers": "x"}, {"nope": 1}, {"timers": [["t"]]}, {"timers": [good], "full": 1},
+        # the right shape, newer, but with ADDJOB options no node accepts: that record only
+        {"timers": [[newer[0], {**newer[1], "params": [b"RETRY"]}, *newer[2:]]]},
+        {"timers": [[b"u", {**newer[1], "period_ms": 0}, *newer[2:]]]},
+    ]
+    for body in frames:
+        sync.receive(Frame(MessageType.TIMER, c.node_id(1), body), 0, "127.0.0.1",
+                     "127.0.0.1", None, c.sim.now)
+    # From a node not in the table: ignored whatever it says.
+    sync.receive(Frame(MessageType.TIMER, "f" * 40, {"timers": [newer]}), 0, "127.0.0.1",
+                 "127.0.0.1", None, c.sim.now)
+    logged = [e for e in sync.take_effects() if getattr(e, "key", "").startswith("malformed-")]
+    assert len(logged) == 6 and sync.stats["malformed"] == 6
+    assert c.cmd(0, "TIMER", "LIST") == before
+    assert b"u" not in c.broker(0).periodic.entries
+    # The same newer record, well formed, is taken.
+    sync.receive(Frame(MessageType.TIMER, c.node_id(1), {"timers": [newer]}), 0, "127.0.0.1",
+                 "127.0.0.1", None, c.sim.now)
+    assert c.broker(0).periodic.entries[b"t"].stamp == (newer[2], newer[3])
