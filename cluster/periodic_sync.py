@@ -241,6 +241,8 @@ class PeriodicSync(TableSync):
             self._view, self._rescan_at, self._due = view, None, []
             self._dirty.clear()
             names: Any = list(entries)
+            if len(self._passed) > len(entries) + 64:
+                self._passed = {k: v for k, v in self._passed.items() if k in entries}
         else:
             names = self._dirty
             self._dirty = set()
