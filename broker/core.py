@@ -162,7 +162,7 @@ class Broker:
         if t is Pause:
             return self._pause(cmd, now_ms)  # type: ignore[arg-type]
         if t is QPolicy:
-            return policies.command(self, cmd, now_ms)  # type: ignore[arg-type]
+            return policies.command(self, cmd, client, now_ms)  # type: ignore[arg-type]
         handler = admin.HANDLERS.get(cmd.name)  # type: ignore[union-attr]
         if handler is None:
             return errors.unknown_command(cmd.name)  # type: ignore[union-attr]
@@ -297,9 +297,10 @@ class Broker:
             # Re-queued (or NACKed) here: the other holders move their retry time and
             # dequeue their copy if this node's ID is greater (Disque's enqueueJob).
             self.replication.queued(job, nack)
+        again = job.flags & FLAG_QUEUED_BEFORE
         if nack:
             job.nacks += 1
-        elif job.flags & FLAG_QUEUED_BEFORE:
+        elif again:
             job.deliveries += 1
         else:
             job.flags |= FLAG_QUEUED_BEFORE
@@ -307,6 +308,10 @@ class Broker:
         self._reschedule(job)
         q = self._queue_for(job.queue, now_ms)
         q.push(job)
+        if nack:
+            q.nacks += 1
+        elif again:
+            q.requeues += 1
         q.atime = now_ms
         if q.waiters:
             # Waiters mean the queue was empty: the one served gets this job.

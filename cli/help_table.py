@@ -56,9 +56,10 @@ COMMANDS: tuple[CommandHelp, ...] = (
                 "Pause a queue for input, output or both, or show its pause state", "queues"),
     CommandHelp("QPOLICY", "CREATE|UPDATE|SET queue [REDRIVE max-receives dead-letter-queue] "
                 "[NOREDRIVE] [RETENTION sec] [VISIBILITY sec] [DELAY sec] [DEDUP yes|no] | "
-                "GET queue | DEL queue | LIST [OFFSET n] [LIMIT n] | ORIGIN id",
-                "Queue policies: default TTL, RETRY and DELAY, dead-letter queue, "
-                "deduplication (docs/policies.md)", "queues"),
+                "GET queue | DEL queue | LIST [OFFSET n] [LIMIT n] | ORIGIN id | "
+                "REDRIVE dead-letter-queue [COUNT n]",
+                "Queue policies: default TTL, RETRY and DELAY, dead-letter queue (REDRIVE "
+                "moves dead letters back), deduplication (docs/policies.md)", "queues"),
     CommandHelp("HELLO", "", "This node's ID and every known node with its priority",
                 "cluster"),
     CommandHelp("CLUSTER", "MEET ip port | NODES | INFO | LEAVING [yes|no] | FORGET id | "
