@@ -39,6 +39,7 @@ from broker.job import (
 from broker.queue import PAUSE_ALL, PAUSE_IN, PAUSE_NAMES, PAUSE_NONE, PAUSE_OUT, Queue
 from broker.replication import Replication
 from broker.scan import ScanList
+from broker.stats import LATENCY_BUCKETS, Histogram
 from broker.timers import TimerWheel
 from broker.version import VERSION as _VERSION
 from protocol import errors
@@ -112,6 +113,8 @@ class Broker:
         self.federation: Federation | None = None
         # ADDJOBs blocked until their job is replicated: job ID -> cluster_jobs.ReplWait.
         self.repl_wait: dict[bytes, cluster_jobs.ReplWait] = {}
+        # Seconds from a synchronous ADDJOB's REPLJOBs to its replication level (/metrics).
+        self.repl_latency = Histogram(LATENCY_BUCKETS)
         # Memory: the driver samples the process RSS now and then (``used_memory``); between
         # samples the bytes of jobs created or freed since are added, so a burst of ADDJOBs
         # (or one huge body) is judged before it is accepted, not a second later.
