@@ -38,6 +38,7 @@ from broker.job import (
 )
 from broker.queue import PAUSE_ALL, PAUSE_IN, PAUSE_NAMES, PAUSE_NONE, PAUSE_OUT, Queue
 from broker.replication import Replication
+from broker.runs import RunTable
 from broker.scan import ScanList
 from broker.stats import LATENCY_BUCKETS, Histogram
 from broker.timers import TimerWheel
@@ -47,6 +48,7 @@ from protocol.commands import (
     NO_AUTH,
     AddJob,
     GetJob,
+    JobRun,
     JobsCommand,
     JScan,
     Pause,
@@ -129,6 +131,8 @@ class Broker:
         self._last_tick_ms = 0
         # Queue policies (broker/policies.py); empty unless a client sets one.
         self.policies = policies.PolicyTable()
+        # What script workers report of the jobs they run (JOBRUN, broker/runs.py).
+        self.runs = RunTable(node_id)
 
     # =========================================================================================
     # Entry points
@@ -166,6 +170,8 @@ class Broker:
             return self._pause(cmd, now_ms)  # type: ignore[arg-type]
         if t is QPolicy:
             return policies.command(self, cmd, client, now_ms)  # type: ignore[arg-type]
+        if t is JobRun:
+            return self.runs.command(cmd, now_ms)  # type: ignore[arg-type]
         handler = admin.HANDLERS.get(cmd.name)  # type: ignore[union-attr]
         if handler is None:
             return errors.unknown_command(cmd.name)  # type: ignore[union-attr]
@@ -212,6 +218,7 @@ class Broker:
         if now_ms >= self._next_evict_check:
             self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
             self._evict_idle_queues(now_ms)
+            self.runs.expire(now_ms)
 
     # =========================================================================================
     # Jobs: registration, queueing, timers
@@ -840,6 +847,7 @@ class Broker:
         self.node_id = node_id
         self._myself = (node_id,)
         self.ids = IdGenerator(node_id, seed)
+        self.runs.prefix = node_id[:8].encode()
 
     def set_leaving(self, leaving: bool) -> None:
         self.leaving = leaving
