@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import admin, cluster_jobs, policies
+from broker import admin, cluster_jobs, periodic, policies
 from broker.clients import BLOCKED as BLOCKED  # re-exported: node/server.py imports it here
 from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
@@ -133,6 +133,8 @@ class Broker:
         self.policies = policies.PolicyTable()
         # What script workers report of the jobs they run (JOBRUN, broker/runs.py).
         self.runs = RunTable(node_id)
+        # Periodic timers (broker/periodic.py; fired by cluster/periodic_sync.py).
+        self.periodic = periodic.PeriodicTable()
 
     # =========================================================================================
     # Entry points
