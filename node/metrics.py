@@ -80,16 +80,33 @@ QUEUE_METRICS: dict[str, tuple[str, str]] = {
 
 
 class NodeCollector:
-    """Reads ``server`` (node.server.Server) at scrape time."""
+    """Reads ``server`` (node.server.Server) and its dashboard at scrape time."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, dashboard: Any = None) -> None:
         self.server = server
+        self.dashboard = dashboard
 
     def collect(self) -> Iterator[Metric]:
         yield from self._queues()
         yield from self._jobs()
         yield from self._persistence()
         yield from self._cluster()
+        yield from self._workers()
+
+    def _workers(self) -> Iterator[Metric]:
+        runs = self.server.broker.runs
+        yield _gauge("trisque_worker_runs_running", "Worker jobs running (JOBRUN) on this node",
+                     len(runs.running()))
+        yield _counter("trisque_worker_runs_started", "Worker runs started on this node",
+                       runs.started)
+        yield _counter("trisque_worker_runs_lost",
+                       "Worker runs whose worker stopped reporting (lease expired)", runs.lost)
+        yield _gauge("trisque_timers", "Periodic timers (TIMER)",
+                     len(self.server.broker.periodic.list()))
+        if self.dashboard is not None:
+            yield _gauge("trisque_dashboard_log_streams",
+                         "Job logs streamed to dashboard pages now (Server-Sent Events)",
+                         self.dashboard.streams)
 
     # -- queues ---------------------------------------------------------------------------------
 
@@ -216,17 +233,17 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def make_registry(server: Any) -> CollectorRegistry:
+def make_registry(server: Any, dashboard: Any = None) -> CollectorRegistry:
     """The node's own registry (not prometheus_client's global one: tests run several nodes
     in one process), with the standard process metrics (CPU, RSS, open files)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(server))
+    registry.register(NodeCollector(server, dashboard))
     ProcessCollector(registry=registry)
     return registry
 
 
-def endpoint(server: Any) -> Any:
-    registry = make_registry(server)
+def endpoint(server: Any, dashboard: Any = None) -> Any:
+    registry = make_registry(server, dashboard)
 
     async def metrics(request: Request) -> Response:
         # The text format, or OpenMetrics when the scraper asks for it (Accept).
