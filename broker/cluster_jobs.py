@@ -82,13 +82,14 @@ def _rep(b: Broker) -> Any:
 # ADDJOB
 
 def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
-           external: bool, ttl: int, retry: int, queue: bytes) -> Any:
-    """Disque's addjobCommand after the checks ``Broker._addjob`` already made."""
+           external: bool, ttl: int, retry: int, queue: bytes, job_id: bytes) -> Any:
+    """Disque's addjobCommand after the checks ``Broker._addjob`` already made (which also
+    chose the job's ID)."""
     rep = _rep(b)
     discard_local_copy = cmd.async_ and external
     # Every local job shares the broker's one (myself,) tuple, and ttl/retry come interned
     # (Broker._addjob): a tuple and two ints per job were ~60 bytes of each queued job.
-    job = Job(b.ids.next_id(ttl, retry), queue, cmd.body, repl=replicate, ttl=ttl,
+    job = Job(job_id, queue, cmd.body, repl=replicate, ttl=ttl,
               retry=retry, delay=cmd.delay, ctime=b._new_ctime(now_ms),
               delivered=() if external else b._myself, state=_WAIT_REPL)
     job.flags |= FLAG_REPLICA

@@ -56,10 +56,11 @@ from protocol.commands import (
     QPolicy,
     QScan,
     QueueCommand,
+    Timer,
     lookup,
     parse,
 )
-from protocol.jobid import IdGenerator
+from protocol.jobid import IdGenerator, keyed_id
 from protocol.resp import NULL_ARRAY, Error, Status
 
 # Enum member lookups (JobState.X) cost ~10x a module global on the hot path.
@@ -174,6 +175,8 @@ class Broker:
             return policies.command(self, cmd, client, now_ms)  # type: ignore[arg-type]
         if t is JobRun:
             return self.runs.command(cmd, now_ms)  # type: ignore[arg-type]
+        if t is Timer:
+            return periodic.command(self, cmd, now_ms)  # type: ignore[arg-type]
         handler = admin.HANDLERS.get(cmd.name)  # type: ignore[union-attr]
         if handler is None:
             return errors.unknown_command(cmd.name)  # type: ignore[union-attr]
@@ -413,6 +416,9 @@ class Broker:
         if kind == policies.RECORD_KIND:
             self.policies.undo(payload, prev)
             return
+        if kind == periodic.RECORD_KIND:
+            self.periodic.undo(payload, prev)
+            return
         job_id = payload[0] if kind == "job" else payload
         if kind == "flushall":
             return
@@ -442,6 +448,8 @@ class Broker:
     def validate_record(kind: str, data: Any) -> str | None:
         if kind == policies.RECORD_KIND:
             return policies.validate_record(data)
+        if kind == periodic.RECORD_KIND:
+            return periodic.validate_record(data)
         return validate_record(kind, data)
 
     def load_record(self, record: tuple[Any, ...], now_ms: int) -> None:
@@ -462,6 +470,8 @@ class Broker:
                 self._unregister(old)
         elif kind == policies.RECORD_KIND:
             self.policies.load(payload)
+        elif kind == periodic.RECORD_KIND:
+            self.periodic.load(payload)
         elif kind == "flushall":
             self.jobs.clear()
             self.job_bytes = 0
@@ -512,6 +522,7 @@ class Broker:
 
     def snapshot(self) -> Iterator[tuple[str, Any]]:
         yield from list(self.policies.snapshot(self.jobs))
+        yield from list(self.periodic.snapshot())
         for job in list(self.jobs.values()):
             if self.jobs.get(job.id) is job:
                 yield ("job", job.to_record())
@@ -557,13 +568,21 @@ class Broker:
         retry = cmd.retry
         if retry is None:
             retry = max(1, min(DEFAULT_RETRY, ttl // 10))
+        if cmd.id_key is None:
+            job_id = self.ids.next_id(ttl, retry)
+        else:
+            # A periodic timer's fire (broker/periodic.py): the ID is its deduplication key,
+            # and a job this node already holds under it was added already.
+            job_id = keyed_id(cmd.id_key[0], cmd.id_key[1], ttl, retry)
+            if job_id in self.jobs:
+                return Status(job_id.decode("ascii"))
         if self.replication is not None:
             return cluster_jobs.addjob(self, cmd, client, now_ms, replicate, external,
                                        _intern(ttl), _intern(retry),
-                                       q.name if q is not None else cmd.queue)
+                                       q.name if q is not None else cmd.queue, job_id)
         job = Job(
             # Jobs of one queue share its name object instead of holding a copy each.
-            self.ids.next_id(ttl, retry), q.name if q is not None else cmd.queue, cmd.body,
+            job_id, q.name if q is not None else cmd.queue, cmd.body,
             repl=replicate, ttl=_intern(ttl), retry=_intern(retry),
             delay=cmd.delay, ctime=self._new_ctime(now_ms), delivered=self._myself,
         )

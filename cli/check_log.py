@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         flags = " enqueue-jobs-once" if header.enqueue_once else ""
         print(f"format version: {header.version}{flags}")
     print(f"records: {end.records} (job {end.counts['job']}, ack {end.counts['ack']}, "
-          f"del {end.counts['del']}, dlv {end.counts['dlv']}, qpolicy {end.counts['qpolicy']})")
+          f"del {end.counts['del']}, dlv {end.counts['dlv']}, qpolicy {end.counts['qpolicy']}, "
+          f"timer {end.counts['timer']})")
     if end.state == "clean":
         print("status: OK")
         return 0

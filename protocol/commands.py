@@ -67,6 +67,10 @@ class AddJob(NamedTuple):
     async_: bool
     # DELAY given explicitly (even 0): a queue policy's message_delay must not override it.
     delay_given: bool = False
+    # Set only by a periodic timer's fire (broker/periodic.py), never by a client: the job ID
+    # is derived from (node ID for its node field, key) instead of being random, so the fire
+    # of one due time has one ID whichever node adds it.
+    id_key: tuple[str, bytes] | None = None
 
 
 class GetJob(NamedTuple):
@@ -164,8 +168,24 @@ class JobRun(NamedTuple):
     limit: int = 100
 
 
+class Timer(NamedTuple):
+    """TIMER ADD|DEL|GET|LIST|PAUSE|RESUME|FIRE|HELP (periodic timers, broker/periodic.py).
+
+    ``names`` holds the timer names the subcommand acts on (several for DEL, none for LIST
+    and HELP); ADD's fields follow."""
+
+    sub: str
+    names: tuple[bytes, ...] = ()
+    period: int = 0  # seconds
+    queue: bytes = b""
+    body: bytes = b""
+    params: tuple[bytes, ...] = ()  # ADDJOB options after the timeout, validated
+    start_ms: int | None = None  # the first due time (Unix ms); None: now
+    replace: bool = False
+
+
 Command = (AddJob | GetJob | JobsCommand | QueueCommand | QPeek | QScan | JScan | Pause | QPolicy
-           | JobRun | Generic)
+           | JobRun | Timer | Generic)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -565,6 +585,48 @@ def _jobrun_read(sub: str, argv: list[bytes]) -> JobRun | Error:
     return JobRun(sub, running_only=running_only, limit=count)
 
 
+_TIMER_ARITY = {"ADD": -6, "DEL": -3, "GET": 3, "LIST": 2, "PAUSE": 3, "RESUME": 3, "FIRE": 3,
+                "HELP": 2}
+
+
+def _timer(argv: list[bytes]) -> Timer | Error:
+    sub = argv[1].decode("latin-1").upper()
+    arity = _TIMER_ARITY.get(sub)
+    if arity is None:
+        return errors.unknown_subcommand("TIMER", argv[1].decode("utf-8", "replace"))
+    if (arity > 0 and len(argv) != arity) or len(argv) < -arity:
+        return errors.wrong_arity("timer|" + sub.lower())
+    if sub != "ADD":
+        return Timer(sub, tuple(argv[2:]))
+    period = parse_int(argv[3])
+    if period is None or not 1 <= period <= MAX_JOB_SECONDS:
+        return errors.err(f"period must be a number of seconds between 1 and {MAX_JOB_SECONDS}")
+    start_ms: int | None = None
+    replace = False
+    params: list[bytes] = []
+    j = 6
+    while j < len(argv):
+        opt = argv[j].lower()
+        if opt == b"replace":
+            replace = True
+        elif opt == b"start":
+            value = parse_int(argv[j + 1]) if j + 1 < len(argv) else None
+            if value is None or value < 0:
+                return errors.err("START must be a time in Unix milliseconds")
+            start_ms = value
+            j += 1
+        else:  # an ADDJOB option: checked below by ADDJOB's own parser
+            params.append(argv[j])
+            if opt != b"async" and j + 1 < len(argv):
+                params.append(argv[j + 1])
+                j += 1
+        j += 1
+    checked = _addjob([b"ADDJOB", argv[4], argv[5], b"0", *params])
+    if isinstance(checked, Error):
+        return checked
+    return Timer(sub, (argv[2],), period, argv[4], argv[5], tuple(params), start_ms, replace)
+
+
 def _generic(argv: list[bytes]) -> Generic:
     return Generic(argv[0].decode("latin-1").upper(), tuple(argv[1:]))
 
@@ -603,6 +665,9 @@ COMMANDS: dict[bytes, Spec] = {
     b"pause": Spec(-3, _pause),
     b"qpolicy": Spec(-2, _qpolicy),
     b"jobrun": Spec(-2, _jobrun),
+
+
+    b"timer": Spec(-2, _timer),
     b"hello": Spec(-1, _generic, _NA),  # bare HELLO checks AUTH itself, as Disque
     b"info": Spec(-1, _generic),
     b"cluster": Spec(-2, _generic),
