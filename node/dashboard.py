@@ -15,8 +15,8 @@ its auth: ``requirepass`` as Basic or Bearer):
 * ``GET /jobs/<id>/log`` - the output as Server-Sent Events (``stream_run``): the run's output
   is polled with ``Run.read_output(offset)`` every ``POLL_S`` and sent as ``output`` events
   whose data is HTML (``node/ansi.py``: SGR colours to spans, everything escaped), the run's
-  panel as ``status`` events when it changes, and ``end`` once the run ended and its output
-  was sent. Event IDs are ``<run token>:<offset>``, so a browser that reconnects
+  panel as ``status`` events and the job's as ``job`` events when they change, and ``end``
+  once the run ended and its output was sent. Event IDs are ``<run token>:<offset>``, so a browser that reconnects
   (``Last-Event-ID``) resumes where it was. A new run of the same job (a redelivery) is
   announced and followed. At most ``MAX_STREAMS`` streams at once (503 past that); one whose
   client went away is cancelled by Starlette's disconnect watcher.
@@ -191,13 +191,20 @@ class Dashboard:
         offset = 0
         converter = AnsiToHtml()
         shown: tuple[Any, ...] | None = None
+        job_shown: tuple[Any, ...] | None = None
         quiet = 0.0
         yield "retry: 2000\n\n"
         while True:
+            job = broker.jobs.get(job_id)
+            job_state = None if job is None else (job.state, job.nacks, job.deliveries)
+            if job_state != job_shown:
+                if job_shown is not None:  # the page was rendered with the first one
+                    yield _event("job", self._job_panel(job_id), None)
+                job_shown = job_state
             run = broker.runs.get(job_id)
             if run is None:
                 if job_id not in broker.jobs:
-                    yield _event("end", "", None)
+                    yield _event("end", "gone", None)  # (an event with no data is not one)
                     return
                 if shown is None:  # queued, not started: say so once, then wait for a run
                     shown = ()
@@ -223,7 +230,7 @@ class Dashboard:
                 offset = nxt
                 ended = run.state != "running"
                 state = (run.token, run.state, len(run.status), run.status_dropped,
-                         run.exit_code, run.reason)
+                         run.exit_code, run.reason, run.output_size)
                 if state != shown:
                     shown = state
                     yield _event("status", self._panel(run), None)
@@ -239,6 +246,11 @@ class Dashboard:
             if quiet >= KEEPALIVE_S:
                 quiet = 0.0
                 yield ": keep-alive\n\n"  # proxies close connections silent for too long
+
+    def _job_panel(self, job_id: bytes) -> str:
+        data = view.job_page(self.server, job_id)
+        return self.templates.get_template("job_panel.html").render(
+            job=None if data is None else data["job"])
 
     def _panel(self, run: Any) -> str:
         now = self.server.clock.now_ms()

@@ -4,6 +4,24 @@
 (function () {
   const REFRESH_MS = 2000;
 
+  // "running for" cells count on between two renders: the server gave the time elapsed when
+  // it rendered the cell (data-ms); the browser adds its own time since it first saw it.
+  function duration(ms) {
+    const s = ms / 1000;
+    if (s < 60) return s < 10 ? `${s.toFixed(1)} s` : `${Math.round(s)} s`;
+    const m = Math.floor(s / 60);
+    if (m < 60) return `${m} min ${Math.floor(s % 60)} s`;
+    const h = Math.floor(m / 60);
+    return h < 48 ? `${h} h ${m % 60} min` : `${Math.floor(h / 24)} d ${h % 24} h`;
+  }
+  const seen = new WeakMap();
+  setInterval(() => {
+    for (const cell of document.querySelectorAll(".elapsed[data-ms]")) {
+      if (!seen.has(cell)) seen.set(cell, performance.now());
+      cell.textContent = duration(Number(cell.dataset.ms) + performance.now() - seen.get(cell));
+    }
+  }, 1000);
+
   function flash(text, isError) {
     const box = document.getElementById("flash");
     if (!box) return;
@@ -67,6 +85,9 @@
       if (follow) log.scrollTop = log.scrollHeight;
     });
     source.addEventListener("status", (ev) => { panel.innerHTML = ev.data; });
+    source.addEventListener("job", (ev) => {
+      document.getElementById("job-panel").innerHTML = ev.data;
+    });
     source.addEventListener("end", (ev) => {
       source.close();
       state.textContent = ev.data ? `ended: ${ev.data}` : "ended";

@@ -7,13 +7,17 @@ redrive button moves a dead letter back. Skipped only when chromium is not insta
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
 from tests.http.conftest import start
-from tests.support.server import ServerProcess
+from tests.support.server import REPO, ServerProcess, repo_env
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -26,6 +30,7 @@ pytestmark = [
 ]
 
 WAIT_S = 15
+SCRIPT = Path(__file__).with_name("scripts") / "build-site.sh"
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +150,53 @@ def test_a_running_jobs_output_streams_live_with_colours(browser: object, node: 
     # The overview lists it among the recent runs.
     browser.get(base + "/")  # type: ignore[attr-defined]
     assert job.decode() in browser.find_element(By.ID, "running").text  # type: ignore[attr-defined]
+
+
+def test_a_worker_running_a_shell_script_streams_live(browser: object, node: tuple,
+                                                      tmp_path: Path) -> None:
+    """A real ``trisque worker`` runs tests/dashboard/scripts/build-site.sh for a job; its
+    page shows the output while the script runs. The screenshot taken meanwhile is the
+    README's docs/dashboard.png (written there with TRISQUE_UPDATE_SCREENSHOT=1)."""
+    from selenium.webdriver.common.by import By
+
+    srv, base = node
+    go = tmp_path / "go"
+    env = repo_env() | {"BUILD_WAIT_FOR": str(go)}
+    with open(tmp_path / "worker.log", "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "worker", "--queue", "sites", "--nodes",
+             f"127.0.0.1:{srv.port}", "--name", "builder-1", "--log-dir",
+             str(tmp_path / "logs"), "--", str(SCRIPT)],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        job = srv.call("ADDJOB", "sites", "www.example.org", 0)
+        browser.get(base + "/jobs/" + quote(job.decode(), safe=""))  # type: ignore[attr-defined]
+        log = browser.find_element(By.ID, "log")  # type: ignore[attr-defined]
+        panel = browser.find_element(By.ID, "run-panel")  # type: ignore[attr-defined]
+        wait(browser, lambda d: "Optimising images" in log.text, "the script's output")
+        wait(browser, lambda d: "optimising images 12/40" in panel.text, "its status line")
+        assert "running" in panel.text and "builder-1" in panel.text
+        job_panel = browser.find_element(By.ID, "job-panel")  # type: ignore[attr-defined]
+        wait(browser, lambda d: "active" in job_panel.text, "the job's state, taken")
+        warning = log.find_element(By.CSS_SELECTOR, "span.f3")
+        assert warning.text == "warning:"
+        assert warning.value_of_css_property("color") == "rgba(229, 229, 16, 1)"
+        shot = tmp_path / "dashboard.png"
+        assert browser.save_screenshot(str(shot))  # type: ignore[attr-defined]
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+        if os.environ.get("TRISQUE_UPDATE_SCREENSHOT") == "1":
+            shutil.copyfile(shot, REPO / "docs" / "dashboard.png")
+        go.touch()  # the script finishes: done + exit 0 -> ACKJOB
+        state = browser.find_element(By.ID, "log-state")  # type: ignore[attr-defined]
+        wait(browser, lambda d: state.text == "ended: done", "the end of the run")
+        assert "built www.example.org" in log.text and "done" in panel.text
+        wait(browser, lambda d: srv.call("SHOW", job) is None, "the job acknowledged")
+        wait(browser, lambda d: "no longer holds the job" in job_panel.text,
+             "the page shows it acknowledged")
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(5)

@@ -227,3 +227,32 @@ def test_rates_appear_after_two_renders(node: Node, http: httpx.Client) -> None:
     rate_in = float(cells[0].removesuffix("/s"))
     assert 2 <= rate_in <= 6.5, cells  # 6 jobs in 1.2 s or a little more
     assert cells[1] == "0.0/s"
+
+
+def test_a_job_without_a_run_waits_for_one_and_ends_when_the_job_goes(node: Node,
+                                                                     http: httpx.Client) -> None:
+    srv, base = node
+    job = srv.call("ADDJOB", "waiting", "x", 0)
+    page = http.get(job_url(job)).text
+    assert "No run of this job was reported to this node yet" in page
+    got: list = []
+
+    def reader() -> None:
+        with httpx.Client(base_url=base) as c, c.stream("GET", job_url(job) + "/log",
+                                                        timeout=15) as r:
+            for ev in events(r):
+                got.append(ev)
+                if ev.name == "end":
+                    return
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        wait_until(lambda: got, 10, "the stream's first event")
+        assert got[0].name == "status" and "No run of this job" in got[0].data
+        assert srv.call("ACKJOB", job) == 1
+    finally:
+        t.join(15)
+    assert not t.is_alive()
+    assert [e.name for e in got][-2:] == ["job", "end"], got
+    assert "no longer holds the job" in got[-2].data and got[-1].data == "gone"
