@@ -55,6 +55,7 @@ ASSETS: Final = Path(__file__).with_name("dashboard_assets")
 POLL_S: Final = 0.25
 KEEPALIVE_S: Final = 15.0
 MAX_STREAMS: Final = 100
+RENDER_THREADS: Final = 2  # pages rendered at once (others wait their turn)
 EVENT_CHUNK: Final = 64 * 1024  # output bytes per SSE event
 CSP: Final = ("default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
               "frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
@@ -119,10 +120,15 @@ class Dashboard:
         self.templates = make_templates()
         self.rates = view.RateTracker()
         self.streams = 0  # SSE streams open now
+        self.threads = trio.CapacityLimiter(RENDER_THREADS)
         self.assets = {name: (ASSETS / name).read_bytes() for name in STATIC}
 
-    def _html(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
-        body = self.templates.get_template(template).render(**context)
+    async def _html(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        # The context is plain data read on the event loop (dashboard_view); rendering it,
+        # the long part with hundreds of queues, goes to a thread while the node serves on.
+        page = self.templates.get_template(template)
+        body = await trio.to_thread.run_sync(lambda: page.render(**context),
+                                             limiter=self.threads)
         return HTMLResponse(body, status_code=status, headers={
             "Content-Security-Policy": CSP, "Cache-Control": "no-store",
             "X-Content-Type-Options": "nosniff"})
@@ -133,7 +139,7 @@ class Dashboard:
         data = view.overview(self.server, self.rates)
         template = "overview_main.html" if request.query_params.get("part") == "main" \
             else "overview.html"
-        return self._html(template, **data)
+        return await self._html(template, **data)
 
     def _job_id(self, request: Request) -> bytes | None:
         raw = request.path_params["id"].encode("utf-8", "surrogateescape")
@@ -142,12 +148,12 @@ class Dashboard:
     async def job(self, request: Request) -> Response:
         job_id = self._job_id(request)
         if job_id is None:
-            return self._html("missing.html", 400, what="This is not a job ID (D-...).")
+            return await self._html("missing.html", 400, what="This is not a job ID (D-...).")
         data = view.job_page(self.server, job_id)
         if data is None:
-            return self._html("missing.html", 404,
+            return await self._html("missing.html", 404,
                               what="This node holds no such job and has no run of it.")
-        return self._html("job.html", stream=job_url(data["job_id"]) + "/log", **data)
+        return await self._html("job.html", stream=job_url(data["job_id"]) + "/log", **data)
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]

@@ -57,6 +57,7 @@ def test_overview_shows_queues_nodes_dead_letters_escaped(node: Node, http: http
         srv.call("ADDJOB", "ov-plain", f"job {i}", 0)
     dead_letter(srv, XSS, "<img src=x onerror=alert(1)>")
     srv.call("PAUSE", "ov-plain", "out")
+    assert srv.call("TIMER", "ADD", "nightly <report>", 3600, "reports", "<all>") is not None
     r = http.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert "script-src" not in r.headers["content-security-policy"]  # default-src 'self'
@@ -72,6 +73,10 @@ def test_overview_shows_queues_nodes_dead_letters_escaped(node: Node, http: http
     row = row[:row.index("</tr>")]
     assert 'class="num length">3<' in row and ">out<" in row  # length and pause state
     assert 'data-redrive="/queues/ov-dlq/redrive"' in page
+    timer = page[page.index('data-timer="nightly &lt;report&gt;"'):]
+    timer = timer[:timer.index("</tr>")]
+    assert "1 h 0 min" in timer and "reports" in timer and "&lt;all&gt;" in timer
+    assert "active" in timer  # (the owner column: filled once the timer core runs on the node)
     # The fragment the page refreshes itself with: the same sections, no page around them.
     part = http.get("/", params={"part": "main"}).text
     assert "<html" not in part and 'data-queue="ov-plain"' in part
