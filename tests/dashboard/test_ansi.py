@@ -4,8 +4,11 @@ and chunks cut anywhere render as the whole does."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from node.ansi import DEFAULT, AnsiToHtml, apply_sgr, color_256, to_html
 
@@ -90,8 +93,6 @@ def test_chunks_cut_anywhere_render_as_the_whole(seed: int) -> None:
 def _text_and_styles(parts: list[str]) -> list[tuple[str, str]]:
     """(character, its span attributes) for every character shown: chunked output may split a
     span in two, which shows the same."""
-    import re
-
     out = []
     for part in parts:
         for m in re.finditer(r"<span([^>]*)>(.*?)</span>|([^<]+)", part, re.S):
@@ -99,3 +100,20 @@ def _text_and_styles(parts: list[str]) -> list[tuple[str, str]]:
             text = inner if inner is not None else bare
             out += [(c, attrs) for c in text]
     return out
+
+
+_OUR_TAGS = re.compile(r'<span(?: class="[a-z0-9 ]+")?(?: style="[a-z:#0-9;]+")?>|</span>')
+_ALPHABET = st.sampled_from([b"\x1b", b"[", b"]", b"m", b";", b"3", b"8", b"5", b"2", b"1",
+                             b"<", b">", b"&", b"\"", b"'", b"\r", b"\n", b"\x07", b"\\",
+                             b"\xff", b"\xc3", b"\xa9", b"a", b":", b"\x00"])
+
+
+@given(st.lists(st.lists(_ALPHABET, max_size=40).map(b"".join), max_size=8))
+def test_no_input_reaches_the_page_unescaped(chunks: list[bytes]) -> None:
+    conv = AnsiToHtml()
+    out = "".join(conv.feed(c) for c in chunks) + conv.feed(b"", final=True)
+    bare = _OUR_TAGS.sub("", out)
+    assert "<" not in bare and ">" not in bare and "\x1b" not in bare
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", bare)
+    # Every span opened is closed: the page's structure stays as it was.
+    assert out.count("<span") == out.count("</span>")
