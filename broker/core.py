@@ -40,7 +40,7 @@ from broker.queue import PAUSE_ALL, PAUSE_IN, PAUSE_NAMES, PAUSE_NONE, PAUSE_OUT
 from broker.replication import Replication
 from broker.runs import RunTable
 from broker.scan import ScanList
-from broker.stats import LATENCY_BUCKETS, Histogram
+from broker.stats import MS_LATENCY_BUCKETS, Histogram
 from broker.timers import TimerWheel
 from broker.version import VERSION as _VERSION
 from protocol import errors
@@ -116,8 +116,9 @@ class Broker:
         self.federation: Federation | None = None
         # ADDJOBs blocked until their job is replicated: job ID -> cluster_jobs.ReplWait.
         self.repl_wait: dict[bytes, cluster_jobs.ReplWait] = {}
-        # Seconds from a synchronous ADDJOB's REPLJOBs to its replication level (/metrics).
-        self.repl_latency = Histogram(LATENCY_BUCKETS)
+        # Seconds from a synchronous ADDJOB's REPLJOBs to its replication level (/metrics),
+        # with the millisecond resolution of now_ms.
+        self.repl_latency = Histogram(MS_LATENCY_BUCKETS)
         # Memory: the driver samples the process RSS now and then (``used_memory``); between
         # samples the bytes of jobs created or freed since are added, so a burst of ADDJOBs
         # (or one huge body) is judged before it is accepted, not a second later.
