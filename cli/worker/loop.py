@@ -49,6 +49,7 @@ class Worker:
         self.counts: dict[str, int] = {}
         self._slot_wait: trio.CancelScope | None = None
         self._grace_over = trio.Event()
+        self._node: tuple[str, int] | None = None  # the node GETJOB went to last
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -129,6 +130,10 @@ class Worker:
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             backoff = 0.25
+            if self.client.address != self._node:
+                self._node = self.client.address
+                if self._node is not None:
+                    log.info("taking jobs from node %s:%d", *self._node)
             for _ in range(taken - len(got)):
                 slots.release()
             for job in got:

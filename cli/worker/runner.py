@@ -100,6 +100,7 @@ class JobRunner:
         self._stop = trio.Event()  # set: the guard stops the script
         self._notes: list[str] = []
         self._status_closed_at: float | None = None
+        self._signalled = False  # the guard sent SIGTERM to the group
         self.state = ""
 
     # -- the worker's handle ---------------------------------------------------------------
@@ -167,7 +168,9 @@ class JobRunner:
             if (closed is not None and self.outcome.final is None
                     and trio.current_time() - closed > EARLY_CLOSE_S):
                 self._notes.append("it closed its status pipe (fd 3) and went on running")
-            if proc.signal_group(signal.SIGKILL):
+            # Whatever is left of its group dies with it (after the guard's signals, stragglers
+            # of the group it was stopping are no news).
+            if proc.signal_group(signal.SIGKILL) and not self._signalled:
                 self._notes.append("processes it left in its group were killed")
             with trio.move_on_after(DRAIN_S) as drain:
                 await out_done.wait()
@@ -186,6 +189,7 @@ class JobRunner:
         log.warning("job %s: stopping pid %d (%s): SIGTERM to its process group", self.job.id,
                     proc.pid, "time limit" if self.outcome.timed_out_after else
                     self.outcome.violation or self.outcome.stopped)
+        self._signalled = True
         proc.signal_group(signal.SIGTERM)
         await trio.sleep(self.settings.kill_after)
         if proc.signal_group(signal.SIGKILL):
@@ -268,14 +272,18 @@ class JobRunner:
 
     async def _carry_out(self, verdict: status.Verdict, info: JobInfo | None) -> str:
         job_id = self.job.id
+        # The count replied does not matter (a NACK that dead-letters the job counts 0): the
+        # command was carried out unless it raised.
         if verdict.action == status.ACK:
-            ok = await self._settle(lambda: self.client.ack_job(job_id))
-            return verdict.reason if ok else verdict.reason + "; ACKJOB failed (" + \
-                self._last_error + "): the job comes back after its RETRY"
+            if await self._settle(lambda: self.client.ack_job(job_id)) is not None:
+                return verdict.reason
+            return (verdict.reason + f"; ACKJOB failed ({self._last_error}): the job comes "
+                    "back after its RETRY")
         if verdict.action == status.NACK:
-            ok = await self._settle(lambda: self.client.nack(job_id))
-            return verdict.reason if ok else verdict.reason + "; NACK failed (" + \
-                self._last_error + "): the job comes back after its RETRY"
+            if await self._settle(lambda: self.client.nack(job_id)) is not None:
+                return verdict.reason
+            return (verdict.reason + f"; NACK failed ({self._last_error}): the job comes back "
+                    "after its RETRY")
         return await self._resend(verdict, info)
 
     async def _resend(self, verdict: status.Verdict, info: JobInfo | None) -> str:
@@ -306,7 +314,9 @@ class JobRunner:
             return verdict.reason + f"; re-added as {new_id}"
         acked = await self._settle(lambda: self.client.ack_job(self.job.id))
         text = verdict.reason + f"; re-added as {new_id}"
-        return text if acked else text + f"; ACKJOB of the original failed ({self._last_error})"
+        if acked is None:
+            return text + f"; ACKJOB of the original failed ({self._last_error})"
+        return text
 
     _last_error = ""
 

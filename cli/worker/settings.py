@@ -132,9 +132,15 @@ def parse(argv: list[str]) -> Settings:
         parser.print_help()
         raise SystemExit(0)
     try:
-        ns = parser.parse_args(options)
+        ns, extra = parser.parse_known_args(options)
     except SystemExit as exc:
         raise UsageError("invalid options (see trisque worker --help)") from exc
+    words = [w for w in extra if not w.startswith("-")]
+    if words and not command:
+        raise UsageError(f"the command to run goes after '--': trisque worker --queue q -- "
+                         f"{' '.join(words)}")
+    if extra:
+        raise UsageError(f"unknown options {' '.join(extra)} (see trisque worker --help)")
     if not command:
         raise UsageError("the command to run goes after '--', e.g. "
                          "trisque worker --queue q -- ./job.sh")
