@@ -142,11 +142,17 @@ class Entry:
     fires: int = 0  # due times this node fired since it started
     last_job: bytes | None = None  # the job this node added at its last fire
     last_error: str = ""  # why this node's last fire added no job ("" if it did)
+    # The record, made once: every whole-table exchange sends every entry. Entries change by
+    # replacement (``dataclasses.replace`` leaves this out), never in place.
+    _record: list[Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def to_record(self) -> list[Any]:
-        d = self.definition
-        return [self.name, None if d is None else d.fields(), self.stamp[0], self.stamp[1],
-                self.progress.to_record()]
+        """The log and wire record; shared, so not to be modified by the caller."""
+        if self._record is None:
+            d = self.definition
+            self._record = [self.name, None if d is None else d.fields(), self.stamp[0],
+                            self.stamp[1], self.progress.to_record()]
+        return self._record
 
     @classmethod
     def from_record(cls, rec: list[Any]) -> Entry:
@@ -258,17 +264,28 @@ def _is_int(v: Any, low: int = 0) -> bool:
     return type(v) is int and v >= low
 
 
-def validate_record(data: Any) -> str | None:
-    """Why a ``timer`` record (log or bus) is not one a node could write, or None."""
+def version_problem(data: Any) -> str | None:
+    """What is wrong with the version part of a ``timer`` record (name, stamp, progress),
+    or None: enough to compare it with the entry held here, before the costlier rest."""
     if not isinstance(data, list) or len(data) != 5:
         return "timer record is not a list of 5"
     name, fields, ms, node, progress = data
-    if not isinstance(name, bytes) or not _is_int(ms) or not isinstance(node, str):
+    if not isinstance(name, bytes) or not _is_int(ms) or not isinstance(node, str) \
+            or not (fields is None or isinstance(fields, dict)):
         return "timer record malformed"
     if not (isinstance(progress, list) and len(progress) == 5 and _is_int(progress[0])
             and _is_int(progress[1]) and isinstance(progress[2], str)
             and _is_int(progress[3]) and isinstance(progress[4], str)):
         return "timer record with a malformed progress"
+    return None
+
+
+def validate_record(data: Any) -> str | None:
+    """Why a ``timer`` record (log or bus) is not one a node could write, or None."""
+    problem = version_problem(data)
+    if problem is not None:
+        return problem
+    fields = data[1]
     if fields is None:
         return None
     if not isinstance(fields, dict) or set(fields) != set(FIELDS):

@@ -16,7 +16,7 @@ import os
 import sys
 
 from broker import aof
-from broker.job import validate_record
+from broker.core import Broker
 from node import logfile
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     path: str = args.file
     try:
         size = os.path.getsize(path)
-        end = logfile.scan(path, validate_record)
+        end = logfile.scan(path, Broker.validate_record)
     except aof.LogError as exc:
         print(f"error: {exc}")
         return 2

@@ -65,6 +65,11 @@ COMMANDS: tuple[CommandHelp, ...] = (
                 "REDRIVE dead-letter-queue [COUNT n]",
                 "Queue policies: default TTL, RETRY and DELAY, dead-letter queue (REDRIVE "
                 "moves dead letters back), deduplication (docs/policies.md)", "queues"),
+    CommandHelp("TIMER", "ADD name period queue body [ADDJOB options] [START unix-ms] "
+                "[REPLACE] | DEL name [name ...] | GET name | LIST | PAUSE name | "
+                "RESUME name | FIRE name | HELP",
+                "Periodic timers: add a job to a queue every period seconds, once per due "
+                "time across the cluster (docs/timers.md)", "timers"),
     CommandHelp("HELLO", "", "This node's ID and every known node with its priority",
                 "cluster"),
     CommandHelp("CLUSTER", "MEET ip port | NODES | INFO | LEAVING [yes|no] | FORGET id | "

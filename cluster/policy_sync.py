@@ -42,6 +42,9 @@ class PolicySync(TableSync):
     def records(self) -> list[Any]:
         return [p.to_record() for p in self.broker.policies.by_name.values()]
 
+    def empty(self) -> bool:
+        return not self.broker.policies.by_name
+
     def parse_record(self, rec: Any) -> Policy:
         if validate_record(rec) is not None or rec[0] != "queue":
             raise MalformedBody("a policy record a node could not have written")

@@ -85,6 +85,9 @@ class TableSync:
     def record_size(self, rec: Any) -> int:
         return 64
 
+    def empty(self) -> bool:
+        return not self.records()
+
     # -- the runtime's side (cluster/effects.py) ------------------------------------------------
 
     def take_effects(self) -> list[ClusterEffect]:
@@ -93,7 +96,7 @@ class TableSync:
 
     def tick(self, now_ms: int) -> None:
         linked = set(self.linked())
-        empty = not self.ALWAYS_ANSWER and not self.records()
+        empty = not self.ALWAYS_ANSWER and self.empty()
         if not empty:
             for node_id in sorted(linked - self._linked_before):
                 self.send_all(node_id)
