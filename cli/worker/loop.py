@@ -143,7 +143,7 @@ class Worker:
                     jobs.start_soon(self._run, job, slots)
 
     async def _run(self, job: Job, slots: trio.Semaphore) -> None:
-        runner = JobRunner(self, job)
+        runner = JobRunner(self.settings, self.client, self.logs, job)
         self.running.add(runner)
         try:
             await runner.run()

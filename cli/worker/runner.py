@@ -37,19 +37,18 @@ import signal
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import trio
 
 from cli.worker import status
-from cli.worker.joblog import JobLog
+from cli.worker.joblog import JobLog, LogDir
 from cli.worker.process import ScriptProcess, spawn, spawn_error_text
 from cli.worker.report import RunReport
+from cli.worker.settings import Settings
+from protocol.aio_client import AsyncClient
 from protocol.client_commands import Job, JobInfo
 from protocol.client_core import ResponseError, TrisqueError
-
-if TYPE_CHECKING:
-    from cli.worker.loop import Worker
 
 BODY_ENV_MAX: Final = 64 * 1024
 DRAIN_S: Final = 2.0  # after the script's exit, how long its pipes may stay open
@@ -88,10 +87,10 @@ def job_environment(base: dict[str, str], job: Job, attempt: int, body_file: Pat
 
 
 class JobRunner:
-    def __init__(self, worker: Worker, job: Job) -> None:
-        self.worker = worker
-        self.settings = worker.settings
-        self.client = worker.client
+    def __init__(self, settings: Settings, client: AsyncClient, logs: LogDir, job: Job) -> None:
+        self.settings = settings
+        self.client = client
+        self.logs = logs
         self.job = job
         self.attempt = 1 + (job.nacks or 0) + (job.additional_deliveries or 0)
         self.outcome = status.Outcome()
@@ -100,14 +99,16 @@ class JobRunner:
         self._stop = trio.Event()  # set: the guard stops the script
         self._notes: list[str] = []
         self._status_closed_at: float | None = None
-        self._signalled = False  # the guard sent SIGTERM to the group
+        self._exited = False  # the script's own process exited
+        self._last_error = ""  # the last failed node call, for the reason
         self.state = ""
 
     # -- the worker's handle ---------------------------------------------------------------
 
     def stop(self, why: str) -> None:
-        """Stop the script (worker shutdown); the job is NACKed."""
-        if not self._stop.is_set():
+        """Stop the script (worker shutdown); the job is NACKed. Nothing to stop once it
+        exited (the run is only draining its pipes and settling the job)."""
+        if not self._stop.is_set() and not self._exited:
             self.outcome.stopped = why
             self._stop.set()
 
@@ -116,34 +117,31 @@ class JobRunner:
     async def run(self) -> None:
         job = self.job
         info = await self._call(self.client.show(job.id), quiet=True)
-        workdir = Path(tempfile.mkdtemp(prefix="trisque-job-"))
-        joblog = self.worker.logs.open(job.id, self.attempt)
+        workdir: Path | None = None
+        joblog: JobLog | None = None
         try:
+            # Files first: a full disk or a vanished log directory fails this job with the
+            # reason, like a command that cannot be executed, and the worker goes on.
+            workdir = Path(tempfile.mkdtemp(prefix="trisque-job-"))
             body_file = workdir / "body"
             body_file.write_bytes(job.body)
+            joblog = self.logs.open(job.id, self.attempt)
             node = self.client.address
             env = job_environment(dict(os.environ), job, self.attempt, body_file,
                                   f"{node[0]}:{node[1]}" if node else "", self.settings.name,
                                   joblog.path)
-            try:
-                proc = spawn(self.settings.command, env)
-            except OSError as exc:
-                self.outcome.spawn_error = spawn_error_text(exc)
-                await self.report.start(0)
+        except OSError as exc:
+            self.outcome.spawn_error = f"cannot prepare the job's files: {exc}"
+        try:
+            if joblog is not None and not self.outcome.spawn_error:
+                await self._spawn_and_supervise(env, joblog, info)
             else:
-                log.info("job %s (queue %s, attempt %d): started pid %d", job.id, job.queue,
-                         self.attempt, proc.pid)
-                await self.report.start(proc.pid)
-                try:
-                    await self._supervise(proc, joblog, info)
-                finally:
-                    await proc.aclose()
-            if joblog.rotations:
-                self._notes.append(f"log rotated {joblog.rotations} time(s) at "
-                                   f"{self.settings.log_max_bytes} bytes")
+                await self.report.start(0)
         finally:
-            joblog.close()
-            shutil.rmtree(workdir, ignore_errors=True)
+            if joblog is not None:
+                joblog.close()
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
         self.outcome.notes = tuple(self._notes)
         verdict = status.decide(self.outcome)
         reason = await self._carry_out(verdict, info)
@@ -151,6 +149,25 @@ class JobRunner:
         await self.report.end(verdict.state, self.outcome.exit_code, reason)
         level = logging.INFO if verdict.state == "done" else logging.WARNING
         log.log(level, "job %s: %s (%s)", job.id, verdict.state, reason)
+
+    async def _spawn_and_supervise(self, env: dict[str, str], joblog: JobLog,
+                                   info: JobInfo | None) -> None:
+        try:
+            proc = spawn(self.settings.command, env)
+        except OSError as exc:
+            self.outcome.spawn_error = "cannot execute the command: " + spawn_error_text(exc)
+            await self.report.start(0)
+            return
+        log.info("job %s (queue %s, attempt %d): started pid %d", self.job.id, self.job.queue,
+                 self.attempt, proc.pid)
+        await self.report.start(proc.pid)
+        try:
+            await self._supervise(proc, joblog, info)
+        finally:
+            await proc.aclose()
+        if joblog.rotations:
+            self._notes.append(f"log rotated {joblog.rotations} time(s) at "
+                               f"{self.settings.log_max_bytes} bytes")
 
     async def _supervise(self, proc: ScriptProcess, joblog: JobLog,
                          info: JobInfo | None) -> None:
@@ -162,6 +179,7 @@ class JobRunner:
             nursery.start_soon(self.report.keep_flushing)
             nursery.start_soon(self._guard, proc)
             self.outcome.exit_code = await proc.wait()
+            self._exited = True
             closed = self._status_closed_at
             # The kernel closes an exiting process's files just before it can be reaped: only
             # a clear gap means the script closed fd 3 itself and went on.
@@ -170,7 +188,7 @@ class JobRunner:
                 self._notes.append("it closed its status pipe (fd 3) and went on running")
             # Whatever is left of its group dies with it (after the guard's signals, stragglers
             # of the group it was stopping are no news).
-            if proc.signal_group(signal.SIGKILL) and not self._signalled:
+            if proc.signal_group(signal.SIGKILL) and not self.outcome.signalled:
                 self._notes.append("processes it left in its group were killed")
             with trio.move_on_after(DRAIN_S) as drain:
                 await out_done.wait()
@@ -184,12 +202,14 @@ class JobRunner:
         limit = self.settings.time_limit_for(self.job.queue)
         with trio.move_on_after(limit if limit else float("inf")):
             await self._stop.wait()
+        if self._exited:
+            return  # the limit came while its pipes were drained: it ended on its own
         if not self._stop.is_set():
             self.outcome.timed_out_after = limit
         log.warning("job %s: stopping pid %d (%s): SIGTERM to its process group", self.job.id,
                     proc.pid, "time limit" if self.outcome.timed_out_after else
                     self.outcome.violation or self.outcome.stopped)
-        self._signalled = True
+        self.outcome.signalled = True
         proc.signal_group(signal.SIGTERM)
         await trio.sleep(self.settings.kill_after)
         if proc.signal_group(signal.SIGKILL):
@@ -197,14 +217,17 @@ class JobRunner:
                         proc.pid, self.settings.kill_after)
 
     async def _pump_output(self, proc: ScriptProcess, joblog: JobLog, done: trio.Event) -> None:
+        logging_to_file = True
         try:
             while data := await proc.out.receive_some(READ_CHUNK):
-                joblog.write(data)
+                if logging_to_file:
+                    try:
+                        joblog.write(data)
+                    except OSError as exc:  # a full disk, say: the node still gets the tail
+                        logging_to_file = False
+                        self._notes.append(f"log file not written after "
+                                           f"{self.report.total} bytes: {exc}")
                 self.report.add_output(data)
-        except OSError as exc:  # the log's disk is full, say: the script goes on, unlogged
-            self._notes.append(f"output not logged after {self.report.total} bytes: {exc}")
-            while await proc.out.receive_some(READ_CHUNK):
-                pass
         finally:
             done.set()
 
@@ -317,8 +340,6 @@ class JobRunner:
         if acked is None:
             return text + f"; ACKJOB of the original failed ({self._last_error})"
         return text
-
-    _last_error = ""
 
     async def _settle(self, call: Callable[[], Awaitable[T]]) -> T | None:
         """Retry through node failures (the client moves to another node) for SETTLE_S."""

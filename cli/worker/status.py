@@ -147,10 +147,11 @@ class Outcome:
 
     final: Line | None = None  # the first done/err/resend line
     exit_code: int | None = None  # negative: killed by that signal; None: never started
-    spawn_error: str = ""
+    spawn_error: str = ""  # why it never ran: the whole reason
     violation: str = ""
     timed_out_after: float | None = None  # the time limit, when it was reached
     stopped: str = ""  # the worker stopped it (shutdown): why
+    signalled: bool = False  # the worker sent SIGTERM to its group (limit, violation, stop)
     notes: tuple[str, ...] = ()  # facts worth adding to the reason (leftover processes, ...)
 
 
@@ -168,10 +169,11 @@ def _with(head: str, text: str) -> str:
 
 def _decide(o: Outcome) -> Verdict:
     if o.spawn_error:
-        return Verdict("failed", NACK, f"cannot execute the command: {o.spawn_error}")
+        return Verdict("failed", NACK, o.spawn_error)
     ended = describe_exit(o.exit_code) if o.exit_code is not None else "no exit status"
     if o.violation:
-        return Verdict("failed", NACK, f"{o.violation}; the script was stopped ({ended})")
+        stopped = "; the script was stopped" if o.signalled else ""
+        return Verdict("failed", NACK, f"{o.violation}{stopped} ({ended})")
     if o.timed_out_after is not None:
         return Verdict("timeout", NACK,
                        f"time limit of {o.timed_out_after:g} s reached; the script was "

@@ -118,6 +118,23 @@ def test_each_status_command_decides_the_jobs_fate(node: ServerProcess, tmp_path
     assert log_file.read_bytes() == out
 
 
+def test_resend_on_a_deduplicating_queue_still_brings_the_job_back(node: ServerProcess,
+                                                                    tmp_path: Path) -> None:
+    q = "dedup-q"
+    assert isinstance(node.call("QPOLICY", "CREATE", q, "DEDUP", "yes"), list)
+    marker = tmp_path / "resent-once"
+    job = add_job(node.port, q, f"resend:{marker}")
+    cmd = script(tmp_path / "status.sh", STATUS_SH)
+    with _worker(node, tmp_path, [q], [cmd]):
+        resent = wait_state(node.port, job)
+        copy_id = resent["reason"].rsplit(" ", 1)[1]
+        copy = wait_state(node.port, copy_id)
+    # An ADDJOB of the same body would have named the original itself: the worker acked the
+    # original first, so the copy is a new job.
+    assert resent["state"] == "resent" and copy_id != job
+    assert copy["state"] == "done" and copy["reason"] == "done: second time"
+
+
 ENV_PY = """\
     #!{python}
     import os, sys
