@@ -76,7 +76,7 @@ def test_overview_shows_queues_nodes_dead_letters_escaped(node: Node, http: http
     timer = page[page.index('data-timer="nightly &lt;report&gt;"'):]
     timer = timer[:timer.index("</tr>")]
     assert "1 h 0 min" in timer and "reports" in timer and "&lt;all&gt;" in timer
-    assert "active" in timer  # (the owner column: filled once the timer core runs on the node)
+    assert "active" in timer and "(this node)" in timer  # the owner, in this node's view
     # The fragment the page refreshes itself with: the same sections, no page around them.
     part = http.get("/", params={"part": "main"}).text
     assert "<html" not in part and 'data-queue="ov-plain"' in part
