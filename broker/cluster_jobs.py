@@ -64,12 +64,13 @@ _ACKED: Final = JobState.ACKED
 class ReplWait:
     """A client blocked in ADDJOB until its job is replicated."""
 
-    __slots__ = ("client", "deadline", "added")
+    __slots__ = ("client", "deadline", "added", "started")
 
     def __init__(self, client: Client, deadline: int, added: int) -> None:
         self.client = client
         self.deadline = deadline  # ms; 0: no timeout
         self.added = added  # when one more node was last tried (ADDJOB, then every 50 ms)
+        self.started = added  # the ADDJOB, when its first REPLJOBs left (replication latency)
 
 
 def _rep(b: Broker) -> Any:
@@ -198,6 +199,7 @@ def replication_achieved(b: Broker, job: Job, now_ms: int) -> bool:
     wait = b.repl_wait.pop(job.id, None)
     if wait is not None:
         b.blocked_clients -= 1
+        b.repl_latency.observe((now_ms - wait.started) / 1000)
     job.transition(_ACTIVE)
     job.confirmed = ()
     if b.node_id not in job.delivered:

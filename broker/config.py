@@ -41,7 +41,7 @@ DIRECTIVES: dict[str, Directive] = {
     for d in [
         _D("port", "int", 7711, False, "TCP port for clients; the cluster bus uses port + 10000."),
         _D("bind", "list", "", False, "Addresses to listen on (default: all interfaces)."),
-        _D("http-port", "int", 0, False, "TCP port of the HTTP API (docs/http.md) on the bind addresses; 0: off."),
+        _D("http-port", "int", 0, False, "TCP port of the HTTP API (docs/http.md), the dashboard (/) and Prometheus metrics (/metrics, docs/dashboard.md) on the bind addresses; 0: off."),
         _D("tcp-backlog", "int", 511, False, "listen() backlog."),
         _D("timeout", "int", 0, True, "Close a client idle this many seconds, unless blocked in GETJOB (0: never)."),
         _D("tcp-keepalive", "int", 0, True, "Send TCP keepalives to clients every this many seconds (0: off)."),

@@ -40,6 +40,7 @@ from broker.queue import PAUSE_ALL, PAUSE_IN, PAUSE_NAMES, PAUSE_NONE, PAUSE_OUT
 from broker.replication import Replication
 from broker.runs import RunTable
 from broker.scan import ScanList
+from broker.stats import MS_LATENCY_BUCKETS, Histogram
 from broker.timers import TimerWheel
 from broker.version import VERSION as _VERSION
 from protocol import errors
@@ -115,6 +116,9 @@ class Broker:
         self.federation: Federation | None = None
         # ADDJOBs blocked until their job is replicated: job ID -> cluster_jobs.ReplWait.
         self.repl_wait: dict[bytes, cluster_jobs.ReplWait] = {}
+        # Seconds from a synchronous ADDJOB's REPLJOBs to its replication level (/metrics),
+        # with the millisecond resolution of now_ms.
+        self.repl_latency = Histogram(MS_LATENCY_BUCKETS)
         # Memory: the driver samples the process RSS now and then (``used_memory``); between
         # samples the bytes of jobs created or freed since are added, so a burst of ADDJOBs
         # (or one huge body) is judged before it is accepted, not a second later.
@@ -169,7 +173,7 @@ class Broker:
         if t is Pause:
             return self._pause(cmd, now_ms)  # type: ignore[arg-type]
         if t is QPolicy:
-            return policies.command(self, cmd, now_ms)  # type: ignore[arg-type]
+            return policies.command(self, cmd, client, now_ms)  # type: ignore[arg-type]
         if t is JobRun:
             return self.runs.command(cmd, now_ms)  # type: ignore[arg-type]
         if t is Timer:
@@ -309,9 +313,10 @@ class Broker:
             # Re-queued (or NACKed) here: the other holders move their retry time and
             # dequeue their copy if this node's ID is greater (Disque's enqueueJob).
             self.replication.queued(job, nack)
+        again = job.flags & FLAG_QUEUED_BEFORE
         if nack:
             job.nacks += 1
-        elif job.flags & FLAG_QUEUED_BEFORE:
+        elif again:
             job.deliveries += 1
         else:
             job.flags |= FLAG_QUEUED_BEFORE
@@ -319,6 +324,10 @@ class Broker:
         self._reschedule(job)
         q = self._queue_for(job.queue, now_ms)
         q.push(job)
+        if nack:
+            q.nacks += 1
+        elif again:
+            q.requeues += 1
         q.atime = now_ms
         if q.waiters:
             # Waiters mean the queue was empty: the one served gets this job.

@@ -61,9 +61,10 @@ COMMANDS: tuple[CommandHelp, ...] = (
                 "Pause a queue for input, output or both, or show its pause state", "queues"),
     CommandHelp("QPOLICY", "CREATE|UPDATE|SET queue [REDRIVE max-receives dead-letter-queue] "
                 "[NOREDRIVE] [RETENTION sec] [VISIBILITY sec] [DELAY sec] [DEDUP yes|no] | "
-                "GET queue | DEL queue | LIST [OFFSET n] [LIMIT n] | ORIGIN id",
-                "Queue policies: default TTL, RETRY and DELAY, dead-letter queue, "
-                "deduplication (docs/policies.md)", "queues"),
+                "GET queue | DEL queue | LIST [OFFSET n] [LIMIT n] | ORIGIN id | "
+                "REDRIVE dead-letter-queue [COUNT n]",
+                "Queue policies: default TTL, RETRY and DELAY, dead-letter queue (REDRIVE "
+                "moves dead letters back), deduplication (docs/policies.md)", "queues"),
     CommandHelp("TIMER", "ADD name period queue body [ADDJOB options] [START unix-ms] "
                 "[REPLACE] | DEL name [name ...] | GET name | LIST | PAUSE name | "
                 "RESUME name | FIRE name | HELP",

@@ -131,11 +131,12 @@ class Generic(NamedTuple):
 
 
 class QPolicy(NamedTuple):
-    """QPOLICY CREATE|UPDATE|SET|GET|DEL|LIST|ORIGIN (queue policies, broker/policies.py).
+    """QPOLICY CREATE|UPDATE|SET|GET|DEL|LIST|ORIGIN|REDRIVE (queue policies,
+    broker/policies.py).
 
     ``changes`` holds only the fields given (name -> value; ``redrive`` is ``(max_receives,
     dead_letter_queue)`` or None for NOREDRIVE); ``target`` is the queue name, or the job ID
-    for ORIGIN."""
+    for ORIGIN; ``limit`` is LIST's LIMIT and REDRIVE's COUNT (None: no limit)."""
 
     sub: str
     target: bytes
@@ -184,7 +185,7 @@ class Timer(NamedTuple):
 
 
 Command = (AddJob | GetJob | JobsCommand | QueueCommand | QPeek | QScan | JScan | Pause | QPolicy
-           | Timer | JobRun | Generic)
+           | JobRun | Timer | Generic)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,7 +407,7 @@ def _pause(argv: list[bytes]) -> Pause | Error:
 
 # mqs's bounds (INT32_MAX) for the policy numbers; each also fits Disque's uint32 job fields.
 INT32_MAX = (1 << 31) - 1
-_QPOLICY_SUBS = ("CREATE", "UPDATE", "SET", "GET", "DEL", "LIST", "ORIGIN")
+_QPOLICY_SUBS = ("CREATE", "UPDATE", "SET", "GET", "DEL", "LIST", "ORIGIN", "REDRIVE")
 
 
 def _policy_number(raw: bytes, name: str, low: int) -> int | Error:
@@ -438,6 +439,15 @@ def _qpolicy(argv: list[bytes]) -> QPolicy | Error:
     if len(argv) < 3:
         return errors.wrong_arity("qpolicy")
     target = argv[2]
+    if sub == "REDRIVE":
+        if len(argv) == 3:
+            return QPolicy(sub, target)
+        if len(argv) != 5 or argv[3].lower() != b"count":
+            return errors.SYNTAX
+        n = parse_int(argv[4])
+        if n is None or n < 1:
+            return errors.err("COUNT must be a positive integer")
+        return QPolicy(sub, target, limit=n)
     if sub in ("GET", "DEL", "ORIGIN"):
         if len(argv) != 3:
             return errors.SYNTAX
@@ -573,6 +583,8 @@ def _jobrun_read(sub: str, argv: list[bytes]) -> JobRun | Error:
             return errors.SYNTAX
         j += 1
     return JobRun(sub, running_only=running_only, limit=count)
+
+
 _TIMER_ARITY = {"ADD": -6, "DEL": -3, "GET": 3, "LIST": 2, "PAUSE": 3, "RESUME": 3, "FIRE": 3,
                 "HELP": 2}
 
@@ -653,6 +665,8 @@ COMMANDS: dict[bytes, Spec] = {
     b"pause": Spec(-3, _pause),
     b"qpolicy": Spec(-2, _qpolicy),
     b"jobrun": Spec(-2, _jobrun),
+
+
     b"timer": Spec(-2, _timer),
     b"hello": Spec(-1, _generic, _NA),  # bare HELLO checks AUTH itself, as Disque
     b"info": Spec(-1, _generic),
