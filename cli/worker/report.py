@@ -2,9 +2,9 @@
 
 Theory of operation
 -------------------
-``RunReport`` holds what the node should know of the run - its status lines (the newest
-``broker.runs.MAX_STATUS_LINES``) and the tail of its output (the last
-``broker.runs.OUTPUT_TAIL_BYTES``, with the absolute count of bytes written) - and sends it:
+``RunReport`` holds what the node should know of the run in a mirror of the node's record (a
+``broker.runs.Run``, so the same bounds apply: the newest status lines, the tail of the output
+with the absolute count of bytes written) and sends it:
 ``START`` once the script runs, ``STATUS`` per line, ``APPEND`` from ``flush`` (called every
 ``FLUSH_S`` by the runner: at most one chunk of the newest output per call, so a script writing
 gigabytes costs the node a bounded tail, and an empty ``APPEND`` as heartbeat when the script is
@@ -21,12 +21,11 @@ node to node, minus what the bounds dropped. A report never fails its run: error
 from __future__ import annotations
 
 import logging
-from collections import deque
 from typing import Any, Final
 
 import trio
 
-from broker.runs import MAX_LINE_BYTES, MAX_STATUS_LINES, OUTPUT_TAIL_BYTES
+from broker.runs import MAX_LINE_BYTES, Run
 from protocol.aio_client import AsyncClient
 from protocol.client_core import ResponseError, TrisqueError
 
@@ -48,9 +47,8 @@ class RunReport:
         self.worker = worker
         self.pid = 0
         self.token: bytes | None = None
-        self.status: deque[str] = deque(maxlen=MAX_STATUS_LINES)
-        self.tail = bytearray()
-        self.total = 0  # output bytes written by the script, kept or not
+        # What the node's record should hold (its times are the node's: unused here).
+        self.mirror = Run(job_id.encode(), queue.encode(), worker, 0, 0, attempt)
         self.sent = 0  # the node's record has the output up to here
         self._last_write = 0.0
         self._last_error_log = -LOG_EVERY_S
@@ -58,15 +56,13 @@ class RunReport:
 
     # -- what the runner tells it ----------------------------------------------------------
 
+    @property
+    def total(self) -> int:
+        """Output bytes written by the script, kept or not."""
+        return self.mirror.output_size
+
     def add_output(self, data: bytes) -> None:
-        self.total += len(data)
-        if len(data) >= OUTPUT_TAIL_BYTES:
-            self.tail = bytearray(data[-OUTPUT_TAIL_BYTES:])
-            return
-        self.tail += data
-        excess = len(self.tail) - OUTPUT_TAIL_BYTES
-        if excess > 0:
-            del self.tail[:excess]
+        self.mirror.append_output(self.mirror.output_size, data)
 
     async def start(self, pid: int) -> None:
         self.pid = pid
@@ -75,7 +71,7 @@ class RunReport:
 
     async def status_line(self, line: str) -> None:
         line = clip(line)
-        self.status.append(line)
+        self.mirror.add_status(0, line)
         async with self._lock:
             if self.token is not None:
                 if await self._send("STATUS", line) is not _NORUN:
@@ -89,12 +85,10 @@ class RunReport:
                 if self.token is None and not await self._ensure():
                     return
                 if self.total > self.sent:
-                    tail_start = self.total - len(self.tail)
-                    start = max(self.sent, tail_start)
-                    chunk = bytes(self.tail[start - tail_start:])
-                    reply = await self._send("APPEND", start, chunk)
+                    chunk, end = self.mirror.read_output(self.sent)
+                    reply = await self._send("APPEND", end - len(chunk), chunk)
                     if reply is not None and reply is not _NORUN:
-                        self.sent = start + len(chunk)
+                        self.sent = end
                 elif trio.current_time() - self._last_write >= HEARTBEAT_S:
                     reply = await self._send("APPEND", self.sent, b"")
                 else:
@@ -136,10 +130,10 @@ class RunReport:
             return False
         self.token = bytes(token)
         self._last_write = trio.current_time()
-        for line in list(self.status):
+        for _, line in list(self.mirror.status):
             if await self._send("STATUS", line) is None:
                 return False
-        self.sent = self.total - len(self.tail)  # the new record has no output yet
+        self.sent = self.mirror.output_start  # the new record has no output yet
         return True
 
     async def _send(self, sub: str, *args: Any) -> Any:

@@ -34,6 +34,8 @@ _WORDS = st.sampled_from([
     b"D-00000000-000000000000000000000000-05a1", b"GET", b"SET", b"maxmemory", b"*",
     b"hz", b"LEAVING", b"yes", b"no", b"INFO", b"MYID", b"NODES", b"SETNAME", b"LIST", b"3",
     b"ADD", b"DEL", b"PAUSE", b"RESUME", b"FIRE", b"START", b"REPLACE", b"HELP", b"60", b"t",
+    # JOBRUN's: the first run token of a node "abab...", and the states END takes.
+    b"STATUS", b"APPEND", b"END", b"OUTPUT", b"RUNNING", b"abababab-1", b"done", b"failed",
 ])
 _ARG = st.one_of(_NUMBERS, _WORDS, st.binary(max_size=10))
 _NAMES = st.sampled_from(sorted(COMMANDS))
