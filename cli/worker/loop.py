@@ -32,6 +32,7 @@ import signal
 import trio
 
 from cli.worker.joblog import LogDir
+from cli.worker.leftovers import RunningScripts, sweep
 from cli.worker.runner import JobRunner
 from cli.worker.settings import Settings
 from protocol.aio_client import AsyncClient
@@ -51,6 +52,7 @@ class Worker:
         self.settings = settings
         self.client = AsyncClient(settings.nodes, password=settings.password)
         self.logs = LogDir(settings.log_dir, settings.log_max_bytes, settings.log_keep)
+        self.scripts = RunningScripts(settings.log_dir)
         self.running: set[JobRunner] = set()
         self.stopping = False
         self.counts: dict[str, int] = {}
@@ -104,6 +106,10 @@ class Worker:
         log.info("worker %s: queues %s, concurrency %d, nodes %s, logs in %s, command %s",
                  s.name, " ".join(s.queues), s.concurrency, ",".join(s.nodes), s.log_dir,
                  " ".join(s.command))
+        killed = sweep(s.log_dir)
+        if killed:
+            log.warning("killed %d process(es) that a worker killed earlier left running",
+                        killed)
         async with trio.open_nursery() as top:
             top.start_soon(self._watch_signals)
             task_status.started()
@@ -168,7 +174,7 @@ class Worker:
                     jobs.start_soon(self._run, job, slots)
 
     async def _run(self, job: Job, slots: trio.Semaphore) -> None:
-        runner = JobRunner(self.settings, self.client, self.logs, job)
+        runner = JobRunner(self.settings, self.client, self.logs, job, self.scripts)
         self.running.add(runner)
         try:
             await runner.run()

@@ -14,6 +14,22 @@ default, and the signal mask is emptied, so a script behaves as it would from a 
 command that cannot be executed (not found, not executable) raises ``OSError`` here: glibc's
 ``posix_spawn`` reports the exec failure.
 
+Dying with the worker (Linux): a script must not outlive a worker killed with SIGKILL, or its
+job, redelivered after RETRY, runs twice at once. ``posix_spawn`` cannot arm
+``PR_SET_PDEATHSIG``, so on Linux the command is started through a launcher: this interpreter
+with ``-I -S`` (no site, no user paths; about 15 ms) runs ``_LAUNCHER``, which arms
+``PR_SET_PDEATHSIG(SIGKILL)``, checks that its parent is still the worker (the worker may have
+died before the signal was armed), puts SIGPIPE and SIGXFSZ back to their defaults (Python
+ignores them and an ignored signal stays ignored across exec) and execs the command in the
+same process: same pid, same session, same descriptors. An exec failure is written as its
+errno on fd 5, close-on-exec otherwise; ``spawn`` reads that pipe to its EOF and raises
+``OSError`` as before. The death signal follows the *thread* that forked: ``spawn`` is called
+from the thread running trio (the worker's main thread), which lives as long as the worker.
+It is not inherited by the script's own children: what they leave behind is found by
+``cli.worker.leftovers`` when a worker starts again. Elsewhere the command is spawned
+directly and a killed worker's scripts run on until they end (or write to their output pipe
+and get SIGPIPE); ``leftovers`` is Linux-only too.
+
 ``ScriptProcess.wait`` waits on a pidfd (Linux 5.3+; a 50 ms poll elsewhere) and reaps the
 child: its exit status, or minus the signal that killed it. ``signal_group`` signals the whole
 group and says whether any process was left to receive it.
@@ -25,11 +41,33 @@ import errno
 import fcntl
 import os
 import signal
+import sys
 from collections.abc import Mapping, Sequence
 
 import trio
 
 _LOWEST_PARENT_FD = 10  # pipe ends live above 0-4, so the child's dup2 targets never collide
+_ERROR_FD = 5  # the launcher's exec failure report
+# The launcher's argv: -c CODE, the error fd, the worker's pid, then the command.
+_LAUNCHER = """\
+import os, signal, sys
+err, worker = int(sys.argv[1]), int(sys.argv[2])
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+except (ImportError, OSError, AttributeError):
+    pass  # no death signal: the restart's leftover sweep is what remains
+if os.getppid() != worker:
+    os.kill(os.getpid(), signal.SIGKILL)  # the worker died before the signal was armed
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+os.set_inheritable(err, False)
+try:
+    os.execvp(sys.argv[3], sys.argv[3:])
+except OSError as exc:
+    os.write(err, str(exc.errno or 0).encode())
+os._exit(127)
+"""
 _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
                   signal.SIGQUIT, signal.SIGCHLD)
 
@@ -90,10 +128,15 @@ class ScriptProcess:
             await stream.aclose()
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str]) -> ScriptProcess:
+def uses_launcher() -> bool:
+    return sys.platform.startswith("linux") and bool(sys.executable)
+
+
+async def spawn(argv: Sequence[str], env: Mapping[str, str]) -> ScriptProcess:
     out_r, out_w = _high_pipe()
     st_r, st_w = _high_pipe()
     ans_r, ans_w = _high_pipe()
+    err_r, err_w = _high_pipe() if uses_launcher() else (-1, -1)
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_DUP2, out_w, 1),
@@ -101,16 +144,35 @@ def spawn(argv: Sequence[str], env: Mapping[str, str]) -> ScriptProcess:
         (os.POSIX_SPAWN_DUP2, st_w, 3),
         (os.POSIX_SPAWN_DUP2, ans_r, 4),
     ]
+    if err_w >= 0:
+        actions.append((os.POSIX_SPAWN_DUP2, err_w, _ERROR_FD))
+        program = sys.executable
+        args = [program, "-I", "-S", "-c", _LAUNCHER, str(_ERROR_FD), str(os.getpid()), *argv]
+    else:
+        program, args = argv[0], list(argv)
+    mine = [fd for fd in (out_r, out_w, st_r, st_w, ans_r, ans_w, err_r, err_w) if fd >= 0]
     try:
-        pid = os.posix_spawnp(argv[0], list(argv), dict(env), file_actions=actions, setsid=True,
+        pid = os.posix_spawnp(program, args, dict(env), file_actions=actions, setsid=True,
                               setsigdef=_RESET_SIGNALS, setsigmask=())
     except BaseException:
-        for fd in (out_r, out_w, st_r, st_w, ans_r, ans_w):
+        for fd in mine:
             os.close(fd)
         raise
-    for fd in (out_w, st_w, ans_r):
-        os.close(fd)  # the child's ends: EOF on ours once every process of the script is gone
-    return ScriptProcess(pid, out_r, st_r, ans_w)
+    for fd in (out_w, st_w, ans_r, err_w):
+        if fd >= 0:
+            os.close(fd)  # the child's ends: EOF on ours once every process of the script is gone
+    proc = ScriptProcess(pid, out_r, st_r, ans_w)
+    if err_r >= 0:
+        error = b""
+        async with trio.lowlevel.FdStream(err_r) as report:
+            while data := await report.receive_some(64):  # EOF: exec'd, or exited
+                error += data
+        if error:
+            await proc.wait()
+            await proc.aclose()
+            code = int(error) if error.isdigit() else errno.ENOEXEC
+            raise OSError(code, os.strerror(code), argv[0])
+    return proc
 
 
 def spawn_error_text(exc: OSError) -> str:

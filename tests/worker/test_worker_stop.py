@@ -3,13 +3,21 @@ accepts connections and never answers), and a killed worker's scripts die with i
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from cli.worker import leftovers
+from tests.support.cluster import wait_until
 from tests.support.server import ServerProcess
-from tests.support.worker import WorkerProcess, script
+from tests.support.worker import WorkerProcess, add_job, kill_group, script, wait_state
 
 STOP_BOUND_S = 1.5  # "about a second" with room for a busy machine
 
@@ -57,3 +65,84 @@ def test_sigterm_stops_a_worker_stuck_on_a_node_that_never_answers(tmp_path: Pat
         finally:
             worker.kill()
     assert took < STOP_BOUND_S, (took, worker.log())
+
+
+def _gone(pid: int) -> bool:
+    """Gone, or a zombie waiting for whoever adopted it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_workers_script_and_what_it_left_die(tmp_path: Path) -> None:
+    q = "kill9-q"
+    child_file = tmp_path / "child.pid"
+    cmd = script(tmp_path / "spawns.sh", f"""\
+        #!/bin/bash
+        sleep 300 &
+        echo $! > {child_file}
+        echo "run started" >&3
+        sleep 300
+    """)
+    with ServerProcess() as node:
+        job = add_job(node.port, q, "x", "RETRY", "60")
+        logs = tmp_path / "logs"
+        first = WorkerProcess([node.port], [q], [cmd], log_dir=logs).start()
+        script_pid = child_pid = 0
+        try:
+            running = wait_state(node.port, job, states=("running",))
+            script_pid = running["pid"]
+            wait_until(lambda: child_file.exists() and child_file.read_text().strip(), 10,
+                       "the background child's pid")
+            child_pid = int(child_file.read_text())
+            assert list((logs / ".running").iterdir())  # the group is recorded
+            first.kill()
+            wait_until(lambda: _gone(script_pid), 2.0, "the script dead with its worker")
+            # Its background child has no death signal: the next worker's start kills it.
+            assert not _gone(child_pid)
+            with WorkerProcess([node.port], [q], [cmd], log_dir=logs) as second:
+                wait_until(lambda: _gone(child_pid), 2.0, "the leftover killed at the start")
+                assert f"killed pid {child_pid}, left running by worker pid" in second.log()
+            assert not list((logs / ".running").iterdir())
+        finally:
+            for pid in (script_pid, child_pid):
+                kill_group(pid)
+                if pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not leftovers.enabled(), reason="needs /proc")
+def test_the_sweep_never_kills_a_process_that_is_not_the_recorded_run(tmp_path: Path) -> None:
+    """After pid reuse the recorded group may be someone else's: not the job's environment,
+    not killed. A record of a live worker is left alone too."""
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True,
+                                env={"PATH": os.environ["PATH"], "TRISQUE_JOB_ID": "D-other",
+                                     "TRISQUE_ATTEMPT": "1"})
+    try:
+        running = tmp_path / leftovers.DIR_NAME
+        running.mkdir()
+        dead_worker = stranger.pid + 1_000_000  # no such pid
+        (running / f"{dead_worker}-{stranger.pid}").write_text(
+            f"{dead_worker} 1 {stranger.pid} D-recorded 1\n")
+        assert leftovers.sweep(tmp_path) == 0
+        assert stranger.poll() is None
+        assert not list(running.iterdir())  # the stale record is dropped
+        # The same group recorded with the stranger's own job but by a live worker (us):
+        me = f"{os.getpid()} {leftovers._start_time(os.getpid())}"
+        (running / f"{os.getpid()}-{stranger.pid}").write_text(f"{me} {stranger.pid} D-other 1\n")
+        assert leftovers.sweep(tmp_path) == 0 and stranger.poll() is None
+        # Its worker gone, the same record is the run's: killed.
+        (running / f"{os.getpid()}-{stranger.pid}").write_text(
+            f"{dead_worker} 1 {stranger.pid} D-other 1\n")
+        assert leftovers.sweep(tmp_path) == 1
+        assert stranger.wait(5) == -signal.SIGKILL
+    finally:
+        stranger.kill()
+        stranger.wait(5)
