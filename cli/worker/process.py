@@ -164,9 +164,16 @@ async def spawn(argv: Sequence[str], env: Mapping[str, str]) -> ScriptProcess:
     proc = ScriptProcess(pid, out_r, st_r, ans_w)
     if err_r >= 0:
         error = b""
-        async with trio.lowlevel.FdStream(err_r) as report:
-            while data := await report.receive_some(64):  # EOF: exec'd, or exited
-                error += data
+        try:
+            async with trio.lowlevel.FdStream(err_r) as report:
+                while data := await report.receive_some(64):  # EOF: exec'd, or exited
+                    error += data
+        except BaseException:  # cancelled before it was known to run: it must not stay
+            proc.signal_group(signal.SIGKILL)
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+                await proc.aclose()
+            raise
         if error:
             await proc.wait()
             await proc.aclose()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cli.worker import leftovers
+from cli.worker.joblog import file_name
 from tests.support.cluster import wait_until
 from tests.support.server import ServerProcess
 from tests.support.worker import WorkerProcess, add_job, kill_group, script, wait_state
@@ -146,3 +147,31 @@ def test_the_sweep_never_kills_a_process_that_is_not_the_recorded_run(tmp_path: 
     finally:
         stranger.kill()
         stranger.wait(5)
+
+
+def test_a_script_started_through_the_launcher_has_a_shells_signal_state(
+        tmp_path: Path) -> None:
+    """The launcher is Python, which ignores SIGPIPE and SIGXFSZ: the command exec'd from it
+    must not ignore them (nor block any signal), and have no descriptor 5 (the launcher's)."""
+    fds = tmp_path / "fds"
+    checker = script(tmp_path / "fds.sh", f"""\
+        #!/bin/bash
+        ls /proc/$$/fd > {fds}
+        echo done ok >&3
+    """)
+    with ServerProcess() as node:
+        logs = tmp_path / "logs"
+        job = grep_job = add_job(node.port, "sigs-q", "x")
+        # grep itself is the command: what it inherited is what a script would.
+        with WorkerProcess([node.port], ["sigs-q"], ["grep", "-E", "^Sig(Ign|Blk):",
+                                                     "/proc/self/status"], log_dir=logs):
+            assert wait_state(node.port, job)["exit-code"] == 0  # no fd 3 line: "failed"
+        job = add_job(node.port, "fds-q", "x")
+        with WorkerProcess([node.port], ["fds-q"], [checker], log_dir=logs):
+            assert wait_state(node.port, job)["state"] == "done"
+    masks = dict(line.split() for line in (logs / file_name(grep_job, 1)).read_text().splitlines())
+    assert int(masks["SigBlk:"], 16) == 0
+    ignored = int(masks["SigIgn:"], 16)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT):
+        assert not ignored & (1 << (sig - 1)), (sig, masks)
+    assert "5" not in fds.read_text().split()
