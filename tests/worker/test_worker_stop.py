@@ -4,6 +4,7 @@ accepts connections and never answers), and a killed worker's scripts die with i
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import pytest
 from cli.worker import leftovers
 from cli.worker.joblog import file_name
 from tests.support.cluster import wait_until
-from tests.support.server import ServerProcess
+from tests.support.server import REPO, ServerProcess, repo_env
 from tests.support.worker import WorkerProcess, add_job, kill_group, script, wait_state
 
 STOP_BOUND_S = 1.5  # "about a second" with room for a busy machine
@@ -175,3 +176,41 @@ def test_a_script_started_through_the_launcher_has_a_shells_signal_state(
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT):
         assert not ignored & (1 << (sig - 1)), (sig, masks)
     assert "5" not in fds.read_text().split()
+
+
+_SPAWNER = """
+import sys, trio
+from cli.worker import process
+process.launcher = lambda: (sys.executable, "-I", "-S", "-c", process._LAUNCHER)
+async def main():
+    try:
+        await process.spawn(["no-such-program-anywhere"], {"PATH": "/usr/bin:/bin"})
+    except FileNotFoundError as exc:
+        print("refused", exc.errno, flush=True)
+    proc = await process.spawn(["sleep", "60"], {"PATH": "/usr/bin:/bin"})
+    print(proc.pid, flush=True)
+    await trio.sleep(60)
+trio.run(main)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_python_launcher_reports_exec_failures_and_its_script_dies_with_the_worker(
+        tmp_path: Path) -> None:
+    """The fallback where setpriv is missing: a stand-in worker spawns through it, then is
+    killed with SIGKILL."""
+    spawner = subprocess.Popen([sys.executable, "-c", _SPAWNER], cwd=REPO, env=repo_env(),
+                               stdout=subprocess.PIPE, text=True)
+    pid = 0
+    try:
+        assert spawner.stdout is not None
+        assert spawner.stdout.readline().split() == ["refused", str(errno.ENOENT)]
+        pid = int(spawner.stdout.readline())
+        assert not _gone(pid)
+        spawner.kill()
+        spawner.wait(5)
+        wait_until(lambda: _gone(pid), 2.0, "the script dead with its worker")
+    finally:
+        spawner.kill()
+        spawner.wait(5)
+        kill_group(pid)
