@@ -25,8 +25,10 @@ running ``_LAUNCHER`` (about 15 ms of CPU a job: measured 200 tiny jobs in 5.1 s
 die before the signal is armed), puts SIGPIPE and SIGXFSZ back to their defaults (Python
 ignores them, and an ignored signal stays ignored across exec), and reports an exec failure
 as its errno on fd 5 (close-on-exec otherwise): ``spawn`` reads that pipe to its EOF and raises
-``OSError`` like a direct spawn. With setpriv an exec failure is its message in the job's log
-and exit status 127, and a worker killed within the millisecond between spawn and the prctl
+``OSError`` like a direct spawn. With setpriv the command is looked up first
+(``_check_executable``, as execvp does), so a command not found or not executable still
+raises ``OSError``; any other exec failure (a bad ``#!`` line) is setpriv's message in the
+job's log and exit status 126 or 127; and a worker killed within the millisecond between spawn and the prctl
 leaves its script to the next start's sweep. The death signal follows the *thread* that
 forked: ``spawn`` is called from the thread running trio (the worker's main thread), which
 lives as long as the worker. It is not inherited by the script's own children: what they leave
@@ -155,7 +157,25 @@ def launcher() -> tuple[str, ...]:
     return ()
 
 
+def _check_executable(name: str, env: Mapping[str, str]) -> None:
+    """Raise the OSError execvp would (ENOENT, EACCES) for a command that cannot run."""
+    if "/" in name:
+        candidates = [name]
+    else:
+        path = env.get("PATH", os.defpath)
+        candidates = [os.path.join(d or ".", name) for d in path.split(os.pathsep)]
+    denied = False
+    for candidate in candidates:
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return
+        denied = denied or os.path.exists(candidate)
+    code = errno.EACCES if denied else errno.ENOENT
+    raise OSError(code, os.strerror(code), name)
+
+
 async def spawn(argv: Sequence[str], env: Mapping[str, str]) -> ScriptProcess:
+    if launcher() and "-c" not in launcher():
+        _check_executable(argv[0], env)
     out_r, out_w = _high_pipe()
     st_r, st_w = _high_pipe()
     ans_r, ans_w = _high_pipe()
