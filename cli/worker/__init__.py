@@ -3,7 +3,8 @@
 The package: ``settings`` (the command line), ``loop`` (taking jobs, concurrency, stopping),
 ``runner`` (one job's life), ``process`` (spawning the script with its pipes), ``status`` (the
 fd 3 protocol and the verdict, without I/O), ``report`` (the node's run record, JOBRUN),
-``joblog`` (per-job log files). The user's view is docs/worker.md.
+``joblog`` (per-job log files), ``leftovers`` (what a killed worker's scripts left running).
+The user's view is docs/worker.md.
 """
 
 from __future__ import annotations

@@ -11,8 +11,14 @@ holds a job it has no slot for. GETJOB goes through the cluster-aware client
 while no node answers are retried with a backoff up to ``MAX_BACKOFF_S``, logged once per
 ``LOG_EVERY_S``.
 
-Stopping (SIGTERM, SIGINT): the loop stops asking for jobs (a GETJOB in flight is let finish,
-at most a second; jobs it brings are NACKed at once so another worker gets them), the running
+Stopping (SIGTERM, SIGINT): the loop stops asking for jobs. A GETJOB in flight is let finish
+for at most ``STOP_GETJOB_S`` more (a healthy one answers within its 1 s TIMEOUT; jobs it
+brings are NACKed at once so another worker gets them) and is then cancelled, whatever it
+waits on: a connect to a node that does not answer, a HELLO or a reply on a half-open
+connection (the client's own limits are 2 and 5 s). A backoff sleep between failed GETJOBs is
+cancelled at once. So a worker with no running job exits about a second after the signal,
+however long its nodes have been gone. A GETJOB cut off this way may have been served by the
+node (its reply not read): such jobs come back after their RETRY. The running
 jobs have ``grace`` seconds to finish; then the worker stops each (SIGTERM, SIGKILL after
 ``kill_after``) and NACKs it. A second signal skips the rest of the grace period.
 """
@@ -26,6 +32,7 @@ import signal
 import trio
 
 from cli.worker.joblog import LogDir
+from cli.worker.leftovers import RunningScripts, sweep
 from cli.worker.runner import JobRunner
 from cli.worker.settings import Settings
 from protocol.aio_client import AsyncClient
@@ -35,6 +42,7 @@ from protocol.client_core import TrisqueError
 GETJOB_TIMEOUT_MS = 1000
 MAX_BACKOFF_S = 5.0
 LOG_EVERY_S = 30.0
+STOP_GETJOB_S = 0.75  # how long a GETJOB in flight may still take once the worker stops
 
 log = logging.getLogger("trisque.worker")
 
@@ -44,10 +52,13 @@ class Worker:
         self.settings = settings
         self.client = AsyncClient(settings.nodes, password=settings.password)
         self.logs = LogDir(settings.log_dir, settings.log_max_bytes, settings.log_keep)
+        self.scripts = RunningScripts(settings.log_dir)
         self.running: set[JobRunner] = set()
         self.stopping = False
         self.counts: dict[str, int] = {}
         self._slot_wait: trio.CancelScope | None = None
+        self._getjob: trio.CancelScope | None = None  # the GETJOB in flight (with its connect)
+        self._backoff: trio.CancelScope | None = None  # the sleep after a failed GETJOB
         self._grace_over = trio.Event()
         self._node: tuple[str, int] | None = None  # the node GETJOB went to last
 
@@ -60,6 +71,11 @@ class Worker:
                      len(self.running), self.settings.grace)
         if self._slot_wait is not None:
             self._slot_wait.cancel()
+        if self._backoff is not None:
+            self._backoff.cancel()
+        if self._getjob is not None:
+            self._getjob.deadline = min(self._getjob.deadline,
+                                        trio.current_time() + STOP_GETJOB_S)
 
     def stop_running(self, why: str) -> None:
         self._grace_over.set()
@@ -90,6 +106,10 @@ class Worker:
         log.info("worker %s: queues %s, concurrency %d, nodes %s, logs in %s, command %s",
                  s.name, " ".join(s.queues), s.concurrency, ",".join(s.nodes), s.log_dir,
                  " ".join(s.command))
+        killed = sweep(s.log_dir)
+        if killed:
+            log.warning("killed %d process(es) that a worker killed earlier left running",
+                        killed)
         async with trio.open_nursery() as top:
             top.start_soon(self._watch_signals)
             task_status.started()
@@ -115,18 +135,29 @@ class Worker:
             while slots.value > 0:
                 slots.acquire_nowait()
                 taken += 1
-            try:
-                got = await self.client.get_job(*self.settings.queues, count=taken,
-                                                timeout_ms=GETJOB_TIMEOUT_MS,
-                                                with_counters=True)
-            except TrisqueError as exc:
+            got: list[Job] = []
+            failure: TrisqueError | None = None
+            with trio.CancelScope() as self._getjob:
+                try:
+                    got = await self.client.get_job(*self.settings.queues, count=taken,
+                                                    timeout_ms=GETJOB_TIMEOUT_MS,
+                                                    with_counters=True)
+                except TrisqueError as exc:
+                    failure = exc
+            self._getjob = None
+            if failure is not None or self.stopping and not got:
                 for _ in range(taken):
                     slots.release()
+                if self.stopping:
+                    break
+                assert failure is not None
                 now = trio.current_time()
                 if now - last_complaint >= LOG_EVERY_S:
                     last_complaint = now
-                    log.warning("GETJOB failed: %s (trying again, also other nodes)", exc)
-                await trio.sleep(backoff)
+                    log.warning("GETJOB failed: %s (trying again, also other nodes)", failure)
+                with trio.CancelScope() as self._backoff:
+                    await trio.sleep(backoff)
+                self._backoff = None
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             backoff = 0.25
@@ -143,7 +174,7 @@ class Worker:
                     jobs.start_soon(self._run, job, slots)
 
     async def _run(self, job: Job, slots: trio.Semaphore) -> None:
-        runner = JobRunner(self.settings, self.client, self.logs, job)
+        runner = JobRunner(self.settings, self.client, self.logs, job, self.scripts)
         self.running.add(runner)
         try:
             await runner.run()

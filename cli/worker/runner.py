@@ -43,6 +43,7 @@ import trio
 
 from cli.worker import status
 from cli.worker.joblog import JobLog, LogDir
+from cli.worker.leftovers import RunningScripts
 from cli.worker.process import ScriptProcess, spawn, spawn_error_text
 from cli.worker.report import RunReport
 from cli.worker.settings import Settings
@@ -87,8 +88,10 @@ def job_environment(base: dict[str, str], job: Job, attempt: int, body_file: Pat
 
 
 class JobRunner:
-    def __init__(self, settings: Settings, client: AsyncClient, logs: LogDir, job: Job) -> None:
+    def __init__(self, settings: Settings, client: AsyncClient, logs: LogDir, job: Job,
+                 scripts: RunningScripts | None = None) -> None:
         self.settings = settings
+        self.scripts = scripts  # where the script's process group is recorded while it runs
         self.client = client
         self.logs = logs
         self.job = job
@@ -153,17 +156,21 @@ class JobRunner:
     async def _spawn_and_supervise(self, env: dict[str, str], joblog: JobLog,
                                    info: JobInfo | None) -> None:
         try:
-            proc = spawn(self.settings.command, env)
+            proc = await spawn(self.settings.command, env)
         except OSError as exc:
             self.outcome.spawn_error = "cannot execute the command: " + spawn_error_text(exc)
             await self.report.start(0)
             return
         log.info("job %s (queue %s, attempt %d): started pid %d", self.job.id, self.job.queue,
                  self.attempt, proc.pid)
-        await self.report.start(proc.pid)
+        if self.scripts is not None:
+            self.scripts.record(proc.pid, self.job.id, self.attempt)
         try:
+            await self.report.start(proc.pid)
             await self._supervise(proc, joblog, info)
         finally:
+            if self.scripts is not None:
+                self.scripts.forget(proc.pid)
             await proc.aclose()
         if joblog.rotations:
             self._notes.append(f"log rotated {joblog.rotations} time(s) at "

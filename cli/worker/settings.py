@@ -29,7 +29,9 @@ is acknowledged), 'err TEXT' (NACK), 'resend SECONDS-TEXT' (the job comes back a
 'dup SECONDS-X-QUEUE' (a copy into QUEUE; the answer 'ok ID' or 'fail REASON' comes on fd 4).
 A non-zero exit status NACKs the job. stdout and stderr go to a log file per job and to the
 node's run record (JOBRUN GET / OUTPUT). SIGTERM or Ctrl-C: stop taking jobs and wait for the
-running ones up to --grace seconds (a second signal stops them at once). See docs/worker.md."""
+running ones up to --grace seconds (a second signal stops them at once). If the worker is
+killed (kill -9) its scripts die with it (Linux), and what they left running is killed when a
+worker starts again with the same --log-dir (recorded in its .running/). See docs/worker.md."""
 
 EPILOG = """\
 example:
@@ -108,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"on SIGTERM, how long running jobs may finish before they are "
                         f"stopped and NACKed (default {DEFAULT_GRACE:g})")
     p.add_argument("--log-dir", default=DEFAULT_LOG_DIR, metavar="DIR",
-                   help=f"where each job's output goes, in <job-id>.<attempt>.log "
+                   help=f"where each job's output goes, in <job-id>.<attempt>.log, and the "
+                        f"running scripts' process groups, in .running/ "
                         f"(default ./{DEFAULT_LOG_DIR})")
     p.add_argument("--log-max-bytes", default=str(DEFAULT_LOG_MAX_BYTES), metavar="SIZE",
                    help="a job's log file is rotated to .log.1 at this size, so a job "

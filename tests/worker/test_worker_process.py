@@ -262,7 +262,7 @@ def test_a_job_of_a_worker_killed_mid_job_is_delivered_again_after_retry(
                 lambda: (r := run_record(node.port, job)) and r["state"] == "done" and r, 20,
                 "the job done by the second worker")
     finally:
-        kill_group(orphan)  # the first worker's script, left without its parent
+        kill_group(orphan)  # the first worker's script, if its death signal missed it
     assert again["attempt"] == 2 and again["reason"] == "done: on attempt 2"
     assert again["started-ms"] - killed_at >= 1000  # after RETRY, not at once
 
