@@ -242,7 +242,7 @@ def translate_core() -> tuple[list[Extension], dict[str, str]]:
     hashes = source_hashes(ROOT, sources)
     started = time.monotonic()
     say(f"compiling the core with mypyc: {len(sources)} modules of {', '.join(PACKAGES)} "
-        f"(about 40 s of CPU: a minute or less on 2 idle cores, 2 on busy ones)")
+        f"(about 50 s of CPU: a minute or less on 2 idle cores, 2 on busy ones)")
     say("[1/2] mypyc: type-checking and translating to C ...")
     cwd = os.getcwd()
     os.chdir(ROOT)
