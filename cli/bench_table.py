@@ -90,8 +90,12 @@ class Settings:
     memory_jobs: int = 200_000
 
 
+_STARTED = time.monotonic()
+
+
 def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    """Progress, on stderr: seconds since the start, then the message."""
+    print(f"[{time.monotonic() - _STARTED:4.0f} s] {msg}", file=sys.stderr, flush=True)
 
 
 def load_now() -> float:
@@ -358,6 +362,56 @@ def _loadavg() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
+def table(s: Settings, disque: str | None, only: set[str], c_gen: bool, out: Path) -> None:
+    """Run the table's cases, print the table, write it with every run to ``out`` (JSON)."""
+    primary = C_GENERATOR if c_gen else PY_GENERATOR
+    secondary = PY_GENERATOR if c_gen and s.alt_runs else None
+    started = time.monotonic()
+    load_before = _loadavg()
+    log(f"make bench: reference {'Disque ' + disque if disque else 'redis-server only'}; "
+        f"{s.runs} run(s) of {s.duration:g} s per server and case; load average {load_before}")
+    vs_disque, vs_redis = run_table(s, disque, only, c_gen)
+    elapsed = time.monotonic() - started
+    header = [
+        f"trisque vs {'the reference Disque and ' if disque else ''}redis-server on this machine "
+        f"({os.cpu_count()} CPUs, {platform.platform(terse=True)}), same run; "
+        f"{BODY}-byte bodies, 50 connections",
+        f"medians of {s.runs} interleaved run(s) of ~{s.duration:g} s per server; load average "
+        f"(1, 5, 15 min) {load_before} at the start, {_loadavg()} at the end; {elapsed:.0f} s",
+        f"primary load generator: {primary}"
+        + (" (C, one thread: it takes the least CPU from the server it shares the cores "
+           "with); its ratios are judged" if c_gen else
+           " (redis-benchmark is not installed: install it for the honest ratios)"),
+    ]
+    if secondary:
+        header.append(f"'{secondary} driving both' lines: the Python generator ({s.procs} "
+                      "processes, about a core of its own), for comparison only")
+    if not disque:
+        header.append(f"no reference Disque: set {DISQUE_ENV}=/path/to/disque-server for "
+                      "issue 12's targets")
+    sections = [("against the reference Disque (issue 12 targets)", "Disque", vs_disque),
+                ("against redis-server, the yardstick (targets of the first make bench)",
+                 "redis", vs_redis)]
+    footer = ["(d): RSS growth of the server process / jobs queued; against Disque the "
+              "target is the ratio, against redis trisque's own bytes.",
+              "(e1): trisque with appendfsync always against the same binary without the log."]
+    text = render(sections, header, primary, secondary, footer)
+    print(text, flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                    "cpus": os.cpu_count(), "load_before": load_before, "load_after": _loadavg()},
+        "reference_disque": disque, "primary_generator": primary,
+        "secondary_generator": secondary, "settings": s.__dict__,
+        "elapsed_s": round(elapsed, 1),
+        "vs_disque": [r.to_json() for r in vs_disque],
+        "vs_redis": [r.to_json() for r in vs_redis],
+        "table": text,
+    }, indent=2, default=str))
+    print(f"results written to {out}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cli.bench_table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -392,53 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     c_gen = shutil.which(C_GENERATOR) is not None
-    primary = C_GENERATOR if c_gen else PY_GENERATOR
-    secondary = PY_GENERATOR if c_gen and s.alt_runs else None
-    started = time.monotonic()
-    load_before = _loadavg()
-    log(f"make bench: reference {'Disque ' + disque if disque else 'redis-server only'}; "
-        f"{s.runs} run(s) of {s.duration:g} s per server and case; load average {load_before}")
-    vs_disque, vs_redis = run_table(s, disque, only, c_gen)
-    elapsed = time.monotonic() - started
-    header = [
-        f"trisque vs {'the reference Disque and ' if disque else ''}redis-server on this machine "
-        f"({os.cpu_count()} CPUs, {platform.platform(terse=True)}), same run; "
-        f"{BODY}-byte bodies, 50 connections",
-        f"medians of {s.runs} interleaved run(s) of ~{s.duration:g} s per server; load average "
-        f"(1, 5, 15 min) {load_before} at the start, {_loadavg()} at the end; {elapsed:.0f} s",
-        f"primary load generator: {primary}"
-        + (" (C, one thread: it takes the least CPU from the server it shares the cores "
-           "with); its ratios are judged" if c_gen else
-           " (redis-benchmark is not installed: install it for the honest ratios)"),
-    ]
-    if secondary:
-        header.append(f"'{secondary} driving both' lines: the Python generator ({s.procs} "
-                      "processes, about a core of its own), for comparison only")
-    if not disque:
-        header.append(f"no reference Disque: set {DISQUE_ENV}=/path/to/disque-server for "
-                      "issue 12's targets")
-    sections = [("against the reference Disque (issue 12 targets)", "Disque", vs_disque),
-                ("against redis-server, the yardstick (targets of the first make bench)",
-                 "redis", vs_redis)]
-    footer = ["(d): RSS growth of the server process / jobs queued; against Disque the "
-              "target is the ratio, against redis trisque's own bytes.",
-              "(e1): trisque with appendfsync always against the same binary without the log."]
-    table = render(sections, header, primary, secondary, footer)
-    print(table, flush=True)
-    out = Path(opts.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "cpus": os.cpu_count(), "load_before": load_before, "load_after": _loadavg()},
-        "reference_disque": disque, "primary_generator": primary,
-        "secondary_generator": secondary, "settings": s.__dict__,
-        "elapsed_s": round(elapsed, 1),
-        "vs_disque": [r.to_json() for r in vs_disque],
-        "vs_redis": [r.to_json() for r in vs_redis],
-        "table": table,
-    }, indent=2, default=str))
-    print(f"results written to {out}", flush=True)
+    if only & set("abcde"):
+        table(s, disque, only, c_gen, Path(opts.out))
     if "k" in only:
         http_case(s, opts.quick)
     if "f" in only:
