@@ -175,7 +175,13 @@ class RequestParser:
         two bytes after it are all in the window. For such a frame the full parser would find
         the same header lines, read the same lengths, take the same bytes and stop at the same
         place, so queuing it changes nothing but the cost. Anything else ends the batch
-        where it begins, for the full parser."""
+        where it begins, for the full parser.
+
+        When that happens in the first frame, after its count, what was read is not thrown
+        away: the full parser's state is set to where it would be after reading the same
+        bytes (the count, the arguments taken, the header of one whose data is still to
+        come), a state it passes through itself, so it goes on from there as if it had read
+        them. A large argument or a frame cut by a read costs its headers once."""
         # One copy of at most a window: the headers and arguments below are slices of an
         # immutable bytes object (hashable for the table lookups, one allocation per
         # argument), and a frame larger than the window is left to the full parser.
@@ -200,11 +206,14 @@ class RequestParser:
             nl = find(b"\r\n", start)
             if nl < 0:
                 break
-            left = counts.get(window[start:nl])  # arguments still to read
-            if left is None:
+            count = counts.get(window[start:nl])
+            if count is None:
                 break
+            left = count  # arguments still to read
             pos = nl + 2
             argv: list[bytes] = []
+            taken = 0  # bytes of the arguments in argv
+            bulklen = -1  # the length of an argument whose header is read and data is not
             while left:
                 nl = find(b"\r\n", pos)
                 if nl < 0:
@@ -215,15 +224,24 @@ class RequestParser:
                     length = _plain_bulk_length(head)
                     if length < 0:
                         break
-                pos = nl + 2 + length
+                data = nl + 2
                 # Like the full parser, the two bytes after the data must be there, and are
                 # skipped unread (Redis does not check them either).
-                if pos + 2 > end:
+                if data + length + 2 > end:
+                    pos = data
+                    bulklen = length
                     break
-                argv.append(window[nl + 2 : pos])
-                pos += 2
+                pos = data + length + 2
+                argv.append(window[data : pos - 2])
+                taken += length
                 left -= 1
             if left:
+                if not ready:
+                    self._pos = first + pos
+                    self._argc = count
+                    self._argv = argv
+                    self._argv_bytes = taken
+                    self._bulklen = bulklen
                 break
             ready.append(argv)
             sizes.append(pos - start)
@@ -327,16 +345,16 @@ class RequestParser:
 
 
 def _plain_bulk_length(head: bytes) -> int:
-    """The length a bulk header too long for the fast path's table gives, if the full parser
-    would accept it (``$``, then string2ll's digits: no sign, no leading zero, at most 10
-    digits), else -1. A length past ``MAX_BULK_LEN`` cannot reach the fast path: its data
-    would not fit in the window."""
+    """The length a bulk header beyond the fast path's table gives, if the full parser would
+    accept it (``$``, then string2ll's digits: no sign, no leading zero, at most 10 digits,
+    at most ``MAX_BULK_LEN``), else -1."""
     digits = head[1:]
     if head[:1] != b"$" or not digits.isdigit() or len(digits) > 10:
         return -1
     if digits[0] == 0x30 and len(digits) > 1:
         return -1
-    return int(digits)
+    length = int(digits)
+    return length if length <= MAX_BULK_LEN else -1
 
 
 def _parse_int(buf: bytearray, start: int, end: int) -> int | None:

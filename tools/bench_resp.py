@@ -3,13 +3,14 @@
 Usage: python -m tools.bench_resp [--rounds 2000] [--repeat 25]
 
 For each shape of input the server commonly reads (one command per read, as with 50
-unpipelined clients; 16 pipelined commands per read, as with ``-P 16``; other commands; and
-inputs that take the full parser anyway: a 4 KiB body, inline commands, a frame split over
-two reads, a body larger than the fast path's window), it feeds a ``RequestParser`` the same bytes ``--rounds`` times and takes every
-command out, exactly as ``node/server.py`` does, and prints the best of ``--repeat`` runs in
-microseconds per command (the two interleaved): the full parser alone (``RequestParser(fast=False)``, the code
-before the fast path) next to the parser with the fast path. It checks first that both give
-the same commands. A program, not a test: the numbers depend on the machine and its load.
+unpipelined clients; 16 pipelined commands per read, as with ``-P 16``; other commands; a
+4 KiB body) and those the fast path cannot finish alone (a frame split over two reads, a body
+larger than its window, an inline command), it feeds a ``RequestParser`` the same bytes
+``--rounds`` times and takes every command out, as ``node/server.py`` does, and prints the
+best of ``--repeat`` runs in microseconds per command, the two parsers interleaved: the full
+parser alone (``RequestParser(fast=False)``, the code before the fast path) next to the parser
+with the fast path. It checks first that both give the same commands. A program, not a test:
+the numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ CASES: dict[str, list[bytes]] = {
     "ADDJOB with options, one per read": [
         encode_command("ADDJOB", "q", BODY, "0", "REPLICATE", "1", "RETRY", "30", "TTL", "600")],
     "ADDJOB, 4 KiB body, one per read": [encode_command("ADDJOB", "q", b"x" * 4096, "0")],
-    # Inputs the fast path leaves to the full parser: what trying it first costs them.
-    "fallback: ADDJOB split over two reads": [encode_command("ADDJOB", "q", BODY, "0")[:20],
-                                              encode_command("ADDJOB", "q", BODY, "0")[20:]],
-    "fallback: ADDJOB, 64 KiB body, one per read": [
-        encode_command("ADDJOB", "q", b"x" * 65536, "0")],
-    "fallback: inline PING": [b"PING\r\n"],
+    # Inputs the fast path cannot finish: it hands what it read of the frame to the full
+    # parser (a frame cut by a read, one larger than its window), or leaves it all (inline).
+    "ADDJOB split over two reads (handed over)": [encode_command("ADDJOB", "q", BODY, "0")[:20],
+                                                  encode_command("ADDJOB", "q", BODY, "0")[20:]],
+    "ADDJOB, 64 KiB body (handed over)": [encode_command("ADDJOB", "q", b"x" * 65536, "0")],
+    "inline PING (full parser only)": [b"PING\r\n"],
 }
 
 
