@@ -56,13 +56,6 @@ class Figures:
             return "-"
         return f"{statistics.median(p50):.2f}/{statistics.median(p99):.2f}"
 
-    def value(self) -> float | str:
-        """The median, or the reason there is none."""
-        m = self.median()
-        if m is not None:
-            return m
-        return f"n/a: {self.failure or 'no run succeeded'}"
-
 
 @dataclass
 class Row:
@@ -128,14 +121,24 @@ def parse_redis_benchmark_csv(text: str) -> Sample | None:
     return None
 
 
-def _fmt(value: float | str | None, unit: str, notes: list[str]) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        if value not in notes:
-            notes.append(value)
-        return f"n/a [{notes.index(value) + 1}]"
-    return f"{value:,.0f}" if unit == "ops/s" else f"{value:,.0f} B"
+def _note(text: str, notes: list[str]) -> int:
+    if text not in notes:
+        notes.append(text)
+    return notes.index(text) + 1
+
+
+def _cell(f: Figures, unit: str, notes: list[str]) -> str:
+    """A median, or n/a with a numbered note saying why; a median of fewer runs than asked
+    (one failed, the rest were skipped) is marked with a note too."""
+    m = f.median()
+    if m is None:
+        reason = "n/a: " + (f.failure or "no run succeeded")
+        return f"n/a [{_note(reason, notes)}]"
+    text = f"{m:,.0f}" if unit == "ops/s" else f"{m:,.0f} B"
+    if f.failure:
+        partial = f"after {len(f.samples)} run(s): {f.failure}"
+        text += f" [{_note(partial, notes)}]"
+    return text
 
 
 def _target_text(row: Row) -> str:
@@ -160,15 +163,15 @@ def render_section(title: str, ref_name: str, rows: Sequence[Row], primary: str,
     for row in rows:
         ratio = row.ratio()
         lat = (f"{row.ours.latency()} | {row.ref.latency()}" if row.unit == "ops/s" else "")
-        out.append(f"{row.title:<{w}} {_fmt(row.ours.value(), row.unit, notes):>10} "
-                   f"{_fmt(row.ref.value(), row.unit, notes):>10} "
+        out.append(f"{row.title:<{w}} {_cell(row.ours, row.unit, notes):>10} "
+                   f"{_cell(row.ref, row.unit, notes):>10} "
                    f"{(f'{ratio:.3f}x' if ratio is not None else '-'):>7}  "
                    f"{_target_text(row):>9}  {row.verdict():<7}  {lat:<30} {_load_text(row)}")
         if row.ours_alt is not None and row.ref_alt is not None and secondary:
             alt = row.ratio(alt=True)
             out.append(f"{'   ' + secondary + ' driving both':<{w}} "
-                       f"{_fmt(row.ours_alt.value(), row.unit, notes):>10} "
-                       f"{_fmt(row.ref_alt.value(), row.unit, notes):>10} "
+                       f"{_cell(row.ours_alt, row.unit, notes):>10} "
+                       f"{_cell(row.ref_alt, row.unit, notes):>10} "
                        f"{(f'{alt:.3f}x' if alt is not None else '-'):>7}  {'':>9}  {'':<7}  "
                        f"{row.ours_alt.latency() + ' | ' + row.ref_alt.latency():<30}")
     return out

@@ -134,8 +134,7 @@ class Contender:
         return reply
 
     def fill(self, jobs: int) -> None:
-        loaded = trio.run(preload, [("127.0.0.1", self.server.port)], [QUEUE], jobs, BODY,
-                          self.is_redis, None)
+        loaded = bounded_preload(self.server.port, QUEUE, jobs, self.is_redis)
         if loaded != jobs:
             raise BenchError(f"{self.name}: preloaded {loaded} of {jobs} jobs")
 
@@ -169,6 +168,19 @@ class Contender:
             raise BenchError(f"{result['errors']} error replies, first: {result['first_error']}")
         lat = result["latency_ms"]
         return Sample(float(result["ops_per_sec"]), lat["p50"], lat["p99"], load)
+
+
+def bounded_preload(port: int, queue: str, jobs: int, is_redis: bool) -> int:
+    """Fill a queue with ``jobs`` jobs (ADDJOB, or LPUSH on redis) before a run, unmeasured;
+    a server that stops answering fails it after a minute plus 1 ms a job, not never."""
+    async def go() -> int:
+        with trio.fail_after(60.0 + jobs / 1000):
+            return await preload([("127.0.0.1", port)], [queue], jobs, BODY, is_redis, None)
+
+    try:
+        return trio.run(go)
+    except trio.TooSlowError:
+        raise BenchError(f"preloading {jobs:,} jobs did not finish in time") from None
 
 
 def redis_benchmark(port: int, args: list[str], requests: int, pipeline: int,
@@ -223,12 +235,17 @@ def throughput_case(title: str, contenders: list[Contender], s: Settings, c_gen:
             for j in range(len(live)):
                 c = live[(i + j) % len(live)]  # rotate the order from run to run
                 figures: Figures = getattr(c, slot)
+                if figures.failure is not None:
+                    continue
                 try:
                     sample = (c.c_run(c.requests, timeout) if gen == C_GENERATOR
                               else c.py_run(s))
                 except (BenchError, OSError) as exc:
+                    # Its other runs with this generator are skipped: a server that failed
+                    # once (error replies, a timeout) would only make the table wait.
                     figures.failure = str(exc)
-                    log(f"  {title}: {c.name}: {gen} run {i + 1}/{runs} failed: {exc}")
+                    log(f"  {title}: {c.name}: {gen} run {i + 1}/{runs} failed: {exc}; "
+                        "its other runs are skipped")
                     continue
                 figures.samples.append(sample)
                 log(f"  {title}: {c.name}: {gen} run {i + 1}/{runs}: "
@@ -254,8 +271,7 @@ def memory_case(kinds: list[tuple[str, str | None]], jobs: int) -> dict[str, Fig
             before = server.rss()
             load = load_now()
             try:
-                loaded = trio.run(preload, [("127.0.0.1", server.port)], ["memq"], jobs, BODY,
-                                  kind == "redis", None)
+                loaded = bounded_preload(server.port, "memq", jobs, kind == "redis")
             except (BenchError, OSError) as exc:
                 figures.failure = str(exc)
                 continue
@@ -392,9 +408,13 @@ def table(s: Settings, disque: str | None, only: set[str], c_gen: bool, out: Pat
     sections = [("against the reference Disque (issue 12 targets)", "Disque", vs_disque),
                 ("against redis-server, the yardstick (targets of the first make bench)",
                  "redis", vs_redis)]
-    footer = ["(d): RSS growth of the server process / jobs queued; against Disque the "
-              "target is the ratio, against redis trisque's own bytes.",
-              "(e1): trisque with appendfsync always against the same binary without the log."]
+    footer = []
+    if "d" in only:
+        footer.append("(d): RSS growth of the server process / jobs queued; against Disque the "
+                      "target is the ratio, against redis trisque's own bytes.")
+    if "e" in only:
+        footer.append("(e1): trisque with appendfsync always against the same binary without "
+                      "the log.")
     text = render(sections, header, primary, secondary, footer)
     print(text, flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)

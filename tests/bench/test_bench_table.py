@@ -73,6 +73,13 @@ class TestReport:
         assert "n/a [1]" in text and "[1] n/a: exited with 1: bad option" in text
         assert "empty" not in text  # a section with no rows is left out
 
+    def test_a_median_of_fewer_runs_says_so(self) -> None:
+        partial = Figures([Sample(100.0), Sample(300.0)], failure="did not finish within 60 s")
+        row = Row("a", "(a) ADDJOB", partial, figures(400), target=DISQUE_TARGETS["a"])
+        text = render([("s", "Disque", [row])], [], "redis-benchmark", None)
+        assert "200 [1]" in text
+        assert "[1] after 2 run(s): did not finish within 60 s" in text
+
     def test_secondary_generator_line(self) -> None:
         row = Row("b", "(b)", figures(10), figures(40), figures(20), figures(40),
                   target=DISQUE_TARGETS["b"])
