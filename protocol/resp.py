@@ -100,11 +100,13 @@ class RequestParser:
     complete multibulk frames of bulk strings with plain headers, possibly several pipelined,
     which it reads in one pass over (a window of) the buffer, looking headers up in tables
     and jumping over the data, into a queue of commands (``_ready``). At the first frame it
-    is not sure of (inline, partial, empty, odd or large headers, anything
-    near a limit) it stops, and the full parser goes on from there, so every error and every
-    limit is the full parser's. The fast path consumes nothing itself: each queued command
-    moves ``_pos`` past its own frame when ``next()`` hands it out, so ``buffered`` and
-    ``held`` are after each ``next()`` what the full parser alone would leave
+    is not sure of (inline, partial, empty, odd or large headers, anything near a limit) it
+    stops, and the full parser goes on from there, so every error and every limit is the
+    full parser's. Queued commands are consumed only when ``next()`` hands them out (each
+    moves ``_pos`` past its own frame), and a frame the fast path began but could not finish
+    is handed to the full parser in the very state the full parser would have reached by
+    itself; so after each ``next()`` the buffer, the command read in part, ``buffered`` and
+    ``held`` are what the full parser alone would leave
     (``tests/property/test_resp_fastpath.py`` checks it on any input split anywhere).
     ``RequestParser(fast=False)`` is the full parser alone, the reference for that test.
     """
