@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cli.bench_load import BenchError
 from cli.bench_servers import REPO, BenchServer, command
 from cli.bench_table import redis_benchmark
 
@@ -77,10 +78,14 @@ def node(build: str) -> Iterator[BenchServer]:
 
 
 def one_run(server: BenchServer, args: list[str], pipeline: int, n: int) -> dict[str, Any]:
+    """One redis-benchmark run with 50 connections (``n`` a whole number of pipelines)."""
     before = cpu_seconds(server.pid)
-    rps = redis_benchmark(server, args, n, clients=50, pipeline=pipeline, timeout=600)
+    try:
+        sample = redis_benchmark(server.port, args, n, pipeline, timeout=600)
+    except BenchError as exc:
+        raise SystemExit(f"bench_builds: {server.label}: {exc}") from None
     cpu = cpu_seconds(server.pid) - before
-    return {"rps": rps, "cpu_us_per_request": cpu / n * 1e6}
+    return {"rps": sample.ops_per_sec, "cpu_us_per_request": cpu / n * 1e6}
 
 
 def core_loop(n: int) -> dict[str, float]:
@@ -107,7 +112,8 @@ def core_loop(n: int) -> dict[str, float]:
     broker = Broker(config, node_id, b"seed" * 5, now_ms=now, rng=random.Random(1))
     membership = Membership(config, node_id, random.Random(2), now, None)
     broker.cluster = membership
-    cores = [JobCore(broker, membership, random.Random(3)), FederationCore(broker, membership)]
+    cores: list[JobCore | FederationCore] = [JobCore(broker, membership, random.Random(3)),
+                                             FederationCore(broker, membership)]
     client = Client(1)
     out: dict[str, float] = {}
     for name, request in (("addjob", encode_command("ADDJOB", "q", "body", "0")),
