@@ -2,7 +2,8 @@
 
 Usage: ``python -m tools.build_core [--require] [--check] [--clean]``
 
-With no option it compiles ``MODULES`` in place (extension modules beside their sources, and
+With no option it compiles ``modules()`` (every module of protocol/, broker/ and cluster/ but
+those in ``INTERPRETED``) in place (extension modules beside their sources, and
 the group's shared library ``trisque_core__mypyc`` at the top of the checkout) unless the build
 there is current, printing its progress. Without mypyc or a C compiler, or if mypyc or the C
 compiler fails, it warns and exits 0: the pure-Python modules run (``--require``: exit 1
