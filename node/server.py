@@ -83,7 +83,7 @@ from node.bus import BUS_PORT_OFFSET, Bus
 from node.clock import Clock, WallClock
 from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
-from protocol import errors
+from protocol import core_build, errors
 from protocol.commands import COMMANDS
 from protocol.resp import NEED_DATA, OK, ProtocolError, RequestParser, Status, encode_into
 
@@ -704,6 +704,7 @@ class Server:
             ("config_file", self.config.config_file or ""),
             ("trisque_version", VERSION), ("python_version", sys.version.split()[0]),
             ("node_id", self.node_id),
+            ("trisque_core", core_build.kind()),  # compiled | pure (protocol/core_build.py)
         ]
 
     def _info_memory(self) -> list[tuple[str, Any]]:
