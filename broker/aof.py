@@ -125,17 +125,25 @@ def encode_frame(kind: str, data: Any) -> bytes:
     return _FRAME.pack(n, n ^ _MASK, zlib.crc32(payload)) + payload
 
 
+# Bound once (Final: a C static when compiled): encode_records runs for every command that
+# changes a job, and each name looked up per call was a dictionary lookup and a bound method.
+_PACK_FRAME: Final = _FRAME.pack
+_CRC32: Final = zlib.crc32
+
+
 def encode_records(records: Iterable[Record]) -> bytes:
     """Frames for records shaped like the broker's: ``(kind, data, ...)``; extra items (the undo
     state of a ``LogRecord``) are not written."""
-    out = bytearray()
-    pack, frame, crc32 = msgpack.Packer(use_bin_type=True).pack, _FRAME.pack, zlib.crc32
+    # A Packer per call, not one per module: the rewrite encodes in a worker thread while the
+    # event loop encodes new records, and a Packer's buffer is not to be shared.
+    pack = msgpack.Packer(use_bin_type=True).pack
+    parts: list[bytes] = []
     for rec in records:
-        payload = pack((rec[0], rec[1]))
+        payload: bytes = pack((rec[0], rec[1]))
         n = len(payload)
-        out += frame(n, n ^ _MASK, crc32(payload))
-        out += payload
-    return bytes(out)
+        parts.append(_PACK_FRAME(n, n ^ _MASK, _CRC32(payload)))
+        parts.append(payload)
+    return b"".join(parts)
 
 
 @dataclass

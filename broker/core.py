@@ -83,11 +83,17 @@ QUEUE_EVICT_CHECK_MS: Final = 1_000
 
 # Small ints are shared by the interpreter; interning the common option values too keeps one
 # int object per distinct value instead of one per job.
-_INTERNED: dict[int, int] = {}
+# (Final: compiled, a Final module global is a C static; any other is a dict lookup by name.)
+_INTERNED: Final[dict[int, int]] = {}
 
 
 def _intern(value: int) -> int:
-    return _INTERNED.setdefault(value, value) if len(_INTERNED) < 4096 else value
+    shared = _INTERNED.get(value)
+    if shared is not None:
+        return shared
+    if len(_INTERNED) < 4096:
+        _INTERNED[value] = value
+    return value
 
 
 _JITTER_BITS: Final = REQUEUE_JITTER_MS.bit_length()
@@ -549,8 +555,10 @@ class Broker:
         """0 fine, 1 above 75 % of maxmemory, 2 above 95 %, 3 at or over the limit, counting
         ``adding`` more bytes (the job about to be created)."""
         limit = self.config.maxmemory
+        if not limit:
+            return 0
         used = self.used_memory + adding
-        if not limit or used <= limit // 100 * 75:
+        if used <= limit // 100 * 75:
             return 0
         if used >= limit:
             return 3

@@ -234,6 +234,20 @@ Command = (AddJob | GetJob | JobsCommand | QueueCommand | QPeek | QScan | JScan 
 # Parsers. Each takes argv (name included) and returns a command or an Error.
 
 
+# The option words of ADDJOB and GETJOB as clients usually spell them, to their lower case:
+# a dictionary lookup instead of a lower() (a Python-level call) per option.
+_OPTION_WORDS: Final[dict[bytes, bytes]] = {
+    spelling: word
+    for word in (b"async", b"replicate", b"delay", b"retry", b"ttl", b"maxlen", b"nohang",
+                 b"withcounters", b"timeout", b"count", b"from")
+    for spelling in (word, word.upper())}
+
+
+def _option(raw: bytes) -> bytes:
+    word = _OPTION_WORDS.get(raw)
+    return word if word is not None else raw.lower()
+
+
 def _addjob(argv: list[bytes]) -> AddJob | Error:
     replicate: int | None = None
     delay = 0
@@ -245,7 +259,7 @@ def _addjob(argv: list[bytes]) -> AddJob | Error:
     j = 4
     argc = len(argv)
     while j < argc:
-        opt = argv[j].lower()
+        opt = _option(argv[j])
         last = j == argc - 1
         if opt == b"async":
             async_ = True
@@ -303,7 +317,7 @@ def _getjob(argv: list[bytes]) -> GetJob | Error:
     j = 1
     argc = len(argv)
     while j < argc:
-        opt = argv[j].lower()
+        opt = _option(argv[j])
         last = j == argc - 1
         if opt == b"nohang":
             nohang = True
@@ -729,10 +743,18 @@ COMMANDS: dict[bytes, Spec] = {
 }
 
 
+# Every name as clients usually spell it, lower and upper case: most lookups need no
+# lower() (a Python-level call) before the table.
+_BY_SPELLING: dict[bytes, Spec] = {
+    spelling: spec for name, spec in COMMANDS.items() for spelling in (name, name.upper())}
+
+
 def lookup(argv: list[bytes]) -> Spec | Error:
     """The table entry of ``argv``'s command, or the unknown-command or arity error."""
     name = argv[0]
-    entry = COMMANDS.get(name.lower())
+    entry = _BY_SPELLING.get(name)
+    if entry is None:
+        entry = COMMANDS.get(name.lower())
     if entry is None:
         return errors.unknown_command(name.decode("utf-8", "replace"))
     arity = entry.arity
