@@ -98,6 +98,11 @@ def _intern(value: int) -> int:
 
 _JITTER_BITS: Final = REQUEUE_JITTER_MS.bit_length()
 
+# A LogRecord made as tuple.__new__ makes it, skipping NamedTuple's interpreted __new__; both
+# names bound once (Final: C statics when compiled, not a lookup by name per record).
+_new_tuple: Final = tuple.__new__
+_LOG_RECORD: Final = LogRecord
+
 
 def requeue_jitter(rng: random.Random) -> int:
     """``rng.randrange(REQUEUE_JITTER_MS) - REQUEUE_JITTER_MS // 2``, drawing the very same
@@ -381,9 +386,9 @@ class Broker:
         q.atime = now_ms
         if not job.dtime:
             job.dtime = now_ms
-            # tuple.__new__: the same LogRecord without NamedTuple's Python-level __new__
+            # _new_tuple: the same LogRecord without NamedTuple's Python-level __new__
             # (0.55 -> 0.24 us here; this runs once per job consumed).
-            self.outbox.append(tuple.__new__(LogRecord, ("dlv", [job.id, now_ms], None)))
+            self.outbox.append(_new_tuple(_LOG_RECORD, ("dlv", [job.id, now_ms], None)))
 
     def _job_timer(self, job: Job, now_ms: int) -> None:
         if now_ms >= job.etime:
@@ -428,8 +433,8 @@ class Broker:
     # Logging
 
     def _log_job(self, job: Job, prev: Any) -> None:
-        # tuple.__new__: NamedTuple's own __new__ is interpreted code (see _deliver).
-        self.outbox.append(tuple.__new__(LogRecord, ("job", job.to_record(), prev)))
+        # _new_tuple: NamedTuple's own __new__ is interpreted code (see _deliver).
+        self.outbox.append(_new_tuple(_LOG_RECORD, ("job", job.to_record(), prev)))
 
     def undo_entry(self, entry: tuple[str, Any, Any], now_ms: int) -> None:
         """Put back the state from before ``entry`` (its write to the log failed)."""

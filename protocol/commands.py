@@ -22,8 +22,10 @@ from protocol.resp import Error
 # ---------------------------------------------------------------------------------------------
 # Numbers, as Redis's string2ll reads them: no spaces, no '+', no leading zeros, 64-bit.
 
-_INT64_MIN = -(1 << 63)
-_INT64_MAX = (1 << 63) - 1
+# Final here and below: compiled, a Final module global is a C static, any other a dictionary
+# lookup by name each time it is read.
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
 
 
 def parse_int(raw: bytes) -> int | None:
@@ -61,9 +63,9 @@ def _timeout(raw: bytes) -> int | Error:
     return value
 
 
-DEFAULT_TTL = 24 * 3600  # seconds, when ADDJOB gives no TTL
+DEFAULT_TTL: Final = 24 * 3600  # seconds, when ADDJOB gives no TTL
 # The largest DELAY, RETRY and TTL (seconds): what Disque's job structure can hold (uint32).
-MAX_JOB_SECONDS = (1 << 32) - 1
+MAX_JOB_SECONDS: Final = (1 << 32) - 1
 
 # ---------------------------------------------------------------------------------------------
 # Command objects
@@ -702,7 +704,7 @@ class Spec(NamedTuple):
 _NA = frozenset((NO_AUTH,))
 _RT = frozenset((RUNTIME,))
 
-COMMANDS: dict[bytes, Spec] = {
+COMMANDS: Final[dict[bytes, Spec]] = {
     b"addjob": Spec(-4, _addjob),
     b"getjob": Spec(-2, _getjob),
     b"ackjob": Spec(-1, _jobs),
@@ -745,7 +747,7 @@ COMMANDS: dict[bytes, Spec] = {
 
 # Every name as clients usually spell it, lower and upper case: most lookups need no
 # lower() (a Python-level call) before the table.
-_BY_SPELLING: dict[bytes, Spec] = {
+_BY_SPELLING: Final[dict[bytes, Spec]] = {
     spelling: spec for name, spec in COMMANDS.items() for spelling in (name, name.upper())}
 
 
@@ -764,16 +766,19 @@ def lookup(argv: list[bytes]) -> Spec | Error:
     return entry
 
 
+_ADDJOB_SPEC: Final = COMMANDS[b"addjob"]
+_GETJOB_SPEC: Final = COMMANDS[b"getjob"]
+
+
 def parse(argv: list[bytes]) -> Command | Error:
     entry = lookup(argv)
-    if type(entry) is not Spec:
-        return entry  # type: ignore[return-value]
-    parser = entry.parser
+    if isinstance(entry, Error):
+        return entry
     # The two commands of every job's life are called directly: through the table, a
     # compiled parser is called as a Python object (its arguments unpacked by name).
-    if parser is _addjob:
+    if entry is _ADDJOB_SPEC:
         return _addjob(argv)
-    if parser is _getjob:
+    if entry is _GETJOB_SPEC:
         return _getjob(argv)
-    result: Command | Error = parser(argv)
+    result: Command | Error = entry.parser(argv)
     return result
