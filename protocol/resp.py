@@ -507,7 +507,8 @@ def _encode_into(value: Any, out: list[bytes], protover: int) -> None:
     elif t is Status:
         # Status texts are the node's own (OK, PONG, job IDs it generated), never client
         # bytes, so the hot ADDJOB reply skips the CR/LF scan errors get.
-        out.append(b"+" + value.encode() + _CRLF)
+        text: str = value  # typed: compiled, str.encode() is then a C call, not a method lookup
+        out.append(b"+" + text.encode() + _CRLF)
     elif t is int:
         out.append(_SMALL_INTS[value] if 0 <= value < 1024 else b":%d\r\n" % value)
     elif t is list or t is tuple:
