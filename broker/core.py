@@ -107,7 +107,7 @@ _LOG_RECORD: Final = LogRecord
 def requeue_jitter(rng: random.Random) -> int:
     """``rng.randrange(REQUEUE_JITTER_MS) - REQUEUE_JITTER_MS // 2``, drawing the very same
     numbers from ``rng`` as CPython's ``randrange`` does (``_randbelow``: getrandbits of the
-    bound's bit length, again while too large; tests/broker/test_requeue_jitter.py holds it
+    bound's bit length, again while too large; tests/broker/test_hot_paths.py holds it
     to that), without its three interpreted frames (about 1 us per job, compiled or not)."""
     r = rng.getrandbits(_JITTER_BITS)
     while r >= REQUEUE_JITTER_MS:
