@@ -77,6 +77,13 @@ REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per
 REWRITE_FSYNC_EVERY = 1024 * 1024
 
 
+# The reactor fdatasyncs at the end of its round, in the event loop, when that is cheaper than
+# the writer's worker thread: the thread costs about this much CPU per record it carries (the
+# hand-off and waking the clients; docs/benchmarks.md) but lets the loop run meanwhile. So a
+# batch is synced inline only while the last fdatasync took less than this times its records:
+# 50 clients' ADDJOBs on a 200 us disk, not a few clients' or a slow (or busy) disk's.
+INLINE_FSYNC_USEC_PER_RECORD = 10
+
 _ADVISORY = aof.ADVISORY_KINDS
 
 
@@ -191,9 +198,19 @@ class Persistence:
         self.last_bgrewrite_ok = True
         self.rewrites = 0
 
-        # Statistics for INFO
+        # True while a reactor round runs: the round commits at its end (``commit_now``), so
+        # its records do not wake the writer task.
+        self.round_open = False
+
+        # Statistics for INFO (and for a metrics collector: batches and records written,
+        # fdatasyncs and the time they took, the size of the last batch)
         self.fsync_count = 0
         self.last_fsync_usec = 0
+        self.fsync_usec_total = 0
+        self.batches_written = 0
+        self.records_written = 0
+        self.last_batch_records = 0
+        self.inline_commits = 0  # batches written by commit_now (the rest: the writer task)
         self.loading = False
         broker.info_sources.setdefault("persistence", self.info)
 
@@ -280,10 +297,12 @@ class Persistence:
         batch = self._open
         batch.data += aof.encode_records(records)
         batch.entries.extend(records)
-        # Even under everysec / no the write is left to the writer task: it joins the records
-        # of every connection served meanwhile into one write(2). Writing here, per batch,
-        # was measured at about half the ADDJOB throughput (12-13k vs 22-23k ops/s, 50 conns).
-        self._wakeup.set()
+        # Never written here, per command: the reactor's round (commit_now) or the writer task
+        # joins the records of every connection served meanwhile into one write(2). Writing
+        # per command was measured at about half the ADDJOB throughput (12-13k vs 22-23k
+        # ops/s, 50 conns).
+        if not self.round_open:
+            self._wakeup.set()
         for record in records:
             if record[0] not in _ADVISORY:
                 return batch.ticket
@@ -293,6 +312,41 @@ class Persistence:
     def done_ticket(self) -> int:
         """Every batch up to this ticket is finished (written, or failed)."""
         return self._done_ticket
+
+    def failure(self, ticket: int) -> str | None:
+        """The error of a finished batch whose write failed, None if it succeeded (asked right
+        after it finished: only the last 256 failures are kept)."""
+        return self._failed.get(ticket)
+
+    def commit_now(self) -> bool:
+        """Write the open batch in the calling task, without waiting for anyone: one write,
+        and under ``always`` one fdatasync (the reactor's group commit at the end of each
+        round, as Disque's beforeSleep). False, leaving it to the writer task, when a batch
+        is in flight there or a rewrite or CONFIG SET appendonly holds the file; True when
+        there was nothing to write or it was written (or failed and was undone)."""
+        batch = self._open
+        if not batch.entries:
+            return True
+        sync = self.policy == "always" and not _all_advisory(batch.entries)
+        if (self.writer is None or self._in_flight is not None or self._write_lock.locked()
+                or (sync and self.last_fsync_usec
+                    > INLINE_FSYNC_USEC_PER_RECORD * len(batch.entries))):
+            self._wakeup.set()
+            return False
+        self._next_ticket += 1
+        self._open = _Batch(self._next_ticket)
+        data = bytes(batch.data)
+        self.inline_commits += 1
+        try:
+            if sync:
+                self._write_and_sync(data)
+            else:
+                self.writer.write(data)
+        except OSError as exc:
+            self._fail(batch, exc)
+        else:
+            self._written(batch, data)
+        return True
 
     async def wait_durable(self, ticket: int) -> None:
         if ticket == 0:
@@ -340,26 +394,37 @@ class Persistence:
         except OSError as exc:
             self._fail(batch, exc)
         else:
-            if self._write_error is not None:
-                self.log.warning("AOF write error looks solved, trisque can write again.")
-                self._write_error = None
-            if self._rewrite_buf is not None:
-                self._rewrite_buf += data
-            self._finish(batch, None)
-            self._maybe_auto_rewrite()
+            self._written(batch, data)
         finally:
             self._in_flight = None
 
+    def _written(self, batch: _Batch, data: bytes) -> None:
+        if self._write_error is not None:
+            self.log.warning("AOF write error looks solved, trisque can write again.")
+            self._write_error = None
+        if self._rewrite_buf is not None:
+            self._rewrite_buf += data
+        self.batches_written += 1
+        self.records_written += len(batch.entries)
+        self.last_batch_records = len(batch.entries)
+        self._finish(batch, None)
+        self._maybe_auto_rewrite()
+
     def _write_and_sync(self, data: bytes) -> None:
-        """Worker thread: one write and one fdatasync for a whole batch."""
+        """One write and one fdatasync for a whole batch (in the writer's worker thread, or
+        inline in ``commit_now``)."""
         assert self.writer is not None
         before = self.writer.good_size
         self.writer.write(data)
         t0 = time.perf_counter()
         self.writer.sync(unsynced_from=before)
-        self.last_fsync_usec = int((time.perf_counter() - t0) * 1e6)
-        self.fsync_count += 1
+        self._fsynced(t0)
         self._synced_size = self.writer.good_size
+
+    def _fsynced(self, t0: float) -> None:
+        self.last_fsync_usec = usec = int((time.perf_counter() - t0) * 1e6)
+        self.fsync_usec_total += usec
+        self.fsync_count += 1
 
     def _fail(self, batch: _Batch, exc: OSError) -> None:
         """Undo the failed batch and everything submitted after it, newest first."""
@@ -420,8 +485,7 @@ class Persistence:
                 self.log.warning("Error fsyncing the AOF file: %s", exc.strerror or exc)
             self._write_error = _os_error_text(exc)
             return
-        self.last_fsync_usec = int((time.perf_counter() - t0) * 1e6)
-        self.fsync_count += 1
+        self._fsynced(t0)
         self._synced_size = max(self._synced_size, target)
 
     # -----------------------------------------------------------------------------------------
@@ -429,6 +493,10 @@ class Persistence:
 
     async def bgrewrite(self) -> str:
         """Start a rewrite; the Redis status text, or ``PersistenceError`` with the reason."""
+        return self.start_rewrite()
+
+    def start_rewrite(self) -> str:
+        """``bgrewrite`` without an await (BGREWRITEAOF from the reactor's turn)."""
         if self._rewrite_buf is not None:
             raise PersistenceError("Background append only file rewriting already in progress")
         if self._nursery is None:
