@@ -35,9 +35,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check protocol broker cluster node cli pipeline tests tools
 	$(VENV)/bin/mypy
 
+# The single-node table (cli/bench_table.py): trisque against the reference Disque when
+# TRISQUE_BENCH_DISQUE=/path/to/disque-server is set (issue 12's targets, PASS/MISS) and against
+# redis-server always; then the cluster cases (cli/bench_cluster.py, Disque too when set).
+# BENCH_ARGS=--quick: one short run per case, for iteration; other options: --help of each.
 bench: $(STAMP)
-	$(PY) -m cli.bench_table
-	$(PY) -m cli.bench_cluster
+	$(PY) -m cli.bench_table $(BENCH_ARGS)
+	$(PY) -m cli.bench_cluster $(filter --quick,$(BENCH_ARGS))
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -67,7 +67,8 @@ _FRAME = struct.Struct(">III")
 FRAME_HEADER_SIZE: Final = _FRAME.size  # 12
 _MASK: Final = 0xFFFFFFFF
 
-KINDS: Final = ("job", "ack", "del", "flushall", "dlv", "qpolicy")  # qpolicy: broker/policies.py
+# qpolicy: broker/policies.py; timer: broker/periodic.py
+KINDS: Final = ("job", "ack", "del", "flushall", "dlv", "qpolicy", "timer")
 # Records that describe, not decide: see the module docstring. The runtime neither waits for
 # them nor undoes them (node/persistence.py).
 ADVISORY_KINDS: Final = frozenset({"dlv"})

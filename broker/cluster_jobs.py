@@ -64,12 +64,13 @@ _ACKED: Final = JobState.ACKED
 class ReplWait:
     """A client blocked in ADDJOB until its job is replicated."""
 
-    __slots__ = ("client", "deadline", "added")
+    __slots__ = ("client", "deadline", "added", "started")
 
     def __init__(self, client: Client, deadline: int, added: int) -> None:
         self.client = client
         self.deadline = deadline  # ms; 0: no timeout
         self.added = added  # when one more node was last tried (ADDJOB, then every 50 ms)
+        self.started = added  # the ADDJOB, when its first REPLJOBs left (replication latency)
 
 
 def _rep(b: Broker) -> Any:
@@ -81,13 +82,14 @@ def _rep(b: Broker) -> Any:
 # ADDJOB
 
 def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
-           external: bool, ttl: int, retry: int, queue: bytes) -> Any:
-    """Disque's addjobCommand after the checks ``Broker._addjob`` already made."""
+           external: bool, ttl: int, retry: int, queue: bytes, job_id: bytes) -> Any:
+    """Disque's addjobCommand after the checks ``Broker._addjob`` already made (which also
+    chose the job's ID)."""
     rep = _rep(b)
     discard_local_copy = cmd.async_ and external
     # Every local job shares the broker's one (myself,) tuple, and ttl/retry come interned
     # (Broker._addjob): a tuple and two ints per job were ~60 bytes of each queued job.
-    job = Job(b.ids.next_id(ttl, retry), queue, cmd.body, repl=replicate, ttl=ttl,
+    job = Job(job_id, queue, cmd.body, repl=replicate, ttl=ttl,
               retry=retry, delay=cmd.delay, ctime=b._new_ctime(now_ms),
               delivered=() if external else b._myself, state=_WAIT_REPL)
     job.flags |= FLAG_REPLICA
@@ -197,6 +199,7 @@ def replication_achieved(b: Broker, job: Job, now_ms: int) -> bool:
     wait = b.repl_wait.pop(job.id, None)
     if wait is not None:
         b.blocked_clients -= 1
+        b.repl_latency.observe((now_ms - wait.started) / 1000)
     job.transition(_ACTIVE)
     job.confirmed = ()
     if b.node_id not in job.delivered:

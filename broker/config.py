@@ -41,7 +41,7 @@ DIRECTIVES: dict[str, Directive] = {
     for d in [
         _D("port", "int", 7711, False, "TCP port for clients; the cluster bus uses port + 10000."),
         _D("bind", "list", "", False, "Addresses to listen on (default: all interfaces)."),
-        _D("http-port", "int", 0, False, "TCP port of the HTTP API (docs/http.md) on the bind addresses; 0: off."),
+        _D("http-port", "int", 0, False, "TCP port of the HTTP API (docs/http.md), the dashboard (/) and Prometheus metrics (/metrics, docs/dashboard.md) on the bind addresses; 0: off."),
         _D("tcp-backlog", "int", 511, False, "listen() backlog."),
         _D("timeout", "int", 0, True, "Close a client idle this many seconds, unless blocked in GETJOB (0: never)."),
         _D("tcp-keepalive", "int", 0, True, "Send TCP keepalives to clients every this many seconds (0: off)."),
@@ -84,6 +84,7 @@ DIRECTIVES: dict[str, Directive] = {
         _D("needjobs-adhoc-max-delay", "int", 2000, True, "Federation: the largest delay between NEEDJOBS to a queue's recent sources, in milliseconds (Disque's 2000)."),
         _D("needjobs-bcast-min-delay", "int", 2000, True, "Federation: milliseconds between NEEDJOBS broadcasts to the whole cluster, doubling after each one, from this (Disque's 2000); reset when a new source answers."),
         _D("needjobs-bcast-max-delay", "int", 30000, True, "Federation: the largest delay between NEEDJOBS broadcasts to the whole cluster, in milliseconds (Disque's 30000)."),
+        _D("timer-min-period", "int", 60, True, "The shortest period TIMER ADD accepts, in seconds (rq's rule: at least 60). A default, not a limit: lower it to 1 for timers of a few seconds."),
         _D("cluster-config-file", "string", "nodes.conf", False, "File in dir where the node keeps its ID and peers."),
         _D("cluster-secret", "string", "", False, "Shared secret of the cluster bus: every bus frame carries an HMAC-SHA256 under it, and a frame with a missing or wrong MAC is dropped (empty: no MAC, as Disque's bus). Every node of a cluster needs the same one. CONFIG GET shows whether it is set, never its value."),
     ]
@@ -119,6 +120,7 @@ RANGES: dict[str, tuple[int, int]] = {
     "needjobs-bcast-min-delay": (1, INT32_MAX),
     "needjobs-bcast-max-delay": (1, INT32_MAX),
     "client-query-buffer-limit": (1024 * 1024, INT64_MAX),
+    "timer-min-period": (1, INT32_MAX),
 }
 
 

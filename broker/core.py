@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import admin, cluster_jobs, policies
+from broker import admin, cluster_jobs, periodic, policies
 from broker.clients import BLOCKED as BLOCKED  # re-exported: node/server.py imports it here
 from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
@@ -38,7 +38,9 @@ from broker.job import (
 )
 from broker.queue import PAUSE_ALL, PAUSE_IN, PAUSE_NAMES, PAUSE_NONE, PAUSE_OUT, Queue
 from broker.replication import Replication
+from broker.runs import RunTable
 from broker.scan import ScanList
+from broker.stats import MS_LATENCY_BUCKETS, Histogram
 from broker.timers import TimerWheel
 from broker.version import VERSION as _VERSION
 from protocol import errors
@@ -46,6 +48,7 @@ from protocol.commands import (
     NO_AUTH,
     AddJob,
     GetJob,
+    JobRun,
     JobsCommand,
     JScan,
     Pause,
@@ -53,10 +56,11 @@ from protocol.commands import (
     QPolicy,
     QScan,
     QueueCommand,
+    Timer,
     lookup,
     parse,
 )
-from protocol.jobid import IdGenerator
+from protocol.jobid import IdGenerator, keyed_id
 from protocol.resp import NULL_ARRAY, Error, Status
 
 # Enum member lookups (JobState.X) cost ~10x a module global on the hot path.
@@ -112,6 +116,9 @@ class Broker:
         self.federation: Federation | None = None
         # ADDJOBs blocked until their job is replicated: job ID -> cluster_jobs.ReplWait.
         self.repl_wait: dict[bytes, cluster_jobs.ReplWait] = {}
+        # Seconds from a synchronous ADDJOB's REPLJOBs to its replication level (/metrics),
+        # with the millisecond resolution of now_ms.
+        self.repl_latency = Histogram(MS_LATENCY_BUCKETS)
         # Memory: the driver samples the process RSS now and then (``used_memory``); between
         # samples the bytes of jobs created or freed since are added, so a burst of ADDJOBs
         # (or one huge body) is judged before it is accepted, not a second later.
@@ -126,6 +133,10 @@ class Broker:
         self._last_tick_ms = 0
         # Queue policies (broker/policies.py); empty unless a client sets one.
         self.policies = policies.PolicyTable()
+        # What script workers report of the jobs they run (JOBRUN, broker/runs.py).
+        self.runs = RunTable(node_id)
+        # Periodic timers (broker/periodic.py; fired by cluster/periodic_sync.py).
+        self.periodic = periodic.PeriodicTable()
 
     # =========================================================================================
     # Entry points
@@ -162,7 +173,11 @@ class Broker:
         if t is Pause:
             return self._pause(cmd, now_ms)  # type: ignore[arg-type]
         if t is QPolicy:
-            return policies.command(self, cmd, now_ms)  # type: ignore[arg-type]
+            return policies.command(self, cmd, client, now_ms)  # type: ignore[arg-type]
+        if t is JobRun:
+            return self.runs.command(cmd, now_ms)  # type: ignore[arg-type]
+        if t is Timer:
+            return periodic.command(self, cmd, now_ms)  # type: ignore[arg-type]
         handler = admin.HANDLERS.get(cmd.name)  # type: ignore[union-attr]
         if handler is None:
             return errors.unknown_command(cmd.name)  # type: ignore[union-attr]
@@ -209,6 +224,7 @@ class Broker:
         if now_ms >= self._next_evict_check:
             self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
             self._evict_idle_queues(now_ms)
+            self.runs.expire(now_ms)
 
     # =========================================================================================
     # Jobs: registration, queueing, timers
@@ -297,9 +313,10 @@ class Broker:
             # Re-queued (or NACKed) here: the other holders move their retry time and
             # dequeue their copy if this node's ID is greater (Disque's enqueueJob).
             self.replication.queued(job, nack)
+        again = job.flags & FLAG_QUEUED_BEFORE
         if nack:
             job.nacks += 1
-        elif job.flags & FLAG_QUEUED_BEFORE:
+        elif again:
             job.deliveries += 1
         else:
             job.flags |= FLAG_QUEUED_BEFORE
@@ -307,6 +324,10 @@ class Broker:
         self._reschedule(job)
         q = self._queue_for(job.queue, now_ms)
         q.push(job)
+        if nack:
+            q.nacks += 1
+        elif again:
+            q.requeues += 1
         q.atime = now_ms
         if q.waiters:
             # Waiters mean the queue was empty: the one served gets this job.
@@ -396,6 +417,9 @@ class Broker:
         if kind == policies.RECORD_KIND:
             self.policies.undo(payload, prev)
             return
+        if kind == periodic.RECORD_KIND:
+            self.periodic.undo(payload, prev)
+            return
         job_id = payload[0] if kind == "job" else payload
         if kind == "flushall":
             return
@@ -425,6 +449,8 @@ class Broker:
     def validate_record(kind: str, data: Any) -> str | None:
         if kind == policies.RECORD_KIND:
             return policies.validate_record(data)
+        if kind == periodic.RECORD_KIND:
+            return periodic.validate_record(data)
         return validate_record(kind, data)
 
     def load_record(self, record: tuple[Any, ...], now_ms: int) -> None:
@@ -445,6 +471,8 @@ class Broker:
                 self._unregister(old)
         elif kind == policies.RECORD_KIND:
             self.policies.load(payload)
+        elif kind == periodic.RECORD_KIND:
+            self.periodic.load(payload)
         elif kind == "flushall":
             self.jobs.clear()
             self.job_bytes = 0
@@ -495,6 +523,7 @@ class Broker:
 
     def snapshot(self) -> Iterator[tuple[str, Any]]:
         yield from list(self.policies.snapshot(self.jobs))
+        yield from list(self.periodic.snapshot())
         for job in list(self.jobs.values()):
             if self.jobs.get(job.id) is job:
                 yield ("job", job.to_record())
@@ -540,13 +569,21 @@ class Broker:
         retry = cmd.retry
         if retry is None:
             retry = max(1, min(DEFAULT_RETRY, ttl // 10))
+        if cmd.id_key is None:
+            job_id = self.ids.next_id(ttl, retry)
+        else:
+            # A periodic timer's fire (broker/periodic.py): the ID is its deduplication key,
+            # and a job this node already holds under it was added already.
+            job_id = keyed_id(cmd.id_key[0], cmd.id_key[1], ttl, retry)
+            if job_id in self.jobs:
+                return Status(job_id.decode("ascii"))
         if self.replication is not None:
             return cluster_jobs.addjob(self, cmd, client, now_ms, replicate, external,
                                        _intern(ttl), _intern(retry),
-                                       q.name if q is not None else cmd.queue)
+                                       q.name if q is not None else cmd.queue, job_id)
         job = Job(
             # Jobs of one queue share its name object instead of holding a copy each.
-            self.ids.next_id(ttl, retry), q.name if q is not None else cmd.queue, cmd.body,
+            job_id, q.name if q is not None else cmd.queue, cmd.body,
             repl=replicate, ttl=_intern(ttl), retry=_intern(retry),
             delay=cmd.delay, ctime=self._new_ctime(now_ms), delivered=self._myself,
         )
@@ -832,6 +869,7 @@ class Broker:
         self.node_id = node_id
         self._myself = (node_id,)
         self.ids = IdGenerator(node_id, seed)
+        self.runs.prefix = node_id[:8].encode()
 
     def set_leaving(self, leaving: bool) -> None:
         self.leaving = leaving

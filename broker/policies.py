@@ -41,6 +41,14 @@ A dead letter is never dead-lettered again (chains of dead-letter queues would o
 a cycle of queues move a job forever). Its origin (original ID and queue) is kept in
 ``origins`` and logged; ``QPOLICY ORIGIN <id>`` returns it.
 
+Redrive (``QPOLICY REDRIVE dlq [COUNT n]``, ``redrive_dead_letters``): each dead letter queued on this node
+in ``dlq`` whose origin is known goes back to its original queue as a new job (an ADDJOB of
+its body: the original queue's policy applies, counters start from zero, so it is not
+dead-lettered again at once), then the dead letter is acknowledged. The new job's record
+comes before the ACK's in the same log batch, so a crash between them can leave both, never
+neither: a job may be delivered twice, never lost. Dead letters being processed (not queued)
+and jobs added to the dead-letter queue by hand (no origin) stay where they are.
+
 Log records (kind ``qpolicy``): ``["queue", name, fields | None, stamp_ms, stamp_node]`` (None:
 deleted), ``["origin", dead_letter_id, original_id, original_queue]`` and ``["ctype", job_id,
 content_type]`` (the Content-Type of a job added over HTTP, returned when it is received over
@@ -186,6 +194,9 @@ class PolicyTable:
         self._dedup: dict[tuple[bytes, bytes], bytes] = {}  # (queue, sha1(body)) -> job ID
         self._indexed: set[bytes] = set()
         self.last_duplicate = False  # the last ADDJOB returned an existing job (HTTP: 200)
+        # Jobs moved to a dead-letter queue, per original queue (read by /metrics; bounded
+        # by the queues that ever had a redrive policy).
+        self.dead_lettered: dict[bytes, int] = {}
         # Called with each policy changed here or by a log replay (not by ``merge``): the
         # replication core sends it to the other nodes.
         self.on_change: Callable[[Policy], None] | None = None
@@ -325,9 +336,11 @@ def apply_remote(b: Broker, p: Policy) -> bool:
     return True
 
 
-def command(b: Broker, cmd: QPolicy, now_ms: int) -> Any:
+def command(b: Broker, cmd: QPolicy, client: Client, now_ms: int) -> Any:
     table = b.policies
     sub = cmd.sub
+    if sub == "REDRIVE":
+        return redrive_dead_letters(b, cmd.target, cmd.limit, client, now_ms)
     if sub == "LIST":
         items = table.policies()
         end = None if cmd.limit is None else cmd.offset + cmd.limit
@@ -454,6 +467,7 @@ def dead_letter(b: Broker, job: Job, now_ms: int, nack: bool) -> bool:
     ctype = table.content_types.get(original)
     if ctype is not None:  # posted over HTTP with a Content-Type: the dead letter keeps it
         table.set_content_type(b, new_id, ctype)
+    table.dead_lettered[queue] = table.dead_lettered.get(queue, 0) + 1
     b._register(dl, schedule=False)
     if not b._enqueue(dl, now_ms):
         b._reschedule(dl)
@@ -463,3 +477,37 @@ def dead_letter(b: Broker, job: Job, now_ms: int, nack: bool) -> bool:
         # the one with the smaller node ID dequeues its copy.
         b.replication.will_queue(dl)
     return True
+
+
+def redrive_dead_letters(b: Broker, dlq: bytes, count: int | None, client: Client, now_ms: int) -> Any:
+    """Move up to ``count`` (None: all) dead letters queued here in ``dlq`` back to their
+    original queues (see the module's docstring). The number moved; an ADDJOB's error when
+    the first one could not be moved (paused, out of memory, no replicas), as nothing moved."""
+    table = b.policies
+    if table.get(dlq) is None:
+        return NO_POLICY
+    q = b.queues.get(dlq)
+    if q is None:
+        return 0
+    limit = len(q) if count is None else count
+    moved = 0
+    for job in list(q):
+        if moved >= limit:
+            break
+        origin = table.origins.get(job.id)
+        if origin is None or b.jobs.get(job.id) is not job or job.state is not JobState.QUEUED:
+            continue
+        # On a cluster the new job is replicated in the background (ASYNC): the command must
+        # not block, and the dead letter is acknowledged only after its copy exists here.
+        add = AddJob(origin[1], job.body, 0, None, 0, None, None, None,
+                     b.replication is not None)
+        reply = addjob(b, add, client, now_ms)
+        if isinstance(reply, Error):
+            return reply if moved == 0 else moved
+        new_id = str(reply).encode("ascii")
+        ctype = table.content_types.get(job.id)
+        if ctype is not None and not table.last_duplicate and new_id in b.jobs:
+            table.set_content_type(b, new_id, ctype)
+        b._jobs_command(JobsCommand("ACKJOB", (job.id,)), now_ms)
+        moved += 1
+    return moved

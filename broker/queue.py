@@ -10,7 +10,7 @@ per queued job. Removing a job from the middle (DEQUEUE, ACKJOB of a queued job)
 binary search on the same key.
 
 A queue object also carries what QSTAT reports (creation and access times, counters), the
-PAUSE flags, the FIFO of clients blocked on it and the federation core's state (``fed``). It exists while it holds jobs, has blocked
+counters only ``/metrics`` reads (NACKs, requeues after RETRY), the PAUSE flags, the FIFO of clients blocked on it and the federation core's state (``fed``). It exists while it holds jobs, has blocked
 clients or is paused, and for a while after it empties (evicted when idle, see the broker).
 """
 
@@ -37,7 +37,7 @@ def _key(job: Job) -> tuple[int, bytes]:
 
 class Queue:
     __slots__ = ("name", "_items", "_head", "ctime", "atime", "jobs_in", "jobs_out",
-                 "pause", "waiters", "fed")
+                 "nacks", "requeues", "pause", "waiters", "fed")
 
     def __init__(self, name: bytes, now_ms: int) -> None:
         self.name = name
@@ -47,6 +47,8 @@ class Queue:
         self.atime = now_ms
         self.jobs_in = 0
         self.jobs_out = 0
+        self.nacks = 0  # jobs queued again by NACK
+        self.requeues = 0  # jobs queued again otherwise (RETRY elapsed, ENQUEUE)
         self.pause = PAUSE_NONE
         self.waiters: deque[Any] = deque()  # blocked GETJOB clients, in arrival order
         # Federation state (sources, backoff, import rate), owned by the cluster's federation

@@ -27,11 +27,13 @@ interleaved and the medians reported (the machine is shared and noisy):
       the 2 other nodes, so 20) and every bus message sent by the 3 nodes (CLUSTER INFO's
       cluster_stats_messages_sent, PING/PONG included).
 
-``--disque PATH`` runs the same cases against Disque's own server binary (loopback only),
-for its ratio in the same run. The load generator is ``trisque-benchmark``'s. Each case
-also prints the CPU time the servers used per operation (all nodes together, from /proc):
-on a machine with fewer cores than busy processes (3 nodes + the load generator) the
-throughput ratio mostly measures the machine, the CPU per job measures the code.
+``--disque PATH`` (or ``TRISQUE_BENCH_DISQUE=PATH``, as for ``cli.bench_table``) runs the
+same cases against Disque's own server binary (loopback only), for its ratio in the same run.
+The load generator is ``trisque-benchmark``'s (cycles and blocked consumers are beyond
+redis-benchmark). ``--quick``: one run of 1 s per case, 10 s idle. Each case also prints
+the CPU time the servers used per operation (all nodes together, from /proc): on a machine
+with fewer cores than busy processes (3 nodes + the load generator) the throughput ratio
+mostly measures the machine, the CPU per job measures the code.
 """
 
 from __future__ import annotations
@@ -47,27 +49,12 @@ from typing import Any
 
 from cli.bench import run_benchmark
 from cli.bench_load import BenchError, Spec
-from cli.bench_servers import BenchServer, command
+from cli.bench_servers import DISQUE_ENV, BenchServer, DisqueServer, command, disque_binary
 from protocol.resp import encode_command
 
 BODY = 16
 NODE_TIMEOUT_MS = "3000"
 STEADY_RATE = 1000.0  # (i): jobs/s, well under what one node or the cluster sustains here
-
-
-class DisqueServer(BenchServer):
-    """A Disque server process (``--disque``): same interface, its own command line."""
-
-    def __init__(self, binary: str, label: str) -> None:
-        super().__init__("disque", label)
-        self.binary = binary
-
-    def argv(self) -> list[str]:
-        return [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
-                self.dir, "--appendonly", "no", "--cluster-node-timeout", NODE_TIMEOUT_MS]
-
-    def flush(self) -> None:
-        command(self.port, "DEBUG", "FLUSHALL", timeout=60.0)
 
 
 def log(msg: str) -> None:
@@ -77,7 +64,8 @@ def log(msg: str) -> None:
 def start(kind: str, label: str, binary: str | None) -> BenchServer:
     if kind == "disque":
         assert binary is not None
-        server: BenchServer = DisqueServer(binary, label)
+        server: BenchServer = DisqueServer(binary, label,
+                                           **{"cluster-node-timeout": NODE_TIMEOUT_MS})
     else:
         server = BenchServer("trisque", label, **{"cluster-node-timeout": NODE_TIMEOUT_MS})
     server.start()
@@ -245,13 +233,27 @@ def measure(kind: str, binary: str | None, runs: int, duration: float,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cli.bench_cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--duration", type=float, default=2.0, help="seconds per run (default 2)")
+    p.add_argument("--runs", type=int, help="runs per case (default 3, quick 1)")
+    p.add_argument("--duration", type=float,
+                   help="seconds per run (default 2, quick 1)")
     p.add_argument("--procs", type=int, default=2, help="load generator processes (default 2)")
-    p.add_argument("--disque", metavar="PATH", help="also measure this disque-server binary")
-    p.add_argument("--idle", type=float, default=60.0,
-                   help="(j): seconds of idle blocked consumers (default 60; 0 skips it)")
+    p.add_argument("--disque", metavar="PATH",
+                   help=f"also measure this disque-server binary (default: ${DISQUE_ENV} if set)")
+    p.add_argument("--idle", type=float,
+                   help="(j): seconds of idle blocked consumers (default 60, quick 10; 0 skips it)")
+    p.add_argument("--quick", action="store_true",
+                   help="one run of 1 s per case and 10 s of idle consumers, for iteration")
     opts = p.parse_args(argv)
+    opts.runs = opts.runs or (1 if opts.quick else 3)
+    opts.duration = opts.duration or (1.0 if opts.quick else 2.0)
+    if opts.idle is None:
+        opts.idle = 10.0 if opts.quick else 60.0
+    if opts.runs < 1 or opts.duration <= 0 or opts.idle < 0:
+        p.error("--runs and --duration must be positive, --idle at least 0")
+    try:
+        opts.disque = disque_binary(opts.disque)
+    except ValueError as exc:
+        p.error(str(exc))
     load = os.getloadavg()
     print(f"# cluster benchmark: {platform.node()} {os.cpu_count()} CPUs, load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {opts.runs} runs of {opts.duration:g} s, "

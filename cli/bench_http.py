@@ -1,4 +1,4 @@
-"""``make bench`` case (h): the HTTP API's throughput with 16 concurrent clients, next to RESP's
+"""``make bench`` case (k): the HTTP API's throughput with 16 concurrent clients, next to RESP's
 on the same node in the same run (issue 13; no target yet: measured and recorded).
 
 One trisque node (no append log, as cases a-c) with ``http-port``; then, each for ``duration``
@@ -135,10 +135,10 @@ def run(runs: int = 3, duration: float = 2.0, procs: int = 2, preload_jobs: int 
 
 def render(res: dict[str, Any]) -> str:
     if "error" in res:
-        return f"(h) HTTP API: n/a: {res['error']}"
+        return f"(k) HTTP API: n/a: {res['error']}"
     m = res["median_ops_per_s"]
     cpu = res["http_client_cpu"]
-    lines = [f"(h) HTTP API vs RESP on one node, {res['clients']} clients, no pipeline "
+    lines = [f"(k) HTTP API vs RESP on one node, {res['clients']} clients, no pipeline "
              f"(median of {res['runs']} x {res['duration_s']:g} s)",
              f"    produce:  HTTP POST /messages {m['http_produce']:>8} /s   RESP ADDJOB "
              f"{m['resp_produce']:>8} /s   (HTTP client CPU {cpu['http_produce']:.2f})",

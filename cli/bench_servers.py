@@ -1,4 +1,5 @@
-"""Servers that ``make bench`` starts for itself: trisque-server and redis-server on loopback.
+"""Servers that ``make bench`` starts for itself: trisque-server, redis-server and, when a
+binary is given, the reference Disque (``DisqueServer``), all on loopback.
 
 Each one gets a free port on 127.0.0.1 and its own temporary directory, is waited for until it
 answers PING, and is stopped (SIGTERM, then SIGKILL) when the ``with`` block ends. A server that
@@ -65,7 +66,8 @@ def rss_bytes(pid: int) -> int:
 
 
 class BenchServer:
-    """A server process for the benchmark; ``kind`` is "trisque" or "redis"."""
+    """A server process for the benchmark; ``kind`` is "trisque" or "redis" (``DisqueServer``
+    is "disque"). ``settings`` become ``--name value`` options of its command line."""
 
     def __init__(self, kind: str, label: str, **settings: str) -> None:
         self.kind = kind
@@ -169,3 +171,39 @@ class BenchServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+DISQUE_ENV = "TRISQUE_BENCH_DISQUE"
+
+
+def disque_binary(given: str | None = None) -> str | None:
+    """The reference Disque to measure against: ``given`` (a ``--disque`` option), else the
+    ``TRISQUE_BENCH_DISQUE`` environment variable, else None (no Disque in this run). A path
+    that is not an executable file is an error, not a silent fallback to redis-server."""
+    path = given or os.environ.get(DISQUE_ENV) or None
+    if path is None:
+        return None
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        origin = "--disque" if given else DISQUE_ENV
+        raise ValueError(f"{origin}={path!r} is not an executable file (build Disque from "
+                         "https://github.com/antirez/disque with make in src/ and give the "
+                         "path of src/disque-server)")
+    return path
+
+
+class DisqueServer(BenchServer):
+    """antirez's Disque server binary, the reference of issue 12's targets: same interface as
+    the other servers, its own command line (the log off unless ``settings`` say otherwise)."""
+
+    def __init__(self, binary: str, label: str, **settings: str) -> None:
+        super().__init__("disque", label, **settings)
+        self.binary = binary
+
+    def argv(self) -> list[str]:
+        argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir]
+        for k, v in {"appendonly": "no", **self.settings}.items():
+            argv += [f"--{k}", v]
+        return argv
+
+    def flush(self) -> None:
+        command(self.port, "DEBUG", "FLUSHALL", timeout=60.0)

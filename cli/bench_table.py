@@ -1,448 +1,487 @@
-"""``make bench``: trisque-server and redis-server side by side, in the same run.
+"""``make bench``: trisque-server next to the reference Disque and redis-server, in one run.
 
-Starts its own servers on free loopback ports (temporary directories), then measures:
+Starts its own servers on free loopback ports, each in a temporary directory with the log off
+unless the case says otherwise: trisque-server; the reference Disque when a binary is given
+(``TRISQUE_BENCH_DISQUE=/path/to/disque-server`` or ``--disque``, built from
+https://github.com/antirez/disque); redis-server, the yardstick, always. 50 connections and
+16-byte bodies throughout:
 
-  (a) 50 connections, no pipeline:   ADDJOB  vs LPUSH
-  (b) 50 connections, pipeline 16:   ADDJOB  vs LPUSH
-  (c) GETJOB NOHANG, preloaded queue vs RPOP
-  (d) resident memory per queued small job at 200,000 jobs (redis LPUSH of the same bodies for
-      reference)
-  (e) durability: ADDJOB with appendfsync always vs the same server without the log, and vs
-      redis-server LPUSH with appendfsync always
-  (f) the Spark data source (issue 11): ``python -m pipeline.bench`` in its own process, bulk
-      load of 1,000,000 jobs vs trisque-benchmark's pipelined ADDJOB on the same node, and the
-      stream consumption rate; printed after the table (skipped without the spark extra)
-  (h) the HTTP API (issue 13): produce and consume with 16 concurrent HTTP clients next to RESP
-      ADDJOB / GETJOB with 16 connections on the same node in the same run (cli/bench_http.py);
-      printed after the table, also in ``bench-results/http.json``
+  (a) ADDJOB, no pipeline                       Disque: ADDJOB        redis: LPUSH
+  (b) ADDJOB, pipeline 16                       Disque: ADDJOB        redis: LPUSH
+  (c) GETJOB NOHANG on a preloaded queue        Disque: GETJOB NOHANG redis: RPOP
+      (as many jobs as requests: every request takes one)
+  (d) resident memory per queued job, RSS growth over 200,000 ADDJOBs (redis: LPUSH)
+  (e) ADDJOB with appendonly yes, appendfsync always: against Disque and redis-server with
+      the same settings, and (e1) against trisque without the log
 
-Each throughput case runs several short times, trisque and redis interleaved, and the medians
-are reported: the machine is shared and noisy. The primary figures come from our load generator
-(``trisque-benchmark``) driving both servers; ``redis-benchmark`` (C) driving both servers is
-shown under each row for transparency, because a Python load generator can be the bottleneck
-against redis-server without pipelining. Results also go to ``bench-results/latest.json``.
+Then, after the table: (k) the HTTP API next to RESP (``cli/bench_http.py``) and (f) the
+Spark data source (``python -m pipeline.bench``). ``python -m cli.bench_cluster`` has the
+cluster cases (g)-(j).
+
+Each throughput case first gives every server one short unmeasured run (warm-up, and the rate
+that sizes its runs to ``--duration``), then runs every server ``--runs`` times, interleaved,
+the order rotating from run to run; the table has the medians, and the machine's 1-minute load
+average at the start of the runs of each row (the machine is shared: read ratios, not absolute
+numbers).
+
+Load generators: the server shares the machine's cores with the generator that drives it.
+redis-benchmark (C, one thread) needs the least CPU per request, so it takes the least from
+whichever server it drives, and it drives Disque, redis and trisque alike: it is the primary
+generator, and its ratios are the ones judged (PASS/MISS against the targets).
+trisque-benchmark (Python, 2 processes) needs about a core of its own at these rates, so what
+it measures depends on how much CPU it leaves each server (a fast server is held back by it
+without pipelining, a pipelined one less): its figures are printed under each row for
+comparison, never judged. redis-benchmark counts error replies as requests, so after each of
+its runs the queue's length is checked (QLEN, LLEN): a run whose jobs are not all there, or
+not all taken, fails instead of counting.
+
+Results also go to ``bench-results/latest.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
-import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from cli.bench import run_benchmark
 from cli.bench_load import BenchError, Spec, preload
-from cli.bench_servers import REPO, BenchServer
+from cli.bench_report import (
+    DISQUE_TARGETS,
+    REDIS_TARGETS,
+    Figures,
+    Row,
+    Sample,
+    parse_redis_benchmark_csv,
+    render,
+)
+from cli.bench_servers import (
+    DISQUE_ENV,
+    REPO,
+    BenchServer,
+    DisqueServer,
+    command,
+    disque_binary,
+)
 
 BODY = 16
-MEMORY_JOBS = 200_000
+QUEUE = "rbq"
+CASES = "a,b,c,d,e,k,f"
+C_GENERATOR = "redis-benchmark"
+PY_GENERATOR = "trisque-benchmark"
 
 
 @dataclass
 class Settings:
     runs: int = 5
     duration: float = 2.0
-    preload: int = 60_000
-    procs: int = 2
-    redis_benchmark: bool = True
+    alt_runs: int = 3  # trisque-benchmark runs per server and case (0: none)
+    procs: int = 2  # trisque-benchmark client processes
+    max_requests: int = 500_000  # per redis-benchmark run, preloaded jobs included
+    memory_jobs: int = 200_000
 
 
-TARGETS = {
-    "a": (">=", 0.30), "b": (">=", 0.50), "c": (">=", 0.30), "d": ("<=", 600.0),
-    "e_vs_noaof": (">=", 0.50), "e_vs_redis": (">=", 0.35),
-}
+_STARTED = time.monotonic()
 
 
 def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    """Progress, on stderr: seconds since the start, then the message."""
+    print(f"[{time.monotonic() - _STARTED:4.0f} s] {msg}", file=sys.stderr, flush=True)
 
 
-def _median(values: Sequence[float]) -> float | None:
-    return statistics.median(values) if values else None
+def load_now() -> float:
+    return os.getloadavg()[0]
 
 
 # ---------------------------------------------------------------------------------------------
-# One measurement
+# Contenders: one server in one case
 
 
-def ours(server: BenchServer, workload: str, s: Settings, *, clients: int = 50, pipeline: int = 1,
-         queue: str = "bench", jobs: int = 50_000_000, preload_jobs: int | None = None,
-         ack: str = "none") -> dict[str, Any]:
-    spec = Spec(workload=workload, nodes=[("127.0.0.1", server.port)], clients=clients,
-                pipeline=pipeline, body_size=BODY, jobs=jobs, duration=s.duration,
-                queues=[queue], ack=ack, producers=clients // 2)
-    result = run_benchmark(spec, procs=s.procs, preload_jobs=preload_jobs)
-    if result["errors"]:
-        raise BenchError(f"{server.label}: {result['errors']} error replies, first: "
-                         f"{result['first_error']}")
-    return result
+class Contender:
+    """One server in one throughput case: the command each generator sends it, the runs it
+    did (``primary`` with redis-benchmark, ``alt`` with trisque-benchmark) and the number of
+    requests that makes one of its redis-benchmark runs last about ``duration``."""
+
+    def __init__(self, server: BenchServer, pipeline: int = 1, consume: bool = False,
+                 name: str | None = None) -> None:
+        self.server = server
+        self.name = name or server.label
+        self.pipeline = pipeline
+        self.consume = consume
+        self.is_redis = server.kind == "redis"
+        self.primary = Figures(failure=server.failure)
+        self.alt = Figures(failure=server.failure)
+        self.requests = 0
+
+    def c_args(self) -> list[str]:
+        if self.consume:
+            return ["RPOP", QUEUE] if self.is_redis else ["GETJOB", "NOHANG", "FROM", QUEUE]
+        return ["LPUSH", QUEUE, "x" * BODY] if self.is_redis else ["ADDJOB", QUEUE, "x" * BODY, "0"]
+
+    def queue_length(self) -> int:
+        reply = command(self.server.port, "LLEN" if self.is_redis else "QLEN", QUEUE)
+        if not isinstance(reply, int):
+            raise BenchError(f"{self.name}: queue length query answered {reply!r}")
+        return reply
+
+    def fill(self, jobs: int) -> None:
+        loaded = bounded_preload(self.server.port, QUEUE, jobs, self.is_redis)
+        if loaded != jobs:
+            raise BenchError(f"{self.name}: preloaded {loaded} of {jobs} jobs")
+
+    def c_run(self, requests: int, timeout: float) -> Sample:
+        """One redis-benchmark run of ``requests`` requests, checked against the queue."""
+        self.server.flush()
+        if self.consume:
+            self.fill(requests)
+        load = load_now()
+        sample = redis_benchmark(self.server.port, self.c_args(), requests, self.pipeline, timeout)
+        left = self.queue_length()
+        want = 0 if self.consume else requests
+        if left != want:
+            raise BenchError(f"{left} jobs in the queue after {requests} requests, expected "
+                             f"{want}: not every reply was a job")
+        sample.load = load
+        return sample
+
+    def py_run(self, s: Settings) -> Sample:
+        """One trisque-benchmark run of ``duration`` (a consume run on a preloaded queue)."""
+        self.server.flush()
+        workload = {(False, False): "produce", (False, True): "consume",
+                    (True, False): "lpush", (True, True): "rpop"}[(self.is_redis, self.consume)]
+        jobs = max(self.requests, 2_000) if self.consume else 50_000_000
+        spec = Spec(workload=workload, nodes=[("127.0.0.1", self.server.port)], clients=50,
+                    pipeline=self.pipeline, body_size=BODY, jobs=jobs, duration=s.duration,
+                    queues=[QUEUE], ack="none", producers=25)
+        load = load_now()
+        result = run_benchmark(spec, procs=s.procs, preload_jobs=jobs if self.consume else None)
+        if result["errors"]:
+            raise BenchError(f"{result['errors']} error replies, first: {result['first_error']}")
+        lat = result["latency_ms"]
+        return Sample(float(result["ops_per_sec"]), lat["p50"], lat["p99"], load)
 
 
-def redis_benchmark(server: BenchServer, args: Sequence[str], n: int, *, clients: int = 50,
-                    pipeline: int = 1, timeout: float = 60.0) -> float | None:
-    """requests/s that redis-benchmark reports for one command, or None if it could not run."""
-    exe = shutil.which("redis-benchmark")
-    if not exe:
-        return None
-    argv = [exe, "-h", "127.0.0.1", "-p", str(server.port), "-c", str(clients), "-n", str(n),
-            "-P", str(pipeline), "-q", *args]
+def bounded_preload(port: int, queue: str, jobs: int, is_redis: bool) -> int:
+    """Fill a queue with ``jobs`` jobs (ADDJOB, or LPUSH on redis) before a run, unmeasured;
+    a server that stops answering fails it after a minute plus 1 ms a job, not never."""
+    async def go() -> int:
+        with trio.fail_after(60.0 + jobs / 1000):
+            return await preload([("127.0.0.1", port)], [queue], jobs, BODY, is_redis, None)
+
     try:
-        out = subprocess.run(argv, capture_output=True, timeout=timeout, text=True,
-                             stdin=subprocess.DEVNULL)
+        return trio.run(go)
+    except trio.TooSlowError:
+        raise BenchError(f"preloading {jobs:,} jobs did not finish in time") from None
+
+
+def redis_benchmark(port: int, args: list[str], requests: int, pipeline: int,
+                    timeout: float) -> Sample:
+    exe = shutil.which("redis-benchmark")
+    if exe is None:
+        raise BenchError("redis-benchmark is not installed")
+    argv = [exe, "-h", "127.0.0.1", "-p", str(port), "-c", "50", "-n", str(requests),
+            "-P", str(pipeline), "--csv", *args]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return None
-    rates = re.findall(r"([\d.]+) requests per second", out.stdout)
-    return float(rates[-1]) if rates else None
+        raise BenchError(f"redis-benchmark did not finish within {timeout:.0f} s") from None
+    sample = parse_redis_benchmark_csv(done.stdout)
+    if sample is None:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise BenchError(f"redis-benchmark exited with {done.returncode}: {last}")
+    return sample
 
 
-@dataclass
-class Row:
-    key: str
-    title: str
-    trisque: float | str | None = None  # median ops/s (or bytes/job), or "n/a: why"
-    redis: float | str | None = None
-    trisque_rb: float | None = None  # redis-benchmark driving trisque
-    redis_rb: float | None = None
-    unit: str = "ops/s"
-    detail: dict[str, Any] | None = None
-
-    def ratio(self) -> float | None:
-        if isinstance(self.trisque, float) and isinstance(self.redis, float) and self.redis:
-            return self.trisque / self.redis
-        return None
-
-    def rb_ratio(self) -> float | None:
-        if self.trisque_rb and self.redis_rb:
-            return self.trisque_rb / self.redis_rb
-        return None
-
-
-Side = tuple[BenchServer, Callable[[int], dict[str, Any]], Callable[[int], float | None] | None]
-
-
-def interleave(sides: Sequence[Side], s: Settings, title: str) -> tuple[list[list[dict[str, Any]]],
-                                                                         list[list[float]]]:
-    """Run every side ``s.runs`` times, round robin, then the same with redis-benchmark."""
-    ours_res: list[list[dict[str, Any]]] = [[] for _ in sides]
-    rb_res: list[list[float]] = [[] for _ in sides]
-    for i in range(s.runs):
-        for (server, run, _), out in zip(sides, ours_res, strict=True):
-            if not server.ok:
-                continue
-            server.flush()
-            try:
-                out.append(run(i))
-            except (BenchError, OSError) as exc:
-                log(f"  {title}: {server.label} run {i + 1}: {exc}")
-                continue
-            log(f"  {title}: {server.label} run {i + 1}: {out[-1]['ops_per_sec']:,.0f} ops/s")
-    if not s.redis_benchmark:
-        return ours_res, rb_res
-    for _ in range(s.runs):
-        for (server, _, rb), base, out in zip(sides, ours_res, rb_res, strict=True):
-            if rb is None or not server.ok or not base:
-                continue
-            server.flush()
-            # Size each redis-benchmark run to about the same duration as ours.
-            rate = _median([r["ops_per_sec"] for r in base]) or 10_000.0
-            got = rb(max(2_000, int(rate * s.duration)))
-            if got is not None:
-                out.append(got)
-                log(f"  {title}: redis-benchmark -> {server.label}: {got:,.0f} ops/s")
-    return ours_res, rb_res
-
-
-def fill(row: Row, t: BenchServer, r: BenchServer, t_res: list[dict[str, Any]],
-         r_res: list[dict[str, Any]], t_rb: list[float], r_rb: list[float]) -> Row:
-    row.trisque = _summ(t_res) if t.ok else f"n/a: {t.failure}"
-    row.redis = _summ(r_res) if r.ok else f"n/a: {r.failure}"
-    row.trisque_rb = _median(t_rb)
-    row.redis_rb = _median(r_rb)
-    row.detail = {"trisque_runs": [_brief(x) for x in t_res], "reference_runs": [_brief(x) for x in r_res],
-                  "redis_benchmark": {"trisque": t_rb, "reference": r_rb}}
-    return row
-
-
-def throughput_case(key: str, title: str, trisque: BenchServer, redis: BenchServer, s: Settings,
-                    t_run: Callable[[int], dict[str, Any]], r_run: Callable[[int], dict[str, Any]],
-                    t_rb: Callable[[int], float | None] | None,
-                    r_rb: Callable[[int], float | None] | None) -> Row:
-    """Interleave trisque and redis runs; the row holds the medians."""
-    (t_res, r_res), (t_rbr, r_rbr) = interleave([(trisque, t_run, t_rb), (redis, r_run, r_rb)], s,
-                                                title)
-    return fill(Row(key, title), trisque, redis, t_res, r_res, t_rbr, r_rbr)
-
-
-def _summ(results: Sequence[dict[str, Any]]) -> float | str:
-    if not results:
-        return "n/a: every run failed"
-    return float(statistics.median(r["ops_per_sec"] for r in results))
-
-
-def _brief(r: dict[str, Any]) -> dict[str, Any]:
-    lat = r["latency_ms"]
-    return {"ops_per_sec": r["ops_per_sec"], "ops": r["ops"], "elapsed_s": r["elapsed_s"],
-            "p50_ms": lat["p50"], "p99_ms": lat["p99"], "p999_ms": lat["p999"], "max_ms": lat["max"]}
+def throughput_case(title: str, contenders: list[Contender], s: Settings, c_gen: bool) -> None:
+    """Size, then run every contender ``s.runs`` times with the primary generator and
+    ``s.alt_runs`` times with the other, interleaved; the figures land in the contenders."""
+    timeout = max(60.0, 15 * s.duration + 30)
+    live = [c for c in contenders if c.server.ok]
+    for c in live:
+        # The unmeasured run: warms the server up and gives the rate that sizes the others.
+        probe = 5_000 if c.pipeline == 1 else 40_000
+        try:
+            if c_gen:
+                rate = c.c_run(probe, timeout).ops_per_sec
+            else:
+                c.requests = probe
+                rate = c.py_run(Settings(**{**s.__dict__, "duration": min(1.0, s.duration)})
+                                ).ops_per_sec
+        except (BenchError, OSError) as exc:
+            c.primary.failure = c.alt.failure = f"first run: {exc}"
+            log(f"  {title}: {c.name}: first run failed: {exc}")
+            continue
+        requests = int(min(s.max_requests, max(2_000, rate * s.duration)))
+        # A whole number of pipelines: redis-benchmark sends its last pipeline whole, so
+        # another count would put more jobs in the queue than it reports.
+        c.requests = -(-requests // c.pipeline) * c.pipeline
+        log(f"  {title}: {c.name}: warm-up {rate:,.0f} ops/s, runs of {c.requests:,} requests")
+    live = [c for c in live if c.primary.failure is None]
+    phases = [(C_GENERATOR if c_gen else PY_GENERATOR, s.runs, "primary")]
+    if c_gen and s.alt_runs:
+        phases.append((PY_GENERATOR, s.alt_runs, "alt"))
+    for gen, runs, slot in phases:
+        for i in range(runs):
+            for j in range(len(live)):
+                c = live[(i + j) % len(live)]  # rotate the order from run to run
+                figures: Figures = getattr(c, slot)
+                if figures.failure is not None:
+                    continue
+                try:
+                    sample = (c.c_run(c.requests, timeout) if gen == C_GENERATOR
+                              else c.py_run(s))
+                except (BenchError, OSError) as exc:
+                    # Its other runs with this generator are skipped: a server that failed
+                    # once (error replies, a timeout) would only make the table wait.
+                    figures.failure = str(exc)
+                    log(f"  {title}: {c.name}: {gen} run {i + 1}/{runs} failed: {exc}; "
+                        "its other runs are skipped")
+                    continue
+                figures.samples.append(sample)
+                log(f"  {title}: {c.name}: {gen} run {i + 1}/{runs}: "
+                    f"{sample.ops_per_sec:,.0f} ops/s (load {sample.load:.2f})")
 
 
 # ---------------------------------------------------------------------------------------------
-# The cases
+# The memory case
 
 
-def warm_up(trisque: BenchServer, redis: BenchServer, s: Settings) -> None:
-    """A short unmeasured run on each server: the first seconds of a fresh Python process
-    (imports, allocator and dict growth) should not land in the first measured run."""
-    quick = Settings(runs=1, duration=min(1.0, s.duration), procs=s.procs)
-    for server, workload in ((trisque, "produce"), (redis, "lpush")):
-        if server.ok:
-            try:
-                ours(server, workload, quick, queue="warmup", jobs=50_000)
-            except (BenchError, OSError) as exc:
-                log(f"  warm-up on {server.label}: {exc}")
-            server.flush()
-
-
-def produce_case(key: str, title: str, trisque: BenchServer, redis: BenchServer, s: Settings,
-                 pipeline: int) -> Row:
-    addjob = ["ADDJOB", "rbq", "x" * BODY, "0"]
-    lpush = ["LPUSH", "rbq", "x" * BODY]
-    return throughput_case(
-        key, title, trisque, redis, s,
-        lambda i: ours(trisque, "produce", s, pipeline=pipeline, queue=f"bq{i}"),
-        lambda i: ours(redis, "lpush", s, pipeline=pipeline, queue=f"bq{i}"),
-        lambda n: redis_benchmark(trisque, addjob, n, pipeline=pipeline),
-        lambda n: redis_benchmark(redis, lpush, n, pipeline=pipeline),
-    )
-
-
-def consume_case(trisque: BenchServer, redis: BenchServer, s: Settings) -> Row:
-    def rb(server: BenchServer, args: list[str], is_redis: bool) -> Callable[[int], float | None]:
-        def run(n: int) -> float | None:
-            n = min(n, s.preload)
-            trio.run(preload, [("127.0.0.1", server.port)], ["rbq"], n, BODY, is_redis, None)
-            return redis_benchmark(server, args, n)
-        return run
-
-    # GETJOB NOHANG alone is compared with RPOP alone: no acknowledgement in this row.
-    return throughput_case(
-        "c", "(c) GETJOB NOHANG vs RPOP, 50 conn", trisque, redis, s,
-        lambda i: ours(trisque, "consume", s, queue=f"cq{i}", jobs=s.preload),
-        lambda i: ours(redis, "rpop", s, queue=f"cq{i}", jobs=s.preload),
-        rb(trisque, ["GETJOB", "NOHANG", "FROM", "rbq"], False),
-        rb(redis, ["RPOP", "rbq"], True),
-    )
-
-
-def memory_case(s: Settings) -> Row:
-    row = Row("d", f"(d) RSS per queued {BODY}-byte job at {MEMORY_JOBS:,} jobs", unit="B/job")
-    detail: dict[str, Any] = {}
-    for kind, attr in (("trisque", "trisque"), ("redis", "redis")):
-        with BenchServer(kind, f"{kind} (memory)") as server:
+def memory_case(kinds: list[tuple[str, str | None]], jobs: int) -> dict[str, Figures]:
+    """(d): RSS growth per job over ``jobs`` ADDJOBs (LPUSHes) on a fresh server of each kind."""
+    out: dict[str, Figures] = {}
+    for kind, binary in kinds:
+        server = (DisqueServer(binary, "disque (memory)") if binary
+                  else BenchServer(kind, f"{kind} (memory)"))
+        figures = out[kind] = Figures()
+        with server:
             if not server.ok:
-                setattr(row, attr, f"n/a: {server.failure}")
+                figures.failure = server.failure
                 continue
             time.sleep(0.3)
             before = server.rss()
+            load = load_now()
             try:
-                loaded = trio.run(preload, [("127.0.0.1", server.port)], ["memq"], MEMORY_JOBS, BODY,
-                                  kind == "redis", None)
+                loaded = bounded_preload(server.port, "memq", jobs, kind == "redis")
             except (BenchError, OSError) as exc:
-                setattr(row, attr, f"n/a: {exc}")
+                figures.failure = str(exc)
                 continue
             time.sleep(0.3)
             after = server.rss()
             per_job = (after - before) / max(1, loaded)
-            setattr(row, attr, per_job)
-            detail[kind] = {"rss_before": before, "rss_after": after, "jobs": loaded,
-                            "bytes_per_job": round(per_job, 1)}
-            log(f"  memory: {kind}: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB "
-                f"for {loaded} jobs = {per_job:.0f} B/job")
-    row.detail = detail
-    return row
-
-
-def durability_case(trisque: BenchServer, s: Settings) -> tuple[Row, Row]:
-    """ADDJOB with appendfsync always vs without the log, and vs redis LPUSH with always."""
-    aof = BenchServer("trisque", "trisque aof-always", appendonly="yes", appendfsync="always")
-    raof = BenchServer("redis", "redis aof-always", appendonly="yes", appendfsync="always")
-    title = "(e) aof always"
-    try:
-        aof.start()
-        if aof.ok:
-            state = aof.config("appendonly")
-            if state != "yes":
-                aof.failure = f"server reports appendonly={state!r} after --appendonly yes"
-        raof.start()
-        addjob = ["ADDJOB", "rbq", "x" * BODY, "0"]
-        (a_res, n_res, r_res), (a_rb, n_rb, r_rb) = interleave([
-            (aof, lambda i: ours(aof, "produce", s, queue=f"aq{i}"),
-             lambda n: redis_benchmark(aof, addjob, n)),
-            (trisque, lambda i: ours(trisque, "produce", s, queue=f"nq{i}"),
-             lambda n: redis_benchmark(trisque, addjob, n)),
-            (raof, lambda i: ours(raof, "lpush", s, queue=f"aq{i}"),
-             lambda n: redis_benchmark(raof, ["LPUSH", "rbq", "x" * BODY], n)),
-        ], s, title)
-    finally:
-        aof.stop()
-        raof.stop()
-    vs_noaof = fill(Row("e_vs_noaof", "(e1) ADDJOB aof always vs no aof, 50 conn"),
-                    aof, trisque, a_res, n_res, a_rb, n_rb)
-    vs_redis = fill(Row("e_vs_redis", "(e2) ADDJOB aof always vs LPUSH aof always"),
-                    aof, raof, a_res, r_res, a_rb, r_rb)
-    return vs_noaof, vs_redis
+            figures.samples.append(Sample(per_job, load=load))
+            log(f"  (d) memory: {kind}: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB "
+                f"for {loaded:,} jobs = {per_job:.0f} B/job")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
-# Output
+# The run
 
 
-def _fmt(v: float | str | None, unit: str, notes: list[str] | None = None) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, str):
-        if notes is None:
-            return v
-        if v not in notes:
-            notes.append(v)
-        return f"n/a [{notes.index(v) + 1}]"
-    return f"{v:,.0f}" if unit == "ops/s" else f"{v:,.0f} B"
+def run_table(s: Settings, disque: str | None, only: set[str], c_gen: bool
+              ) -> tuple[list[Row], list[Row]]:
+    """Every case asked for; the rows against Disque and the rows against redis-server."""
+    vs_disque: list[Row] = []
+    vs_redis: list[Row] = []
+    alt = c_gen and s.alt_runs > 0
 
+    def add(key: str, title_d: str, title_r: str, by_kind: dict[str, Contender]) -> None:
+        t, r, d = by_kind["trisque"], by_kind["redis"], by_kind.get("disque")
+        if d is not None:
+            vs_disque.append(Row(key, title_d, t.primary, d.primary, t.alt if alt else None,
+                                 d.alt if alt else None, target=DISQUE_TARGETS[key]))
+        vs_redis.append(Row(key, title_r, t.primary, r.primary, t.alt if alt else None,
+                            r.alt if alt else None, target=REDIS_TARGETS[key]))
 
-def _ratio_text(ratio: float | None) -> str:
-    return f"{ratio:.3f}x" if ratio is not None else "-"
+    def servers(suffix: str = "", **settings: str) -> list[BenchServer]:
+        kinds: list[BenchServer] = [BenchServer("trisque", "trisque" + suffix, **settings)]
+        if disque:
+            kinds.append(DisqueServer(disque, "disque" + suffix, **settings))
+        kinds.append(BenchServer("redis", "redis" + suffix, **settings))
+        return kinds
 
-
-def _verdict(key: str, value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    op, bound = TARGETS[key]
-    ok = value >= bound if op == ">=" else value <= bound
-    return "ok" if ok else "MISSED"
-
-
-def _lat(row: Row, side: str) -> str:
-    runs = (row.detail or {}).get(side) or []
-    if not runs:
-        return "-"
-    p50 = statistics.median(r["p50_ms"] for r in runs)
-    p99 = statistics.median(r["p99_ms"] for r in runs)
-    return f"{p50:.2f}/{p99:.2f}"
-
-
-def render(rows: Sequence[Row], s: Settings) -> str:
-    w = 46
-    notes: list[str] = []
-    out = [
-        f"trisque vs reference on this machine, median of {s.runs} run(s) of ~{s.duration:g} s "
-        f"each, interleaved; {BODY}-byte bodies, 50 connections",
-        f"primary load generator: trisque-benchmark (Python/trio, {s.procs} client processes); "
-        "'redis-benchmark' lines: the C generator driving both servers",
-        "",
-        f"{'case':<{w}} {'trisque':>10} {'reference':>10} {'ratio':>7}  {'target':>8}  {'verdict':<7}"
-        f"  latency p50/p99 ms (trisque | ref)",
-        "-" * (w + 86),
-    ]
-    for row in rows:
-        if row.key == "d":
-            value = row.trisque if isinstance(row.trisque, float) else None
-            out.append(f"{row.title:<{w}} {_fmt(row.trisque, row.unit, notes):>10} "
-                       f"{_fmt(row.redis, row.unit, notes):>10} {'':>7}  "
-                       f"{'<= 600 B':>8}  {_verdict('d', value):<7}")
-            continue
-        op, bound = TARGETS[row.key]
-        ratio = row.ratio()
-        out.append(f"{row.title:<{w}} {_fmt(row.trisque, row.unit, notes):>10} "
-                   f"{_fmt(row.redis, row.unit, notes):>10} {_ratio_text(ratio):>7}  "
-                   f"{op + format(bound, '.2f') + 'x':>8}  {_verdict(row.key, ratio):<7}  "
-                   f"{_lat(row, 'trisque_runs')} | {_lat(row, 'reference_runs')}")
-        if row.trisque_rb is not None or row.redis_rb is not None:
-            out.append(f"{'   redis-benchmark driving both':<{w}} {_fmt(row.trisque_rb, 'ops/s'):>10} "
-                       f"{_fmt(row.redis_rb, 'ops/s'):>10} {_ratio_text(row.rb_ratio()):>7}  "
-                       f"{'':>8}  {_verdict(row.key, row.rb_ratio()):<7}")
-    out += [
-        "",
-        "reference column: redis-server (LPUSH/RPOP; (e2) with appendfsync always), except (e1) where",
-        "it is trisque without the append log. (d): RSS growth of the server process / jobs loaded.",
-    ]
-    out += [f"[{i + 1}] {note}" for i, note in enumerate(notes)]
-    return "\n".join(out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench_table", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="one short run per case (~1 minute)")
-    p.add_argument("--runs", type=int, help="runs per case (default 5, quick 1)")
-    p.add_argument("--duration", type=float, help="seconds per run (default 2, quick 1)")
-    p.add_argument("--procs", type=int, default=2, help="client processes (default 2)")
-    p.add_argument("--no-redis-benchmark", action="store_true", help="skip the C generator lines")
-    p.add_argument("--only", help="comma-separated cases to run, e.g. a,b,d")
-    p.add_argument("--out", default=str(REPO / "bench-results" / "latest.json"))
-    opts = p.parse_args(argv)
-    s = Settings(runs=opts.runs or (1 if opts.quick else 5),
-                 duration=opts.duration or (1.0 if opts.quick else 2.0),
-                 preload=30_000 if opts.quick else 60_000, procs=opts.procs,
-                 redis_benchmark=not opts.no_redis_benchmark)
-    only = set((opts.only or "a,b,c,d,e,f,h").split(","))
-    started = time.monotonic()
-    rows: list[Row] = []
-    with BenchServer("trisque", "trisque") as trisque, BenchServer("redis", "redis") as redis:
-        for server in (trisque, redis):
-            log(f"{server.label}: " + (f"port {server.port}" if server.ok else f"n/a: {server.failure}"))
-        warm_up(trisque, redis, s)
-        if "a" in only:
-            rows.append(produce_case("a", "(a) ADDJOB vs LPUSH, 50 conn, no pipeline", trisque, redis,
-                                     s, 1))
-        if "b" in only:
-            rows.append(produce_case("b", "(b) ADDJOB vs LPUSH, 50 conn, pipeline 16", trisque, redis,
-                                     s, 16))
-        if "c" in only:
-            rows.append(consume_case(trisque, redis, s))
+    plain = servers()
+    try:
+        for server in plain:
+            server.start()
+            log(f"{server.label}: " + (f"port {server.port}" if server.ok
+                                       else f"n/a: {server.failure}"))
+        for key, pipeline, consume, d_title, r_title in (
+                ("a", 1, False, "(a) ADDJOB, 50 conn, no pipeline",
+                 "(a) ADDJOB vs LPUSH, 50 conn"),
+                ("b", 16, False, "(b) ADDJOB, 50 conn, pipeline 16",
+                 "(b) ADDJOB vs LPUSH, 50 conn, pipeline 16"),
+                ("c", 1, True, "(c) GETJOB NOHANG, preloaded, 50 conn",
+                 "(c) GETJOB NOHANG vs RPOP, 50 conn")):
+            if key not in only:
+                continue
+            log(f"{d_title} ...")
+            by_kind = {srv.kind: Contender(srv, pipeline, consume) for srv in plain}
+            throughput_case(f"({key})", list(by_kind.values()), s, c_gen)
+            add(key, d_title, r_title, by_kind)
         if "e" in only:
-            rows.extend(durability_case(trisque, s))
+            log("(e) ADDJOB, appendfsync always ...")
+            always = servers(" always", appendonly="yes", appendfsync="always")
+            try:
+                for server in always:
+                    server.start()
+                by_kind = {srv.kind: Contender(srv) for srv in always}
+                no_log = Contender(plain[0], name="trisque (no log)")
+                throughput_case("(e)", [*by_kind.values(), no_log], s, c_gen)
+            finally:
+                for server in always:
+                    server.stop()
+            t, r, d = by_kind["trisque"], by_kind["redis"], by_kind.get("disque")
+            if d is not None:
+                vs_disque.append(Row("e", "(e) ADDJOB, appendfsync always, 50 conn", t.primary,
+                                     d.primary, t.alt if alt else None, d.alt if alt else None,
+                                     target=DISQUE_TARGETS["e"]))
+            vs_redis.append(Row("e1", "(e1) ADDJOB always vs trisque without log", t.primary,
+                                no_log.primary, t.alt if alt else None,
+                                no_log.alt if alt else None, target=REDIS_TARGETS["e1"]))
+            vs_redis.append(Row("e2", "(e2) ADDJOB always vs LPUSH always", t.primary,
+                                r.primary, t.alt if alt else None, r.alt if alt else None,
+                                target=REDIS_TARGETS["e2"]))
+    finally:
+        for server in plain:
+            server.stop()
     if "d" in only:
-        rows.append(memory_case(s))
-    rows.sort(key=lambda r: r.key)
-    table = render(rows, s)
-    print(table)
+        log(f"(d) memory per queued job, {s.memory_jobs:,} jobs ...")
+        kinds: list[tuple[str, str | None]] = [("trisque", None), ("redis", None)]
+        if disque:
+            kinds.insert(1, ("disque", disque))
+        mem = memory_case(kinds, s.memory_jobs)
+        title = f"(d) RSS per queued {BODY}-byte job"
+        if disque:
+            vs_disque.append(Row("d", title, mem["trisque"], mem["disque"], unit="B/job",
+                                 target=DISQUE_TARGETS["d"]))
+        vs_redis.append(Row("d", title, mem["trisque"], mem["redis"], unit="B/job",
+                            target=REDIS_TARGETS["d"], absolute=True))
+    order = "abcde"
+    vs_disque.sort(key=lambda r: order.index(r.key[0]))
+    vs_redis.sort(key=lambda r: (order.index(r.key[0]), r.key))
+    return vs_disque, vs_redis
+
+
+def _loadavg() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def table(s: Settings, disque: str | None, only: set[str], c_gen: bool, out: Path) -> None:
+    """Run the table's cases, print the table, write it with every run to ``out`` (JSON)."""
+    primary = C_GENERATOR if c_gen else PY_GENERATOR
+    secondary = PY_GENERATOR if c_gen and s.alt_runs else None
+    started = time.monotonic()
+    load_before = _loadavg()
+    log(f"make bench: reference {'Disque ' + disque if disque else 'redis-server only'}; "
+        f"{s.runs} run(s) of {s.duration:g} s per server and case; load average {load_before}")
+    vs_disque, vs_redis = run_table(s, disque, only, c_gen)
     elapsed = time.monotonic() - started
-    print(f"\n(took {elapsed:.0f} s)")
-    out = Path(opts.out)
+    header = [
+        f"trisque vs {'the reference Disque and ' if disque else ''}redis-server on this machine "
+        f"({os.cpu_count()} CPUs, {platform.platform(terse=True)}), same run; "
+        f"{BODY}-byte bodies, 50 connections",
+        f"medians of {s.runs} interleaved run(s) of ~{s.duration:g} s per server; load average "
+        f"(1, 5, 15 min) {load_before} at the start, {_loadavg()} at the end; {elapsed:.0f} s",
+        f"primary load generator: {primary}"
+        + (" (C, one thread: it takes the least CPU from the server it shares the cores "
+           "with); its ratios are judged" if c_gen else
+           " (redis-benchmark is not installed: install it for the honest ratios)"),
+    ]
+    if secondary:
+        header.append(f"'{secondary} driving both' lines: the Python generator ({s.procs} "
+                      "processes, about a core of its own), for comparison only")
+    if not disque:
+        header.append(f"no reference Disque: set {DISQUE_ENV}=/path/to/disque-server for "
+                      "issue 12's targets")
+    sections = [("against the reference Disque (issue 12 targets)", "Disque", vs_disque),
+                ("against redis-server, the yardstick (targets of the first make bench)",
+                 "redis", vs_redis)]
+    footer = []
+    if "d" in only:
+        footer.append("(d): RSS growth of the server process / jobs queued; against Disque the "
+                      "target is the ratio, against redis trisque's own bytes.")
+    if "e" in only:
+        footer.append("(e1): trisque with appendfsync always against the same binary without "
+                      "the log.")
+    text = render(sections, header, primary, secondary, footer)
+    print(text, flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "cpus": _cpus()},
-        "settings": s.__dict__,
+                    "cpus": os.cpu_count(), "load_before": load_before, "load_after": _loadavg()},
+        "reference_disque": disque, "primary_generator": primary,
+        "secondary_generator": secondary, "settings": s.__dict__,
         "elapsed_s": round(elapsed, 1),
-        "rows": [{**r.__dict__, "ratio": r.ratio(), "redis_benchmark_ratio": r.rb_ratio(),
-                  "target": TARGETS.get(r.key)} for r in rows],
-        "table": table,
+        "vs_disque": [r.to_json() for r in vs_disque],
+        "vs_redis": [r.to_json() for r in vs_redis],
+        "table": text,
     }, indent=2, default=str))
-    print(f"results written to {out}")
-    if "h" in only:
-        http_case(s)
+    print(f"results written to {out}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cli.bench_table", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--disque", metavar="PATH",
+                   help=f"the reference disque-server binary (default: ${DISQUE_ENV} if set; "
+                   "without one the table is against redis-server only)")
+    p.add_argument("--quick", action="store_true",
+                   help="for iteration: 1 run of 1 s per case, no trisque-benchmark lines, "
+                   "(d) at 100,000 jobs, quick extras (a few minutes)")
+    p.add_argument("--runs", type=int, help="redis-benchmark runs per server and case "
+                   "(default 5, quick 1)")
+    p.add_argument("--duration", type=float, help="seconds per run (default 2, quick 1)")
+    p.add_argument("--alt-runs", type=int, help="trisque-benchmark runs per server and case, "
+                   "printed for comparison (default 3, quick 0)")
+    p.add_argument("--procs", type=int, default=2, help="trisque-benchmark client processes "
+                   "(default 2)")
+    p.add_argument("--only", default=CASES, help=f"comma-separated cases (default {CASES})")
+    p.add_argument("--out", default=str(REPO / "bench-results" / "latest.json"))
+    opts = p.parse_args(argv)
+    s = Settings(runs=opts.runs or (1 if opts.quick else 5),
+                 duration=opts.duration or (1.0 if opts.quick else 2.0),
+                 alt_runs=(0 if opts.quick else 3) if opts.alt_runs is None else opts.alt_runs,
+                 procs=opts.procs, memory_jobs=100_000 if opts.quick else 200_000)
+    if s.runs < 1 or s.duration <= 0 or s.alt_runs < 0 or s.procs < 1:
+        p.error("--runs, --duration and --procs must be positive, --alt-runs at least 0")
+    only = {c.strip() for c in opts.only.split(",") if c.strip()}
+    unknown = only - set(CASES.split(","))
+    if unknown:
+        p.error(f"unknown case(s) {','.join(sorted(unknown))}; the cases are {CASES}")
+    try:
+        disque = disque_binary(opts.disque)
+    except ValueError as exc:
+        p.error(str(exc))
+    c_gen = shutil.which(C_GENERATOR) is not None
+    if only & set("abcde"):
+        table(s, disque, only, c_gen, Path(opts.out))
+    if "k" in only:
+        http_case(s, opts.quick)
     if "f" in only:
         spark_case(opts.quick)
     return 0
 
 
-def http_case(s: Settings) -> None:
-    """(h): the HTTP API next to RESP, 16 clients each (cli/bench_http.py)."""
+def http_case(s: Settings, quick: bool) -> None:
+    """(k): the HTTP API next to RESP, 16 clients each (cli/bench_http.py)."""
     from cli import bench_http
 
-    res = bench_http.run(runs=min(s.runs, 3), duration=s.duration, procs=s.procs,
-                         preload_jobs=s.preload)
+    log("(k) HTTP API ...")
+    res = bench_http.run(runs=1 if quick else min(s.runs, 3), duration=s.duration, procs=s.procs,
+                         preload_jobs=20_000 if quick else 60_000)
     print("\n" + bench_http.render(res), flush=True)
     out = REPO / "bench-results" / "http.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -461,15 +500,13 @@ def spark_case(quick: bool) -> None:
     if quick:
         argv += ["--jobs", "200000", "--runs", "1", "--stream-jobs", "50000"]
     out = REPO / "bench-results" / "spark.json"
-    done = subprocess.run(argv + ["--json", str(out)], cwd=REPO, timeout=3600)
+    try:
+        done = subprocess.run(argv + ["--json", str(out)], cwd=REPO, timeout=3600)
+    except subprocess.TimeoutExpired:
+        print("n/a: pipeline.bench did not finish within an hour", flush=True)
+        return
     if done.returncode:
         print(f"n/a: pipeline.bench exited with {done.returncode}", flush=True)
-
-
-def _cpus() -> int | None:
-    import os
-
-    return os.cpu_count()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import os
 import sys
 
 from broker import aof
-from broker.job import validate_record
+from broker.core import Broker
 from node import logfile
 
 
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     path: str = args.file
     try:
         size = os.path.getsize(path)
-        end = logfile.scan(path, validate_record)
+        end = logfile.scan(path, Broker.validate_record)
     except aof.LogError as exc:
         print(f"error: {exc}")
         return 2
@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         flags = " enqueue-jobs-once" if header.enqueue_once else ""
         print(f"format version: {header.version}{flags}")
     print(f"records: {end.records} (job {end.counts['job']}, ack {end.counts['ack']}, "
-          f"del {end.counts['del']}, dlv {end.counts['dlv']}, qpolicy {end.counts['qpolicy']})")
+          f"del {end.counts['del']}, dlv {end.counts['dlv']}, qpolicy {end.counts['qpolicy']}, "
+          f"timer {end.counts['timer']})")
     if end.state == "clean":
         print("status: OK")
         return 0

@@ -44,6 +44,11 @@ COMMANDS: tuple[CommandHelp, ...] = (
     CommandHelp("SHOW", "id", "Describe a job: state, counters, nodes, body", "jobs"),
     CommandHelp("JSCAN", "[cursor] [COUNT count] [BUSYLOOP] [QUEUE queue] [STATE state ...] "
                 "[REPLY all|id]", "Iterate over the jobs this node knows", "jobs"),
+    CommandHelp("JOBRUN", "START id queue attempt worker pid | STATUS run line | APPEND run "
+                "offset bytes | END run done|failed|resent|timeout|stopped exit-code|none "
+                "reason | GET id | OUTPUT id [offset] | LIST [RUNNING] [COUNT n]",
+                "Run records of script workers: a run's state, status lines, exit code and "
+                "output tail, on the node the worker talks to (docs/worker.md)", "jobs"),
     CommandHelp("QLEN", "queue", "Number of jobs queued in a queue", "queues"),
     CommandHelp("QSTAT", "queue", "Describe a queue: length, age, rates, pause state",
                 "queues"),
@@ -56,9 +61,15 @@ COMMANDS: tuple[CommandHelp, ...] = (
                 "Pause a queue for input, output or both, or show its pause state", "queues"),
     CommandHelp("QPOLICY", "CREATE|UPDATE|SET queue [REDRIVE max-receives dead-letter-queue] "
                 "[NOREDRIVE] [RETENTION sec] [VISIBILITY sec] [DELAY sec] [DEDUP yes|no] | "
-                "GET queue | DEL queue | LIST [OFFSET n] [LIMIT n] | ORIGIN id",
-                "Queue policies: default TTL, RETRY and DELAY, dead-letter queue, "
-                "deduplication (docs/policies.md)", "queues"),
+                "GET queue | DEL queue | LIST [OFFSET n] [LIMIT n] | ORIGIN id | "
+                "REDRIVE dead-letter-queue [COUNT n]",
+                "Queue policies: default TTL, RETRY and DELAY, dead-letter queue (REDRIVE "
+                "moves dead letters back), deduplication (docs/policies.md)", "queues"),
+    CommandHelp("TIMER", "ADD name period queue body [ADDJOB options] [START unix-ms] "
+                "[REPLACE] | DEL name [name ...] | GET name | LIST | PAUSE name | "
+                "RESUME name | FIRE name | HELP",
+                "Periodic timers: add a job to a queue every period seconds, once per due "
+                "time across the cluster (docs/timers.md)", "timers"),
     CommandHelp("HELLO", "", "This node's ID and every known node with its priority",
                 "cluster"),
     CommandHelp("CLUSTER", "MEET ip port | NODES | INFO | LEAVING [yes|no] | FORGET id | "

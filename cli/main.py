@@ -9,9 +9,11 @@ node (no cluster hopping: an operator talks to the node they named), and every r
 with ``protocol.typed_reply.TypedReplyParser`` so status, bulk and error replies print the way
 redis-cli prints them (``cli.reply_format``).
 
-Local tools never share the command namespace with the server: their names contain a hyphen
-(``check-log``) and no Disque or Redis command name does, so ``trisque check-log FILE --fix``
-can only mean the tool and is never sent to a node. ``--tool NAME`` is the explicit spelling.
+Local tools never share the command namespace with the server: their names are lowercase
+words no Disque or Redis command has (``check-log``: a hyphen, which no command name contains;
+``worker``), so ``trisque check-log FILE --fix`` can only mean the tool and is never sent to a
+node (``trisque WORKER`` is, and is refused as unknown). ``--tool NAME`` is the explicit
+spelling.
 
 Exit status: 0 when every reply was a success, 1 when any reply was an error or the node could
 not be reached or went away, 2 for a usage error.
@@ -37,7 +39,7 @@ DEFAULT_PORT = 7711
 CONNECT_TIMEOUT = 5.0
 
 #: Local tools: name -> (module, function taking argv and returning an exit status).
-TOOLS = {"check-log": ("cli.check_log", "main")}
+TOOLS = {"check-log": ("cli.check_log", "main"), "worker": ("cli.worker", "main")}
 
 USAGE = f"""\
 Usage: trisque [OPTIONS] [command [arg [arg ...]]]
@@ -67,8 +69,11 @@ Without a command: an interactive prompt when stdin is a terminal (history in
 ~/.trisque_history, or $TRISQUE_HISTFILE; "help", "help COMMAND", "quit", "exit"), otherwise
 one command per line is read from stdin (quoting as in redis-cli: "a b", 'x', "\\x00").
 
-Local tools (hyphenated names, never sent to a node; also reachable as --tool NAME):
+Local tools (never sent to a node; also reachable as --tool NAME):
   check-log FILE [--fix]   Check an append-only log file, optionally truncating a torn tail.
+  worker --queue Q [options] -- COMMAND [ARGS]
+                           Run COMMAND once per job taken from Q (trisque worker --help,
+                           docs/worker.md).
 The benchmark is a separate program: trisque-benchmark --help.
 
 Exit status: 0 if every reply succeeded, 1 if any reply was an error or the node could not be

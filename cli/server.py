@@ -43,6 +43,7 @@ Starts one trisque node. Directives are those of the config file (see conf/trisq
 given on the command line as --name value; they override the file. Examples:
   trisque-server conf/trisque.conf
   trisque-server --port 7777 --dir /var/lib/trisque --appendonly yes
+  trisque-server --http-port 7780   # HTTP API, dashboard at http://127.0.0.1:7780/, /metrics
 """
 
 

@@ -59,6 +59,7 @@ class MessageType(enum.IntEnum):
     NEEDJOBS = 21
     YOURJOBS = 22
     QPOLICY = 40  # queue policies (cluster/policy_sync.py); numbers are never reused
+    TIMER = 41  # periodic timers (cluster/periodic_sync.py)
 
 
 _HEX_DIGITS = b"0123456789abcdef"

@@ -387,6 +387,9 @@ class Bus:
             "frames_received", "frames_sent", "sends_dropped", "links_refused",
             "links_dropped_bad_frame", "links_closed_silent", "links_closed_idle",
             "links_closed_slow", "connect_failures", "core_errors"), 0)
+        # Frames by message type, for /metrics (node/metrics.py).
+        self.received_by_type: dict[MessageType, int] = {}
+        self.sent_by_type: dict[MessageType, int] = {}
         self._nursery: trio.Nursery | None = None
 
     def add_core(self, core: FrameCore) -> None:
@@ -559,6 +562,8 @@ class Bus:
             if link.closed:
                 return
             self.counters["frames_received"] += 1
+            by_type = self.received_by_type
+            by_type[frame.type] = by_type.get(frame.type, 0) + 1
             core = self.by_type.get(frame.type, membership)
             if core is membership:
                 if pending:
@@ -676,6 +681,7 @@ class Bus:
             return
         if link.enqueue(data):
             self.counters["frames_sent"] += 1
+            self.sent_by_type[mtype] = self.sent_by_type.get(mtype, 0) + 1
         else:
             self.counters["sends_dropped"] += 1
 

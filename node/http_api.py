@@ -53,6 +53,7 @@ BODY_TIMEOUT_S: Final = 10.0  # a client that does not send its body in this tim
 RETRY_AFTER_S: Final = "1"
 ADDJOB_TIMEOUT_MS: Final = 5000  # ADDJOB's ms-timeout (synchronous replication on a cluster)
 OCTET: Final = "application/octet-stream"
+REDRIVE_SLICE: Final = 1000  # dead letters moved per loop turn
 
 
 class HttpError(Exception):
@@ -273,6 +274,17 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     return int(raw)
 
 
+def _same_origin(request: Request) -> bool:
+    """A browser's request from another site's page (a form posted there with the user's
+    saved Basic credentials) carries that site's Origin: refused. Clients that send no
+    Origin (curl, programs) are not browsers and pass."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    host = request.headers.get("host", "")
+    return origin in (f"http://{host}", f"https://{host}")
+
+
 def _name(raw: str) -> bytes:
     name = raw.encode("utf-8", "surrogateescape")
     if not name:
@@ -347,6 +359,28 @@ class Api:
         total, items = await self.bridge.call("QPOLICY", "LIST", "OFFSET", str(offset),
                                               "LIMIT", str(limit))
         return JSONResponse({"total": total, "queues": [_policy_json(i) for i in items]})
+
+    async def redrive(self, request: Request) -> Response:
+        """``POST /queues/<name>/redrive``: QPOLICY REDRIVE in slices of REDRIVE_SLICE, so a
+        big dead-letter queue does not hold the node for one long loop turn."""
+        if not _same_origin(request):
+            raise HttpError(403, "cross-origin request refused")
+        name = _name(request.path_params["name"])
+        await self._require_queue(name)
+        limit = _int_param(request, "count", 2**31 - 1, 1, 2**31 - 1)
+        moved = 0
+        while moved < limit:
+            step = min(REDRIVE_SLICE, limit - moved)
+            reply = await self.bridge.call("QPOLICY", "REDRIVE", name, "COUNT", str(step))
+            if isinstance(reply, Error) and moved == 0:
+                _raise_for(reply)
+            if not isinstance(reply, int):
+                break  # a later slice failed: report what moved
+            moved += reply
+            if reply < step:
+                break
+            await trio.lowlevel.checkpoint()
+        return JSONResponse({"moved": moved})
 
     # -- messages (mqs) --------------------------------------------------------------------------
 
@@ -528,10 +562,18 @@ class _Auth:
 
 
 def make_app(server: Any) -> ASGIApp:
+    from node import metrics
+    from node.dashboard import Dashboard
+
     api = Api(Bridge(server))
+    dashboard = Dashboard(server)
     routes = [
         Route("/openapi.json", _wrap(api.openapi), methods=["GET"]),
+        # Issue 14: Prometheus metrics, and the dashboard's /, /jobs/... and /static/...
+        Route("/metrics", metrics.endpoint(server, dashboard), methods=["GET"]),
+        *dashboard.routes(),
         Route("/queues", _wrap(api.queues), methods=["GET"]),
+        Route("/queues/{name:path}/redrive", _wrap(api.redrive), methods=["POST"]),
         Route("/queues/{name}", _wrap(api.queue), methods=["GET", "PUT", "POST", "DELETE"]),
         Route("/messages/{name:path}", _wrap(api.messages), methods=["GET", "POST", "DELETE"]),
         Route("/mq/{queue}", _wrap(api.mq_queue), methods=["GET", "PUT", "DELETE"]),

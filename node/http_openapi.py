@@ -97,6 +97,19 @@ OPENAPI: Final[dict[str, Any]] = {
                 "application/json": {"schema": {"$ref": "#/components/schemas/Queue"}}}},
                 "404": _ERR, "401": _ERR, "503": _RETRY}},
         },
+        "/queues/{name}/redrive": {
+            "parameters": [_QUEUE_NAME],
+            "post": {
+                "description": "Move the dead letters queued on this node in this "
+                               "dead-letter queue back to their original queues (QPOLICY "
+                               "REDRIVE, docs/policies.md).",
+                "parameters": [{"name": "count", "in": "query", "schema": {
+                    "type": "integer", "minimum": 1, "maximum": 2**31 - 1}}],
+                "responses": {"200": {"description": "Moved", "content": {"application/json": {
+                    "schema": {"type": "object", "required": ["moved"],
+                               "properties": {"moved": {"type": "integer"}}}}}},
+                    "400": _ERR, "403": _ERR, "404": _ERR, "401": _ERR, "503": _RETRY}},
+        },
         "/messages/{name}": {
             "parameters": [{"name": "name", "in": "path", "required": True,
                             "description": "A queue (GET, POST) or a message ID (DELETE; "

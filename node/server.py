@@ -33,7 +33,10 @@ is sent, and the bus holds a GOTJOB until the log says it is durable. The federa
 ``broker.federation``; its effects follow the job core's after every event (client
 commands included: GETJOB and ADDJOB emit NEEDJOBS), the bus holds a YOURJOBS like a GOTJOB
 (the ``del`` of an at-most-once job that left must be durable first), and
-``federation_timer`` ticks it at its ``next_deadline()``, re-read after every flush.
+a ``CoreTimer`` ticks it at its ``next_deadline()``, re-read after every flush. The
+periodic timer core (``cluster.periodic_sync.PeriodicSync``, issue 14) comes last: it holds
+the timer table's replication and fires each due time this node owns, from its own
+``CoreTimer`` (exactly at the due time) and the bus's 100 ms tick (hand-overs, take-overs).
 
 A synchronous ADDJOB (``REPLICATE`` > 1) returns ``BLOCKED`` like a GETJOB with nothing to
 deliver: the connection stops executing its pipeline (``Connection.blocked``) until the
@@ -77,6 +80,7 @@ from broker.intents import (
 from cluster.federation import FederationCore
 from cluster.jobs import JobCore
 from cluster.membership import Membership
+from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
 from node import config_file, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus
@@ -154,21 +158,25 @@ class Server:
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
                        save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id,
                        before_flush=self.settle_broker, log_ticket=self.log_ticket,
-                       wait_durable=self.durable, after_flush=self._federation_moved)
+                       wait_durable=self.durable, after_flush=self._deadlines_moved)
         # Replicated jobs: built before the log is replayed (run() loads it), since replay
         # keeps acked cluster jobs only when broker.replication is set.
         self.jobs = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
         self.bus.add_core(self.jobs)
         # Federation (issue 10): NEEDJOBS/YOURJOBS; ticked at its own next deadline
-        # (federation_timer), which any command or frame may move (a GETJOB blocking).
+        # (a CoreTimer), which any command or frame may move (a GETJOB blocking).
         self.federation = FederationCore(self.broker, self.cluster)
         self.bus.add_core(self.federation)
-        self._fed_armed: int | None = None  # the deadline federation_timer sleeps until
-        self._fed_wake = trio.Event()
         # Queue policies, replicated to every node (issue 13, cluster/policy_sync.py).
         self.policy_sync = PolicySync(self.broker, self.cluster, random.Random(os.urandom(16)),
                                       now_ms)
         self.bus.add_core(self.policy_sync)
+        # Periodic timers (issue 14): the table replicated, and the due times this node owns
+        # fired at their time (a CoreTimer) or at the bus tick after a take-over.
+        self.periodic_sync = PeriodicSync(self.broker, self.cluster,
+                                          random.Random(os.urandom(16)), now_ms)
+        self.bus.add_core(self.periodic_sync)
+        self.core_timers = [CoreTimer(self, self.federation), CoreTimer(self, self.periodic_sync)]
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
             try:
@@ -512,32 +520,10 @@ class Server:
             # waits for its records; WILLQUEUE, QUEUED, SETACK... go out after them.
             self.bus.flush()
 
-    def _federation_moved(self) -> None:
-        """After every flush: wake federation_timer if the core's next deadline came earlier
-        than the one it sleeps until (a GETJOB just blocked, a YOURJOBS made a source)."""
-        due = self.federation.next_deadline()
-        if due is not None and (self._fed_armed is None or due < self._fed_armed):
-            self._fed_wake.set()
-
-    async def federation_timer(self) -> None:
-        """Tick the federation core exactly at ``next_deadline()`` (its ad hoc NEEDJOBS backs
-        off from 25 ms: the bus's 100 ms tick alone would make it late)."""
-        fed = self.federation
-        while True:
-            self._fed_wake = trio.Event()
-            due = self._fed_armed = fed.next_deadline()
-            if due is None:
-                await self._fed_wake.wait()
-            else:
-                wait = (due - self.clock.now_ms()) / 1000
-                if wait > 0:
-                    with trio.move_on_after(wait):
-                        await self._fed_wake.wait()
-            self._fed_armed = None
-            now = self.clock.now_ms()
-            due = fed.next_deadline()
-            if due is not None and due <= now:
-                self.bus.event(fed.tick, now)
+    def _deadlines_moved(self) -> None:
+        """After every flush: wake each CoreTimer whose core's deadline came earlier."""
+        for timer in self.core_timers:
+            timer.moved()
 
     def _sample(self, now: int) -> None:
         t, n = self._ops_sample
@@ -579,7 +565,8 @@ class Server:
             await nursery.start(self.nodes_file.run)
             await nursery.start(self.bus.run, bus_listeners)
             nursery.start_soon(self.timers)
-            nursery.start_soon(self.federation_timer)
+            for core_timer in self.core_timers:
+                nursery.start_soon(core_timer.run)
             if cfg.http_port:  # the HTTP API (node/http_api.py), off by default
                 from node import http_api
 
@@ -624,6 +611,43 @@ class Server:
         except Exception as exc:
             log.error("Error while closing the append log: %s", exc)
         log.warning("trisque is now ready to exit, bye bye...")
+
+
+class CoreTimer:
+    """Ticks one cluster core exactly at its ``next_deadline()``: the federation core (its ad
+    hoc NEEDJOBS backs off from 25 ms: the bus's 100 ms tick alone would make it late) and
+    the periodic timer core (a due time fires at its millisecond, not up to 100 ms after).
+    Any event may move the deadline earlier (a GETJOB blocking, a TIMER ADD): ``moved``,
+    called after every flush, wakes the task then; one comparison per flush."""
+
+    def __init__(self, server: Server, core: Any) -> None:
+        self.server = server
+        self.core = core
+        self.armed: int | None = None  # the deadline the task sleeps until
+        self.wake = trio.Event()
+
+    def moved(self) -> None:
+        due = self.core.next_deadline()
+        if due is not None and (self.armed is None or due < self.armed):
+            self.wake.set()
+
+    async def run(self) -> None:
+        core, clock = self.core, self.server.clock
+        while True:
+            self.wake = trio.Event()
+            due = self.armed = core.next_deadline()
+            if due is None:
+                await self.wake.wait()
+            else:
+                wait = (due - clock.now_ms()) / 1000
+                if wait > 0:
+                    with trio.move_on_after(wait):
+                        await self.wake.wait()
+            self.armed = None
+            now = clock.now_ms()
+            due = core.next_deadline()
+            if due is not None and due <= now:
+                self.server.bus.event(core.tick, now)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,6 +67,10 @@ class AddJob(NamedTuple):
     async_: bool
     # DELAY given explicitly (even 0): a queue policy's message_delay must not override it.
     delay_given: bool = False
+    # Set only by a periodic timer's fire (broker/periodic.py), never by a client: the job ID
+    # is derived from (node ID for its node field, key) instead of being random, so the fire
+    # of one due time has one ID whichever node adds it.
+    id_key: tuple[str, bytes] | None = None
 
 
 class GetJob(NamedTuple):
@@ -127,11 +131,12 @@ class Generic(NamedTuple):
 
 
 class QPolicy(NamedTuple):
-    """QPOLICY CREATE|UPDATE|SET|GET|DEL|LIST|ORIGIN (queue policies, broker/policies.py).
+    """QPOLICY CREATE|UPDATE|SET|GET|DEL|LIST|ORIGIN|REDRIVE (queue policies,
+    broker/policies.py).
 
     ``changes`` holds only the fields given (name -> value; ``redrive`` is ``(max_receives,
     dead_letter_queue)`` or None for NOREDRIVE); ``target`` is the queue name, or the job ID
-    for ORIGIN."""
+    for ORIGIN; ``limit`` is LIST's LIMIT and REDRIVE's COUNT (None: no limit)."""
 
     sub: str
     target: bytes
@@ -140,8 +145,47 @@ class QPolicy(NamedTuple):
     limit: int | None = None
 
 
+class JobRun(NamedTuple):
+    """JOBRUN: run records of script workers (broker/runs.py, docs/worker.md).
+
+    Writes (the worker): ``START job-id queue attempt worker pid`` (replies the run token),
+    ``STATUS token line``, ``APPEND token offset bytes`` (replies the output size), ``END token
+    state exit-code|none reason``. Reads: ``GET job-id``, ``OUTPUT job-id [offset]``, ``LIST
+    [RUNNING] [COUNT n]``. Only the fields of the subcommand given are set."""
+
+    sub: str
+    job_id: bytes = b""
+    token: bytes = b""
+    queue: bytes = b""
+    text: str = ""  # START: the worker's name; STATUS: the line; END: the reason
+    attempt: int = 0
+    pid: int = 0
+    offset: int = 0
+    chunk: bytes = b""
+    state: str = ""
+    exit_code: int | None = None
+    running_only: bool = False
+    limit: int = 100
+
+
+class Timer(NamedTuple):
+    """TIMER ADD|DEL|GET|LIST|PAUSE|RESUME|FIRE|HELP (periodic timers, broker/periodic.py).
+
+    ``names`` holds the timer names the subcommand acts on (several for DEL, none for LIST
+    and HELP); ADD's fields follow."""
+
+    sub: str
+    names: tuple[bytes, ...] = ()
+    period: int = 0  # seconds
+    queue: bytes = b""
+    body: bytes = b""
+    params: tuple[bytes, ...] = ()  # ADDJOB options after the timeout, validated
+    start_ms: int | None = None  # the first due time (Unix ms); None: now
+    replace: bool = False
+
+
 Command = (AddJob | GetJob | JobsCommand | QueueCommand | QPeek | QScan | JScan | Pause | QPolicy
-           | Generic)
+           | JobRun | Timer | Generic)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,7 +407,7 @@ def _pause(argv: list[bytes]) -> Pause | Error:
 
 # mqs's bounds (INT32_MAX) for the policy numbers; each also fits Disque's uint32 job fields.
 INT32_MAX = (1 << 31) - 1
-_QPOLICY_SUBS = ("CREATE", "UPDATE", "SET", "GET", "DEL", "LIST", "ORIGIN")
+_QPOLICY_SUBS = ("CREATE", "UPDATE", "SET", "GET", "DEL", "LIST", "ORIGIN", "REDRIVE")
 
 
 def _policy_number(raw: bytes, name: str, low: int) -> int | Error:
@@ -395,6 +439,15 @@ def _qpolicy(argv: list[bytes]) -> QPolicy | Error:
     if len(argv) < 3:
         return errors.wrong_arity("qpolicy")
     target = argv[2]
+    if sub == "REDRIVE":
+        if len(argv) == 3:
+            return QPolicy(sub, target)
+        if len(argv) != 5 or argv[3].lower() != b"count":
+            return errors.SYNTAX
+        n = parse_int(argv[4])
+        if n is None or n < 1:
+            return errors.err("COUNT must be a positive integer")
+        return QPolicy(sub, target, limit=n)
     if sub in ("GET", "DEL", "ORIGIN"):
         if len(argv) != 3:
             return errors.SYNTAX
@@ -443,6 +496,137 @@ def _qpolicy(argv: list[bytes]) -> QPolicy | Error:
     return QPolicy(sub, target, tuple(changes.items()))
 
 
+# The limits of broker/runs.py that a parser can check (the broker's module imports this one).
+RUN_LINE_MAX = 1024
+RUN_WORKER_MAX = 256
+RUN_STATES = ("done", "failed", "resent", "timeout", "stopped")
+_JOBRUN_ARITY = {"START": 7, "STATUS": 4, "APPEND": 5, "END": 6, "GET": 3}
+
+
+def _run_text(raw: bytes, what: str, limit: int) -> str | Error:
+    if len(raw) > limit:
+        return errors.err(f"{what} longer than {limit} bytes")
+    if b"\n" in raw or b"\r" in raw:
+        return errors.err(f"{what} must be one line")
+    return raw.decode("utf-8", "replace")
+
+
+def _jobrun(argv: list[bytes]) -> JobRun | Error:
+    sub = argv[1].decode("latin-1").upper()
+    if sub in ("OUTPUT", "LIST"):
+        return _jobrun_read(sub, argv)
+    arity = _JOBRUN_ARITY.get(sub)
+    if arity is None:
+        return errors.unknown_subcommand("JOBRUN", argv[1].decode("utf-8", "replace"))
+    if len(argv) != arity:
+        return errors.err(f"wrong number of arguments for 'jobrun|{sub.lower()}' command")
+    if sub == "START":
+        _, _, job_id, queue, attempt_raw, worker_raw, pid_raw = argv
+        if not is_valid(job_id):
+            return errors.BADID
+        attempt, pid = parse_int(attempt_raw), parse_int(pid_raw)
+        if attempt is None or attempt < 1:
+            return errors.err("attempt must be a positive integer")
+        if pid is None or pid < 0:
+            return errors.err("pid must be a non negative integer")
+        worker = _run_text(worker_raw, "worker name", RUN_WORKER_MAX)
+        if isinstance(worker, Error):
+            return worker
+        if not worker:
+            return errors.err("worker name must not be empty")
+        return JobRun(sub, job_id=job_id, queue=queue, attempt=attempt, text=worker, pid=pid)
+    if sub == "GET":
+        return JobRun(sub, job_id=argv[2]) if is_valid(argv[2]) else errors.BADID
+    token = argv[2]
+    if sub == "STATUS":
+        line = _run_text(argv[3], "status line", RUN_LINE_MAX)
+        return line if isinstance(line, Error) else JobRun(sub, token=token, text=line)
+    if sub == "APPEND":
+        offset = parse_int(argv[3])
+        if offset is None or offset < 0:
+            return errors.err("offset must be a non negative integer")
+        return JobRun(sub, token=token, offset=offset, chunk=argv[4])
+    state = argv[3].decode("latin-1").lower()
+    if state not in RUN_STATES:
+        return errors.err("state must be one of " + ", ".join(RUN_STATES))
+    exit_code = None if argv[4].lower() == b"none" else parse_int(argv[4])
+    if exit_code is None and argv[4].lower() != b"none":
+        return errors.err("exit code must be an integer or none")
+    reason = _run_text(argv[5], "reason", RUN_LINE_MAX)
+    if isinstance(reason, Error):
+        return reason
+    return JobRun(sub, token=token, state=state, exit_code=exit_code, text=reason)
+
+
+def _jobrun_read(sub: str, argv: list[bytes]) -> JobRun | Error:
+    if sub == "OUTPUT":
+        if len(argv) not in (3, 4):
+            return errors.err("wrong number of arguments for 'jobrun|output' command")
+        if not is_valid(argv[2]):
+            return errors.BADID
+        offset = parse_int(argv[3]) if len(argv) == 4 else 0
+        if offset is None or offset < 0:
+            return errors.err("offset must be a non negative integer")
+        return JobRun(sub, job_id=argv[2], offset=offset)
+    running_only, count, j = False, 100, 2
+    while j < len(argv):
+        opt = argv[j].lower()
+        if opt == b"running":
+            running_only = True
+        elif opt == b"count" and j + 1 < len(argv):
+            n = parse_int(argv[j + 1])
+            if n is None or n <= 0:
+                return errors.COUNT_POSITIVE
+            count = n
+            j += 1
+        else:
+            return errors.SYNTAX
+        j += 1
+    return JobRun(sub, running_only=running_only, limit=count)
+
+
+_TIMER_ARITY = {"ADD": -6, "DEL": -3, "GET": 3, "LIST": 2, "PAUSE": 3, "RESUME": 3, "FIRE": 3,
+                "HELP": 2}
+
+
+def _timer(argv: list[bytes]) -> Timer | Error:
+    sub = argv[1].decode("latin-1").upper()
+    arity = _TIMER_ARITY.get(sub)
+    if arity is None:
+        return errors.unknown_subcommand("TIMER", argv[1].decode("utf-8", "replace"))
+    if (arity > 0 and len(argv) != arity) or len(argv) < -arity:
+        return errors.wrong_arity("timer|" + sub.lower())
+    if sub != "ADD":
+        return Timer(sub, tuple(argv[2:]))
+    period = parse_int(argv[3])
+    if period is None or not 1 <= period <= MAX_JOB_SECONDS:
+        return errors.err(f"period must be a number of seconds between 1 and {MAX_JOB_SECONDS}")
+    start_ms: int | None = None
+    replace = False
+    params: list[bytes] = []
+    j = 6
+    while j < len(argv):
+        opt = argv[j].lower()
+        if opt == b"replace":
+            replace = True
+        elif opt == b"start":
+            value = parse_int(argv[j + 1]) if j + 1 < len(argv) else None
+            if value is None or value < 0:
+                return errors.err("START must be a time in Unix milliseconds")
+            start_ms = value
+            j += 1
+        else:  # an ADDJOB option: checked below by ADDJOB's own parser
+            params.append(argv[j])
+            if opt != b"async" and j + 1 < len(argv):
+                params.append(argv[j + 1])
+                j += 1
+        j += 1
+    checked = _addjob([b"ADDJOB", argv[4], argv[5], b"0", *params])
+    if isinstance(checked, Error):
+        return checked
+    return Timer(sub, (argv[2],), period, argv[4], argv[5], tuple(params), start_ms, replace)
+
+
 def _generic(argv: list[bytes]) -> Generic:
     return Generic(argv[0].decode("latin-1").upper(), tuple(argv[1:]))
 
@@ -480,6 +664,10 @@ COMMANDS: dict[bytes, Spec] = {
     b"jscan": Spec(-1, _jscan),
     b"pause": Spec(-3, _pause),
     b"qpolicy": Spec(-2, _qpolicy),
+    b"jobrun": Spec(-2, _jobrun),
+
+
+    b"timer": Spec(-2, _timer),
     b"hello": Spec(-1, _generic, _NA),  # bare HELLO checks AUTH itself, as Disque
     b"info": Spec(-1, _generic),
     b"cluster": Spec(-2, _generic),

@@ -46,6 +46,15 @@ def is_at_most_once(job_id: bytes) -> bool:
     return ttl_minutes(job_id) & 1 == 0
 
 
+def keyed_id(node_id: str, key: bytes, ttl_seconds: int, retry: int) -> bytes:
+    """The ID every node computes alike for ``key`` (a periodic timer's name and due time):
+    the 24 characters come from ``SHA1(key)`` instead of a node's seed and counter, so two
+    nodes that add the job for the same key add one job ID, not two."""
+    digest = hashlib.sha1(b"trisque-keyed-id:" + key).digest()[:18]
+    return (b"D-" + node_id[:8].encode() + b"-" + binascii.b2a_base64(digest, newline=False)
+            + b"-%04x" % ttl_field(ttl_seconds, retry))
+
+
 class IdGenerator:
     """Makes IDs from a random seed (injected, so tests are repeatable) and a counter."""
 

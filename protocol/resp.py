@@ -13,7 +13,8 @@ Redis sends (``Protocol error: ...``) before it closes the connection.
   commands, as Redis accepts them. It checks every header itself, because hiredis has no limit
   on multibulk counts or bulk lengths and does not say where an unfinished request starts, so it
   cannot refuse ``$2000000000`` at once the way Redis does. Once the headers are read, the
-  arguments are only slices of the buffer.
+  arguments are only slices of the buffer. The common case (complete frames of bulk strings,
+  possibly pipelined) takes a fast path that gives exactly the same results (see the class).
 
 Replies are plain Python values: ``bytes`` (bulk), ``int``, ``None`` (null), ``list``/``tuple``
 (array), ``dict`` (map: flattened in RESP2), ``Status`` (``+``), ``Error`` (``-``),
@@ -31,6 +32,14 @@ import hiredis
 MAX_INLINE_SIZE: Final = 64 * 1024
 MAX_MULTIBULK_COUNT: Final = 1024 * 1024
 MAX_BULK_LEN: Final = 512 * 1024 * 1024
+
+# The request fast path (RequestParser._fill_fast): how much of the buffer one pass reads at
+# most (it also bounds the commands it splits ahead: a client blocked in GETJOB keeps them),
+# and the headers it knows by heart. A count outside the table, or a frame larger than the
+# window, is not an error, only a frame for the full parser; both stay far below the limits.
+_FAST_WINDOW: Final = 16 * 1024
+_FAST_COUNTS: Final[dict[bytes, int]] = {b"*%d" % n: n for n in range(1, 1025)}
+_FAST_BULK_LENGTHS: Final[dict[bytes, int]] = {b"$%d" % n: n for n in range(1024)}
 
 
 class _NeedData:
@@ -84,11 +93,28 @@ class RequestParser:
     """Splits a client's byte stream into commands (lists of ``bytes`` arguments).
 
     Empty commands (``*0``, ``*-1``, blank inline lines) are skipped, as Redis does.
+
+    Two parsers share the buffer. The *full parser* (``_next_full``) reads anything a client
+    may send, one header at a time, and keeps its place inside a frame that is not complete
+    yet. The *fast path* (``_fill_fast``) takes only the common case: at a frame boundary,
+    complete multibulk frames of bulk strings with plain headers, possibly several pipelined,
+    which it reads in one pass over (a window of) the buffer, looking headers up in tables
+    and jumping over the data, into a queue of commands (``_ready``). At the first frame it
+    is not sure of (inline, partial, empty, odd or large headers, anything near a limit) it
+    stops, and the full parser goes on from there, so every error and every limit is the
+    full parser's. Queued commands are consumed only when ``next()`` hands them out (each
+    moves ``_pos`` past its own frame), and a frame the fast path began but could not finish
+    is handed to the full parser in the very state the full parser would have reached by
+    itself; so after each ``next()`` the buffer, the command read in part, ``buffered`` and
+    ``held`` are what the full parser alone would leave
+    (``tests/property/test_resp_fastpath.py`` checks it on any input split anywhere).
+    ``RequestParser(fast=False)`` is the full parser alone, the reference for that test.
     """
 
-    __slots__ = ("_buf", "_pos", "_argv", "_argc", "_bulklen", "_argv_bytes")
+    __slots__ = ("_buf", "_pos", "_argv", "_argc", "_bulklen", "_argv_bytes", "_fast",
+                 "_ready", "_ready_sizes")
 
-    def __init__(self) -> None:
+    def __init__(self, *, fast: bool = True) -> None:
         self._buf = bytearray()
         self._pos = 0
         # State of a multibulk request read only in part: arguments so far, how many are
@@ -97,11 +123,17 @@ class RequestParser:
         self._argc = 0
         self._bulklen = -1
         self._argv_bytes = 0  # size of the arguments in _argv
+        self._fast = fast
+        # Commands the fast path split ahead, last one first (``pop()`` hands out the next),
+        # and the size of each one's frame, by which ``_pos`` moves when it is handed out.
+        self._ready: list[list[bytes]] = []
+        self._ready_sizes: list[int] = []
 
     def feed(self, data: bytes) -> None:
         buf = self._buf
         if self._pos:
             # Drop what is consumed before growing, so a long-lived connection stays small.
+            # (Queued commands keep their frames' sizes, not positions: nothing to adjust.)
             del buf[: self._pos]
             self._pos = 0
         buf += data
@@ -123,8 +155,104 @@ class RequestParser:
         self._pos = self._argc = self._argv_bytes = 0
         self._argv = []
         self._bulklen = -1
+        self._ready = []
+        self._ready_sizes = []
 
     def next(self) -> list[bytes] | _NeedData:
+        ready = self._ready
+        if not ready and self._fast and self._argc == 0:
+            buf = self._buf
+            pos = self._pos
+            if pos < len(buf) and buf[pos] == 0x2A:  # '*'
+                self._fill_fast()
+        if ready:
+            self._pos += self._ready_sizes.pop()
+            return ready.pop()
+        return self._next_full()
+
+    def _fill_fast(self) -> None:
+        """Queue the ordinary complete frames at the start of the buffer (see the class
+        docstring): ``*<n>`` with 1 <= n <= 1024, then n bulk strings whose ``$<len>``
+        headers are plain decimal numbers (no sign, no leading zero) and whose data and the
+        two bytes after it are all in the window. For such a frame the full parser would find
+        the same header lines, read the same lengths, take the same bytes and stop at the same
+        place, so queuing it changes nothing but the cost. Anything else ends the batch
+        where it begins, for the full parser.
+
+        When that happens in the first frame, after its count, what was read is not thrown
+        away: the full parser's state is set to where it would be after reading the same
+        bytes (the count, the arguments taken, the header of one whose data is still to
+        come), a state it passes through itself, so it goes on from there as if it had read
+        them. A large argument or a frame cut by a read costs its headers once."""
+        # One copy of at most a window: the headers and arguments below are slices of an
+        # immutable bytes object (hashable for the table lookups, one allocation per
+        # argument), and a frame larger than the window is left to the full parser.
+        buf = self._buf
+        first = self._pos
+        if first == 0 and len(buf) <= _FAST_WINDOW:
+            window = bytes(buf)  # the usual case: feed() has just dropped what was consumed
+        else:
+            view = memoryview(buf)
+            try:
+                window = bytes(view[first : first + _FAST_WINDOW])
+            finally:
+                view.release()
+        end = len(window)
+        find = window.find
+        counts = _FAST_COUNTS
+        lengths = _FAST_BULK_LENGTHS
+        ready = self._ready
+        sizes = self._ready_sizes
+        start = 0  # where the frame being read begins in the window
+        while True:
+            nl = find(b"\r\n", start)
+            if nl < 0:
+                break
+            count = counts.get(window[start:nl])
+            if count is None:
+                break
+            left = count  # arguments still to read
+            pos = nl + 2
+            argv: list[bytes] = []
+            taken = 0  # bytes of the arguments in argv
+            bulklen = -1  # the length of an argument whose header is read and data is not
+            while left:
+                nl = find(b"\r\n", pos)
+                if nl < 0:
+                    break
+                head = window[pos:nl]
+                length = lengths.get(head)
+                if length is None:
+                    length = _plain_bulk_length(head)
+                    if length < 0:
+                        break
+                data = nl + 2
+                # Like the full parser, the two bytes after the data must be there, and are
+                # skipped unread (Redis does not check them either).
+                if data + length + 2 > end:
+                    pos = data
+                    bulklen = length
+                    break
+                pos = data + length + 2
+                argv.append(window[data : pos - 2])
+                taken += length
+                left -= 1
+            if left:
+                if not ready:
+                    self._pos = first + pos
+                    self._argc = count
+                    self._argv = argv
+                    self._argv_bytes = taken
+                    self._bulklen = bulklen
+                break
+            ready.append(argv)
+            sizes.append(pos - start)
+            start = pos
+        if len(ready) > 1:
+            ready.reverse()
+            sizes.reverse()
+
+    def _next_full(self) -> list[bytes] | _NeedData:
         while True:
             buf = self._buf
             pos = self._pos
@@ -216,6 +344,19 @@ class RequestParser:
         if line.endswith(b"\r"):
             line = line[:-1]
         return split_args(line)
+
+
+def _plain_bulk_length(head: bytes) -> int:
+    """The length a bulk header beyond the fast path's table gives, if the full parser would
+    accept it (``$``, then string2ll's digits: no sign, no leading zero, at most 10 digits,
+    at most ``MAX_BULK_LEN``), else -1."""
+    digits = head[1:]
+    if head[:1] != b"$" or not digits.isdigit() or len(digits) > 10:
+        return -1
+    if digits[0] == 0x30 and len(digits) > 1:
+        return -1
+    length = int(digits)
+    return length if length <= MAX_BULK_LEN else -1
 
 
 def _parse_int(buf: bytearray, start: int, end: int) -> int | None:

@@ -31,7 +31,7 @@ PACKAGES = ("protocol", "broker", "cluster", "node", "cli", "pipeline")
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 # Third-party distributions the project declares (pyproject.toml), by import name.
 DECLARED = frozenset({"trio", "hiredis", "msgpack", "cryptography", "pyspark", "hypercorn",
-                      "starlette"})
+                      "starlette", "jinja2", "prometheus_client"})
 # Standard modules that read the clock, open sockets or touch the OS: the sans-IO packages
 # take time and messages as arguments instead.
 IO_MODULES = {

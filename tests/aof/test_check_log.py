@@ -37,7 +37,7 @@ def test_clean(tmp_path, capsys):
     _log(path)
     assert check_log.main([path]) == 0
     out = capsys.readouterr().out
-    assert "records: 13 (job 10, ack 1, del 1, dlv 1, qpolicy 0)" in out and "status: OK" in out
+    assert "records: 13 (job 10, ack 1, del 1, dlv 1, qpolicy 0, timer 0)" in out and "status: OK" in out
 
 
 def test_torn_tail_reported_then_fixed(tmp_path, capsys):

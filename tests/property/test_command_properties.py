@@ -14,7 +14,6 @@ from broker.config import Config
 from broker.core import BLOCKED, Broker
 from broker.effects import LogRecord
 from broker.intents import Intent
-from broker.job import validate_record
 from protocol.commands import COMMANDS, MAX_JOB_SECONDS, AddJob, parse
 from protocol.resp import Error, encode
 
@@ -34,6 +33,9 @@ _WORDS = st.sampled_from([
     b"QUEUE", b"STATE", b"REPLY", b"all", b"id", b"queued", b"in", b"out", b"bcast", b"none",
     b"D-00000000-000000000000000000000000-05a1", b"GET", b"SET", b"maxmemory", b"*",
     b"hz", b"LEAVING", b"yes", b"no", b"INFO", b"MYID", b"NODES", b"SETNAME", b"LIST", b"3",
+    b"ADD", b"DEL", b"PAUSE", b"RESUME", b"FIRE", b"START", b"REPLACE", b"HELP", b"60", b"t",
+    # JOBRUN's: the first run token of a node "abab...", and the states END takes.
+    b"STATUS", b"APPEND", b"END", b"OUTPUT", b"RUNNING", b"abababab-1", b"done", b"failed",
 ])
 _ARG = st.one_of(_NUMBERS, _WORDS, st.binary(max_size=10))
 _NAMES = st.sampled_from(sorted(COMMANDS))
@@ -70,4 +72,4 @@ def test_the_core_survives_any_command_sequence(steps) -> None:
         b.tick(now)
         for effect in b.take_effects():
             if isinstance(effect, LogRecord):
-                assert validate_record(effect.kind, effect.payload) is None, effect
+                assert Broker.validate_record(effect.kind, effect.payload) is None, effect

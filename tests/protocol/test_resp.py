@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.resp import (
+    _FAST_WINDOW,
     MAX_BULK_LEN,
     MAX_INLINE_SIZE,
     MAX_MULTIBULK_COUNT,
@@ -30,14 +31,14 @@ def drain(parser: RequestParser) -> list[list[bytes]]:
     return out
 
 
-def parse_all(data: bytes) -> list[list[bytes]]:
-    parser = RequestParser()
+def parse_all(data: bytes, fast: bool = True) -> list[list[bytes]]:
+    parser = RequestParser(fast=fast)
     parser.feed(data)
     return drain(parser)
 
 
-def parse_error(data: bytes) -> str:
-    parser = RequestParser()
+def parse_error(data: bytes, fast: bool = True) -> str:
+    parser = RequestParser(fast=fast)
     parser.feed(data)
     with pytest.raises(ProtocolError) as info:
         drain(parser)
@@ -121,6 +122,56 @@ class TestRequestSplitting:
         assert parse_all(data) == [[b"ADDJOB", b"q", b"0", b"TTL", b"-5", "\u00e9".encode()]]
 
 
+class TestFastPath:
+    """What the property test (tests/property/test_resp_fastpath.py) cannot see: that the fast
+    path is taken at all, and that ``clear`` forgets what it split ahead."""
+
+    FRAMES = [encode_command("ADDJOB", "q", "body", "0"), encode_command("GETJOB", "FROM", "q"),
+              encode_command("ECHO", b"x" * 2000)]
+
+    def test_pipeline_is_split_ahead_and_handed_out_one_by_one(self) -> None:
+        parser = RequestParser()
+        parser.feed(b"".join(self.FRAMES))
+        left = sum(map(len, self.FRAMES))
+        for frame, argv in zip(self.FRAMES, ([b"ADDJOB", b"q", b"body", b"0"],
+                                              [b"GETJOB", b"FROM", b"q"], [b"ECHO", b"x" * 2000]),
+                               strict=True):
+            assert parser.next() == argv
+            left -= len(frame)
+            assert parser.buffered == parser.held == left  # consumed when handed out
+        assert parser._ready == []  # the first next() split all three
+        assert parser.next() is NEED_DATA
+
+    def test_commands_split_ahead_are_queued(self) -> None:
+        parser = RequestParser()
+        parser.feed(b"".join(self.FRAMES))
+        parser.next()
+        assert len(parser._ready) == 2
+        slow = RequestParser(fast=False)
+        slow.feed(b"".join(self.FRAMES))
+        slow.next()
+        assert slow._ready == []
+
+    def test_clear_forgets_commands_split_ahead(self) -> None:
+        parser = RequestParser()
+        parser.feed(b"".join(self.FRAMES))
+        assert parser.next() == [b"ADDJOB", b"q", b"body", b"0"]
+        parser.clear()
+        assert parser.next() is NEED_DATA
+        assert parser.buffered == parser.held == 0
+        parser.feed(encode_command("PING"))
+        assert parser.next() == [b"PING"]
+        assert parser.next() is NEED_DATA
+
+    def test_crlf_inside_an_argument_and_a_frame_larger_than_the_window(self) -> None:
+        # Both are the full parser's; the commands come back the same all the same.
+        body = b"a\r\n$3\r\nb\r\n"
+        big = b"y" * (_FAST_WINDOW + 1)
+        data = encode_command("ADDJOB", "q", body, "0") + encode_command("ECHO", big)
+        assert parse_all(data) == parse_all(data, fast=False) == [[b"ADDJOB", b"q", body, b"0"],
+                                                                  [b"ECHO", big]]
+
+
 class TestInline:
     @pytest.mark.parametrize(
         "line, argv",
@@ -157,77 +208,81 @@ class TestInline:
         assert split_args(b'a "b c" d') == [b"a", b"b c", b"d"]
 
 
+# Both ways through the parser: the fast path must leave every limit and its text as it was.
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "full-parser"])
 class TestLimits:
-    def test_inline_line_at_the_limit_waits(self) -> None:
-        parser = RequestParser()
+    def test_inline_line_at_the_limit_waits(self, fast: bool) -> None:
+        parser = RequestParser(fast=fast)
         parser.feed(b"P" * MAX_INLINE_SIZE)
         assert parser.next() is NEED_DATA
 
-    def test_inline_line_over_the_limit(self) -> None:
+    def test_inline_line_over_the_limit(self, fast: bool) -> None:
         assert MAX_INLINE_SIZE == 64 * 1024
-        assert parse_error(b"P" * (MAX_INLINE_SIZE + 1)) == "Protocol error: too big inline request"
+        assert parse_error(b"P" * (MAX_INLINE_SIZE + 1), fast) == "Protocol error: too big inline request"
 
-    def test_inline_over_the_limit_fed_in_pieces(self) -> None:
-        parser = RequestParser()
+    def test_inline_over_the_limit_fed_in_pieces(self, fast: bool) -> None:
+        parser = RequestParser(fast=fast)
         with pytest.raises(ProtocolError, match="^Protocol error: too big inline request$"):
             for _ in range(20):
                 parser.feed(b"x" * 4096)
                 assert parser.next() is NEED_DATA
 
-    def test_long_inline_line_with_newline_is_fine(self) -> None:
+    def test_long_inline_line_with_newline_is_fine(self, fast: bool) -> None:
         # The limit is on what is buffered without a newline, as in Redis.
         arg = b"a" * (MAX_INLINE_SIZE - 10)
-        assert parse_all(b"ECHO " + arg + b"\r\n") == [[b"ECHO", arg]]
+        assert parse_all(b"ECHO " + arg + b"\r\n", fast) == [[b"ECHO", arg]]
 
     @pytest.mark.parametrize(
         "header",
         [b"*99999999999\r\n", b"*%d\r\n" % (MAX_MULTIBULK_COUNT + 1), b"*x\r\n", b"*\r\n",
-         b"*1x\r\n", b"*+1\r\n", b"* 1\r\n", b"*1_0\r\n", b"*1.0\r\n", b"*-\r\n"],
+         b"*1x\r\n", b"*+1\r\n", b"* 1\r\n", b"*1_0\r\n", b"*1.0\r\n", b"*-\r\n", b"*01\r\n",
+         b"*-0\r\n"],
     )
-    def test_invalid_multibulk_length(self, header: bytes) -> None:
-        assert parse_error(header) == "Protocol error: invalid multibulk length"
+    def test_invalid_multibulk_length(self, fast: bool, header: bytes) -> None:
+        assert parse_error(header, fast) == "Protocol error: invalid multibulk length"
 
-    def test_largest_multibulk_count_is_accepted(self) -> None:
+    def test_largest_multibulk_count_is_accepted(self, fast: bool) -> None:
         assert MAX_MULTIBULK_COUNT == 1024 * 1024
-        parser = RequestParser()
+        parser = RequestParser(fast=fast)
         parser.feed(b"*%d\r\n" % MAX_MULTIBULK_COUNT)
         assert parser.next() is NEED_DATA
 
-    def test_multibulk_count_without_newline(self) -> None:
-        assert parse_error(b"*" + b"1" * (MAX_INLINE_SIZE + 1)) == "Protocol error: too big mbulk count string"
+    def test_multibulk_count_without_newline(self, fast: bool) -> None:
+        assert parse_error(b"*" + b"1" * (MAX_INLINE_SIZE + 1), fast) == "Protocol error: too big mbulk count string"
 
     @pytest.mark.parametrize(
         "bulk",
         [b"$x\r\n", b"$-1\r\n", b"$-5\r\n", b"$\r\n", b"$2147483648\r\n", b"$99999999999999999999999\r\n",
-         b"$%d\r\n" % (MAX_BULK_LEN + 1), b"$+3\r\n", b"$ 3\r\n"],
+         b"$%d\r\n" % (MAX_BULK_LEN + 1), b"$+3\r\n", b"$ 3\r\n", b"$03\r\nabc\r\n", b"$00\r\n\r\n",
+         b"$01024\r\n" + b"x" * 1024 + b"\r\n"],
     )
-    def test_invalid_bulk_length(self, bulk: bytes) -> None:
-        assert parse_error(b"*1\r\n" + bulk) == "Protocol error: invalid bulk length"
+    def test_invalid_bulk_length(self, fast: bool, bulk: bytes) -> None:
+        assert parse_error(b"*1\r\n" + bulk, fast) == "Protocol error: invalid bulk length"
 
-    def test_huge_bulk_refused_before_its_body(self) -> None:
+    def test_huge_bulk_refused_before_its_body(self, fast: bool) -> None:
         # Refused on the header alone: nothing of the 2 GB is waited for or buffered.
-        parser = RequestParser()
+        parser = RequestParser(fast=fast)
         parser.feed(b"*1\r\n$2147483648\r\n")
         with pytest.raises(ProtocolError, match="^Protocol error: invalid bulk length$"):
             parser.next()
 
-    def test_largest_bulk_is_accepted(self) -> None:
+    def test_largest_bulk_is_accepted(self, fast: bool) -> None:
         assert MAX_BULK_LEN == 512 * 1024 * 1024
-        parser = RequestParser()
+        parser = RequestParser(fast=fast)
         parser.feed(b"*1\r\n$%d\r\nabc" % MAX_BULK_LEN)
         assert parser.next() is NEED_DATA
 
-    def test_bulk_count_without_newline(self) -> None:
-        assert (parse_error(b"*1\r\n$" + b"1" * (MAX_INLINE_SIZE + 1))
+    def test_bulk_count_without_newline(self, fast: bool) -> None:
+        assert (parse_error(b"*1\r\n$" + b"1" * (MAX_INLINE_SIZE + 1), fast)
                 == "Protocol error: too big bulk count string")
 
     @pytest.mark.parametrize("first", [b"x", b":", b"*", b"+"])
-    def test_expected_dollar(self, first: bytes) -> None:
-        assert (parse_error(b"*2\r\n$4\r\nECHO\r\n" + first + b"3\r\nabc\r\n")
+    def test_expected_dollar(self, fast: bool, first: bytes) -> None:
+        assert (parse_error(b"*2\r\n$4\r\nECHO\r\n" + first + b"3\r\nabc\r\n", fast)
                 == f"Protocol error: expected '$', got '{first.decode()}'")
 
-    def test_error_after_good_commands_keeps_them(self) -> None:
-        parser = RequestParser()
+    def test_error_after_good_commands_keeps_them(self, fast: bool) -> None:
+        parser = RequestParser(fast=fast)
         parser.feed(b"PING\r\n*1\r\n$4\r\nPING\r\n*1\r\n$x\r\n")
         assert parser.next() == [b"PING"]
         assert parser.next() == [b"PING"]

@@ -1,0 +1,251 @@
+"""What the dashboard shows, read from a node's state: plain dicts for the templates.
+
+Theory of operation
+-------------------
+Each function here reads the running node (``node.server.Server``: its broker, membership
+table, run and timer tables) in one go, between two awaits, so a page shows one consistent
+moment. Nothing is changed and nothing is escaped here: bytes are decoded for display
+(``text``) and the templates escape every value (Jinja2 autoescape, node/dashboard.py).
+
+Queue rates come from ``RateTracker``: each overview render records the queues' jobs-in and
+jobs-out counters, and a rate is the difference to a sample ``RATE_WINDOW_MS`` old or less
+(at least ``RATE_MIN_SPAN_MS``), so rates need two renders a second apart (the page refreshes
+itself every 2 s) and cost nothing while nobody watches. Only the queues shown are sampled.
+A counter that went down (the queue was evicted and came back) restarts its samples.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Final
+from urllib.parse import quote
+
+from broker.queue import PAUSE_NAMES
+from cluster.nodes_file import show_flags
+
+MAX_QUEUES_SHOWN: Final = 500
+MAX_DEAD_LETTERS_SHOWN: Final = 5
+RECENT_RUNS: Final = 20
+PREVIEW_CHARS: Final = 200
+RATE_WINDOW_MS: Final = 30_000
+RATE_MIN_SPAN_MS: Final = 1_000
+
+
+def text(data: bytes | None, limit: int | None = None) -> str:
+    """Bytes shown as text (invalid UTF-8 as U+FFFD), cut to ``limit`` characters with an
+    ellipsis."""
+    if data is None:
+        return ""
+    shown = data[: limit * 4 if limit else None].decode("utf-8", "replace")
+    if limit is not None and (len(shown) > limit or len(data) > limit * 4):
+        return shown[:limit] + "…"
+    return shown
+
+
+class RateTracker:
+    def __init__(self) -> None:
+        self._samples: dict[bytes, deque[tuple[int, int, int]]] = {}
+
+    def observe(self, now_ms: int, counters: dict[bytes, tuple[int, int]]) -> None:
+        """Record (jobs_in, jobs_out) of the queues shown; forget the others."""
+        for name in list(self._samples):
+            if name not in counters:
+                del self._samples[name]
+        for name, (jobs_in, jobs_out) in counters.items():
+            samples = self._samples.setdefault(name, deque())
+            if samples and (jobs_in < samples[-1][1] or jobs_out < samples[-1][2]):
+                samples.clear()  # the queue was evicted and created again
+            if samples and now_ms - samples[-1][0] < RATE_MIN_SPAN_MS // 2:
+                continue  # a burst of renders: one sample is enough
+            samples.append((now_ms, jobs_in, jobs_out))
+            while len(samples) > 2 and now_ms - samples[1][0] >= RATE_WINDOW_MS:
+                samples.popleft()
+
+    def rates(self, name: bytes) -> tuple[float, float] | None:
+        """Jobs in and out per second over the window, or None while there is too little."""
+        samples = self._samples.get(name)
+        if not samples or len(samples) < 2:
+            return None
+        t0, in0, out0 = samples[0]
+        t1, in1, out1 = samples[-1]
+        if t1 - t0 < RATE_MIN_SPAN_MS:
+            return None
+        span = (t1 - t0) / 1000
+        return (in1 - in0) / span, (out1 - out0) / span
+
+
+def short_id(node_id: str) -> str:
+    return node_id[:8]
+
+
+# =============================================================================================
+# The overview page
+
+
+def overview(server: Any, rates: RateTracker) -> dict[str, Any]:
+    now = server.clock.now_ms()
+    broker = server.broker
+    return {
+        "now_ms": now,
+        "node": _node(server, now),
+        "nodes": _nodes(server),
+        **_queues(broker, rates, now),
+        "dead_letter_queues": _dead_letter_queues(broker),
+        "timers": _timers(broker, now),
+        "running": [run_row(r, now) for r in broker.runs.running()],
+        "recent": [run_row(r, now) for r in broker.runs.recent(RECENT_RUNS)
+                   if r.state != "running"],
+    }
+
+
+def _node(server: Any, now: int) -> dict[str, Any]:
+    from broker.version import VERSION
+
+    broker = server.broker
+    return {
+        "id": server.node_id,
+        "short": short_id(server.node_id),
+        "version": VERSION,
+        "addresses": [f"{h}:{p}" for h, p in server.listening],
+        "uptime_s": int(now / 1000 - server.start_time),
+        "clients": len(server.connections),
+        "blocked": broker.blocked_clients,
+        "jobs": len(broker.jobs),
+        "used_memory": broker.used_memory,
+        "maxmemory": broker.config.maxmemory,
+        "leaving": broker.leaving,
+        "aof": "on" if server.persistence.enabled else "off",
+    }
+
+
+def _nodes(server: Any) -> list[dict[str, Any]]:
+    rows = []
+    for n in server.cluster.saved_nodes():
+        if "handshake" in n.flags:
+            continue
+        address = f"{n.ip}:{n.port}"
+        if "myself" in n.flags and not n.ip:  # no peer told it its IP yet: where it listens
+            address = ", ".join(f"{h}:{p}" for h, p in server.listening) or address
+        rows.append({
+            "id": n.node_id, "short": short_id(n.node_id), "address": address,
+            "flags": show_flags(n.flags), "connected": n.connected,
+            "failing": bool(n.flags & {"pfail", "fail"}),
+            "myself": "myself" in n.flags,
+        })
+    return rows
+
+
+def _queues(broker: Any, rates: RateTracker, now: int) -> dict[str, Any]:
+    policies = broker.policies
+    names = set(broker.queues) | {p.name for p in policies.policies()}
+    ordered = sorted(names)
+    shown = ordered[:MAX_QUEUES_SHOWN]
+    counters: dict[bytes, tuple[int, int]] = {}
+    rows = []
+    for name in shown:
+        q = broker.queues.get(name)
+        p = policies.get(name)
+        if q is not None:
+            counters[name] = (q.jobs_in, q.jobs_out)
+        rows.append({
+            "name": text(name), "length": len(q) if q is not None else 0,
+            "jobs_in": q.jobs_in if q else 0, "jobs_out": q.jobs_out if q else 0,
+            "nacks": q.nacks if q else 0, "blocked": len(q.waiters) if q else 0,
+            "paused": PAUSE_NAMES[q.pause] if q else "none",
+            "policy": p is not None,
+            "redrive": (p.redrive[0], text(p.redrive[1])) if p and p.redrive else None,
+            "dead_lettered": policies.dead_lettered.get(name, 0),
+            "_key": name,
+        })
+    rates.observe(now, counters)
+    for row in rows:
+        rate = rates.rates(row.pop("_key"))
+        row["rate_in"], row["rate_out"] = rate if rate is not None else (None, None)
+    return {"queues": rows, "queues_hidden": len(ordered) - len(shown)}
+
+
+def _dead_letter_queues(broker: Any) -> list[dict[str, Any]]:
+    policies = broker.policies
+    sources: dict[bytes, list[bytes]] = {}
+    for p in policies.policies():
+        if p.redrive is not None and policies.get(p.redrive[1]) is not None:
+            sources.setdefault(p.redrive[1], []).append(p.name)
+    out = []
+    for dlq, froms in sorted(sources.items()):
+        q = broker.queues.get(dlq)
+        letters = []
+        for job in q.peek(MAX_DEAD_LETTERS_SHOWN) if q is not None else []:
+            origin = policies.origins.get(job.id)
+            letters.append({
+                "id": job.id.decode("ascii", "replace"),
+                "from": text(origin[1]) if origin else "",
+                "original": origin[0].decode("ascii", "replace") if origin else "",
+                "body": text(job.body, PREVIEW_CHARS),
+                "nacks": job.nacks, "deliveries": job.deliveries,
+            })
+        out.append({
+            "name": text(dlq), "length": len(q) if q is not None else 0,
+            "redrive_url": "/queues/" + quote(dlq, safe="") + "/redrive",
+            "sources": [text(s) for s in sorted(froms)], "letters": letters,
+        })
+    return out
+
+
+def _timers(broker: Any, now: int) -> list[dict[str, Any]]:
+    rows = []
+    for t in broker.periodic.list(now):
+        rows.append({
+            "name": text(t.name), "period_ms": t.period_ms, "queue": text(t.queue),
+            "body": text(t.body, PREVIEW_CHARS),
+            "params": " ".join(text(p) for p in t.params),
+            "next_in_ms": t.next_due_ms - now, "next_due_ms": t.next_due_ms,
+            "last_fired_ms": t.last_fired_due_ms,
+            "owner": short_id(t.owner) if t.owner else "",
+            "owner_is_me": t.owner == broker.node_id, "paused": t.paused,
+            "last_error": getattr(t, "last_error", ""),
+        })
+    return rows
+
+
+def run_row(run: Any, now: int) -> dict[str, Any]:
+    end = run.ended_ms or now
+    return {
+        "job_id": run.job_id.decode("ascii", "replace"), "queue": text(run.queue),
+        "worker": run.worker, "pid": run.pid, "attempt": run.attempt, "state": run.state,
+        "started_ms": run.started_ms, "ended_ms": run.ended_ms,
+        "elapsed_ms": max(0, end - run.started_ms), "exit_code": run.exit_code,
+        "reason": run.reason, "last_status": run.last_status,
+        "output_size": run.output_size,
+    }
+
+
+# =============================================================================================
+# A job's page
+
+
+def job_page(server: Any, job_id: bytes) -> dict[str, Any] | None:
+    """The job (if this node holds it) and its newest run (if one was recorded here); None
+    when the node knows neither."""
+    broker = server.broker
+    now = server.clock.now_ms()
+    job = broker.jobs.get(job_id)
+    run = broker.runs.get(job_id)
+    if job is None and run is None:
+        return None
+    return {
+        "job_id": job_id.decode("ascii", "replace"),
+        "job": None if job is None else {
+            "queue": text(job.queue), "state": job.state.value, "nacks": job.nacks,
+            "deliveries": job.deliveries, "ttl_s": job.ttl, "retry_s": job.retry,
+            "body": text(job.body, 4096), "body_size": len(job.body),
+            "created_ms": job.ctime // 1_000_000,
+        },
+        "run": None if run is None else run_detail(run, now),
+    }
+
+
+def run_detail(run: Any, now: int) -> dict[str, Any]:
+    row = run_row(run, now)
+    row["status"] = list(run.status)
+    row["status_dropped"] = run.status_dropped
+    return row

@@ -1,0 +1,202 @@
+"""The dashboard in a real browser: Debian's headless Chromium driven by Selenium through
+Debian's chromedriver (never a downloaded one). A page loads and shows a queue the test
+filled and keeps itself current, a running job's output streams in with its colours, and the
+redrive button moves a dead letter back. Skipped only when chromium is not installed
+(.ci/run installs it)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from tests.http.conftest import start
+from tests.support.server import REPO, ServerProcess, repo_env
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)),
+                       reason=f"needs {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium "
+                              "chromium-driver)"),
+]
+
+WAIT_S = 15
+SCRIPT = Path(__file__).with_name("scripts") / "build-site.sh"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,900", "--force-device-scale-factor=1"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[tuple[ServerProcess, str]]:
+    srv, base = start()
+    try:
+        yield srv, base
+    finally:
+        srv.stop()
+
+
+def wait(driver: object, condition: object, what: str) -> object:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition, what)  # type: ignore[arg-type]
+
+
+def queue_length(driver: object, queue: str) -> str | None:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        row = driver.find_element(By.CSS_SELECTOR, f'tr[data-queue="{queue}"]')  # type: ignore[attr-defined]
+        return str(row.find_element(By.CSS_SELECTOR, "td.length").text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return None
+
+
+def test_overview_shows_a_filled_queue_and_keeps_current(browser: object, node: tuple) -> None:
+    from selenium.webdriver.common.by import By
+
+    srv, base = node
+    for i in range(3):
+        srv.call("ADDJOB", "emails", f"welcome mail {i}", 0)
+    browser.get(base + "/")  # type: ignore[attr-defined]
+    assert browser.title.startswith("trisque")  # type: ignore[attr-defined]
+    assert queue_length(browser, "emails") == "3"
+    node_id = srv.call("CLUSTER", "MYID").decode()
+    cluster = browser.find_element(By.ID, "cluster").text  # type: ignore[attr-defined]
+    assert node_id[:8] in cluster and "myself" in cluster
+    # The page refreshes itself: two more jobs show up without a reload.
+    srv.call("ADDJOB", "emails", "welcome mail 3", 0)
+    srv.call("ADDJOB", "emails", "welcome mail 4", 0)
+    wait(browser, lambda d: queue_length(d, "emails") == "5", "the queue's new length")
+
+
+def test_redrive_button_moves_a_dead_letter_back(browser: object, node: tuple) -> None:
+    from selenium.webdriver.common.by import By
+
+    srv, base = node
+    srv.call("QPOLICY", "CREATE", "failed")
+    srv.call("QPOLICY", "CREATE", "orders", "REDRIVE", 1, "failed")
+    job = srv.call("ADDJOB", "orders", "order 1042", 0)
+    assert srv.call("GETJOB", "FROM", "orders")[0][1] == job
+    assert srv.call("NACK", job) == 0  # dead-lettered
+    assert srv.call("QLEN", "failed") == 1 and srv.call("QLEN", "orders") == 0
+    browser.get(base + "/")  # type: ignore[attr-defined]
+    section = browser.find_element(By.ID, "dead-letters")  # type: ignore[attr-defined]
+    assert "order 1042" in section.text and "orders" in section.text
+    button = browser.find_element(  # type: ignore[attr-defined]
+        By.CSS_SELECTOR, 'button[data-redrive="/queues/failed/redrive"]')
+    button.click()
+    flash = browser.find_element(By.ID, "flash")  # type: ignore[attr-defined]
+    wait(browser, lambda d: "Moved 1 dead letter" in flash.text, "the redrive's answer")
+    assert srv.call("QLEN", "failed") == 0 and srv.call("QLEN", "orders") == 1
+    got = srv.call("GETJOB", "WITHCOUNTERS", "FROM", "orders")
+    assert got[0][2] == b"order 1042" and got[0][4] == 0  # a fresh job, counters from zero
+    wait(browser, lambda d: queue_length(d, "failed") == "0", "the page shows the move")
+
+
+def test_a_running_jobs_output_streams_live_with_colours(browser: object, node: tuple) -> None:
+    from selenium.webdriver.common.by import By
+
+    srv, base = node
+    job = srv.call("ADDJOB", "builds", "make release", 0)
+    token = srv.call("JOBRUN", "START", job, "builds", 1, "build-host", 31337)
+    srv.call("JOBRUN", "STATUS", token, "configuring")
+    first = b"\x1b[1;32m==>\x1b[0m configure <prefix=/usr>\n"
+    srv.call("JOBRUN", "APPEND", token, 0, first)
+    browser.get(base + "/jobs/" + quote(job.decode(), safe=""))  # type: ignore[attr-defined]
+    log = browser.find_element(By.ID, "log")  # type: ignore[attr-defined]
+    wait(browser, lambda d: "configure <prefix=/usr>" in log.text, "the first output")
+    green = log.find_element(By.CSS_SELECTOR, "span.f2.ab")
+    assert green.text == "==>"
+    assert green.value_of_css_property("color") == "rgba(13, 188, 121, 1)"  # the CSS's green
+    assert green.value_of_css_property("font-weight") == "700"
+    # More output while the page is open arrives without a reload, and so does the status.
+    second = b"\x1b[31mwarning:\x1b[0m unused variable\n"
+    srv.call("JOBRUN", "APPEND", token, len(first), second)
+    srv.call("JOBRUN", "STATUS", token, "compiling 3/10")
+    wait(browser, lambda d: "unused variable" in log.text, "live output")
+    panel = browser.find_element(By.ID, "run-panel")  # type: ignore[attr-defined]
+    wait(browser, lambda d: "compiling 3/10" in panel.text, "the new status line")
+    assert log.find_element(By.CSS_SELECTOR, "span.f1").text == "warning:"
+    srv.call("JOBRUN", "END", token, "done", 0, "exit code 0")
+    state = browser.find_element(By.ID, "log-state")  # type: ignore[attr-defined]
+    wait(browser, lambda d: state.text == "ended: done", "the end of the run")
+    assert "done" in panel.text
+    # The overview lists it among the recent runs.
+    browser.get(base + "/")  # type: ignore[attr-defined]
+    assert job.decode() in browser.find_element(By.ID, "running").text  # type: ignore[attr-defined]
+
+
+def test_a_worker_running_a_shell_script_streams_live(browser: object, node: tuple,
+                                                      tmp_path: Path) -> None:
+    """A real ``trisque worker`` runs tests/dashboard/scripts/build-site.sh for a job; its
+    page shows the output while the script runs. The screenshot taken meanwhile is the
+    README's docs/dashboard.png (written there with TRISQUE_UPDATE_SCREENSHOT=1)."""
+    from selenium.webdriver.common.by import By
+
+    srv, base = node
+    go = tmp_path / "go"
+    env = repo_env() | {"BUILD_WAIT_FOR": str(go)}
+    with open(tmp_path / "worker.log", "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "worker", "--queue", "sites", "--nodes",
+             f"127.0.0.1:{srv.port}", "--name", "builder-1", "--log-dir",
+             str(tmp_path / "logs"), "--", str(SCRIPT)],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        job = srv.call("ADDJOB", "sites", "www.example.org", 0)
+        browser.get(base + "/jobs/" + quote(job.decode(), safe=""))  # type: ignore[attr-defined]
+        log = browser.find_element(By.ID, "log")  # type: ignore[attr-defined]
+        panel = browser.find_element(By.ID, "run-panel")  # type: ignore[attr-defined]
+        wait(browser, lambda d: "Optimising images" in log.text, "the script's output")
+        wait(browser, lambda d: "optimising images 12/40" in panel.text, "its status line")
+        assert "running" in panel.text and "builder-1" in panel.text
+        job_panel = browser.find_element(By.ID, "job-panel")  # type: ignore[attr-defined]
+        wait(browser, lambda d: "active" in job_panel.text, "the job's state, taken")
+        warning = log.find_element(By.CSS_SELECTOR, "span.f3")
+        assert warning.text == "warning:"
+        assert warning.value_of_css_property("color") == "rgba(229, 229, 16, 1)"
+        shot = tmp_path / "dashboard.png"
+        assert browser.save_screenshot(str(shot))  # type: ignore[attr-defined]
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+        if os.environ.get("TRISQUE_UPDATE_SCREENSHOT") == "1":
+            shutil.copyfile(shot, REPO / "docs" / "dashboard.png")
+        go.touch()  # the script finishes: done + exit 0 -> ACKJOB
+        state = browser.find_element(By.ID, "log-state")  # type: ignore[attr-defined]
+        wait(browser, lambda d: state.text == "ended: done", "the end of the run")
+        assert "built www.example.org" in log.text and "done" in panel.text
+        wait(browser, lambda d: srv.call("SHOW", job) is None, "the job acknowledged")
+        wait(browser, lambda d: "no longer holds the job" in job_panel.text,
+             "the page shows it acknowledged")
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(5)
