@@ -62,6 +62,9 @@ READ_SIZE = 65536
 CLOSE_FLUSH_TIMEOUT_S = 10.0
 # An ADDJOB body this big refreshes the memory sample before it is judged.
 _BIG_ARGUMENT = 1 << 20
+# Reads a turn makes from a client that hung up (its data is all there), as a connection's own
+# loop would; a connection still talking gets one read a turn.
+MAX_READS_PER_TURN = 8
 # Commands a connection's own task runs after an intent before it gives the connection back to
 # the reactor (the rest waits for the reactor's turns).
 MAX_TASK_COMMANDS = 256
@@ -123,8 +126,8 @@ class Connection:
 
     __slots__ = ("host", "reactor", "sock", "fd", "client", "parser", "out", "logged",
                  "holding", "pending", "sending", "closing", "close_after_reply", "blocked",
-                 "soft_since", "queued", "readable", "hup", "eof", "ending", "registered", "parks",
-                 "backlog", "last_active")
+                 "soft_since", "queued", "fresh", "readable", "hup", "eof", "ending",
+                 "registered", "parks", "backlog", "last_active")
 
     def __init__(self, host: Host, sock: socket.socket, client: Client) -> None:
         self.host = host
@@ -148,6 +151,7 @@ class Connection:
         self.soft_since = 0.0  # when unsent replies went past the soft output limit
         # The reactor's bookkeeping (node/reactor.py).
         self.queued = False
+        self.fresh = True
         self.readable = False
         self.hup = False  # the client shut down its sending side (the epoll said so)
         self.eof = False  # ... and that end was read: nothing more to read, the rest runs
@@ -173,19 +177,32 @@ class Connection:
         if self.blocked or self.holding:
             return 0
         self.holding = True
-        ran, status = self._execute(budget, self.reactor.now_ms, self.reactor.others)
+        reactor = self.reactor
+        ran = 0
+        reads = 1
+        while True:
+            done, status = self._execute(budget - ran, reactor.now_ms, reactor.others)
+            ran += done
+            if (status is not None or self.backlog or self.blocked or not self.hup or self.eof
+                    or reads == MAX_READS_PER_TURN):
+                break
+            # The client hung up, so the rest of its stream (or its end) is already here:
+            # take it now, as its own loop would, rather than one lap of the queue later.
+            reads += 1
+            if not self._read():
+                return ran
         if status is CLOSE:
             # QUIT, a protocol error, CLIENT KILL of itself: nothing more is read or run; the
             # replies so far are written (after the log, if they wait for it), then it closes.
             self.ending = True
-            self.reactor.park(self)
+            reactor.park(self)
         elif status is not None:
             self._hand_off(status)
             return ran
         elif self.backlog:
-            self.reactor.schedule(self)  # the rest of its buffer: next round, behind the others
+            reactor.schedule(self)  # the rest of its buffer: next round, behind the others
         if self.logged:
-            self.reactor.hold(self)
+            reactor.hold(self)
             return ran
         self.holding = False
         if self.out:
@@ -194,17 +211,16 @@ class Connection:
         return ran
 
     def _after_turn(self) -> None:
-        """Close a connection whose last words have run; read the end of a hung-up client's
-        stream now rather than one lap of the queue later (clients that come and go must not
-        pile up)."""
+        """Close a connection whose last words have run; give a hung-up client whose stream
+        is not all read yet another turn."""
         if self.ending:
             self._close_when_written()
         elif self.backlog or self.blocked or self.parks:
             return
         elif self.eof:
             self._close_when_written()  # everything it sent has run
-        elif self.hup and self._read() and self.parser.buffered:
-            self.reactor.schedule(self)  # it had sent more meanwhile
+        elif self.hup:
+            self.reactor.schedule(self)
 
     def _read(self) -> bool:
         """One ``recv`` into the parser; False when the connection closed."""
@@ -269,6 +285,9 @@ class Connection:
         client = self.client
         parser = self.parser
         cmdstats = host.cmdstats
+        route = host.route
+        flush = host.bus.flush
+        out = self.out
         ran = written = 0
         while not self.blocked and not host.stopping:
             if ran == budget:
@@ -277,7 +296,7 @@ class Connection:
             try:
                 argv = parser.next()
             except ProtocolError as exc:
-                encode_into(errors.protocol_error(str(exc)), self.out)
+                encode_into(errors.protocol_error(str(exc)), out)
                 return ran, CLOSE
             if argv is NEED_DATA:
                 break
@@ -307,18 +326,29 @@ class Connection:
                 if type(intent) is Quit or self.close_after_reply:
                     return ran, CLOSE
                 continue
-            written += self._after(reply, others)
-            if written > MAX_OUTPUT_PER_TURN:
-                # Big replies (QPEEK, GETJOB of large jobs): write these before executing
-                # more, so a client that does not read is paused after about this much.
-                self.backlog = bool(parser.buffered)
-                return ran, None
+            # As _after, inline: the path every command takes.
+            ticket = route(broker.take_effects(), others) if broker.outbox else 0
+            flush()  # REPLJOB, SETACK, PAUSE ..., CLUSTER MEET: after the broker's effects
+            if reply is BLOCKED:
+                self.blocked = True
+                break
+            start = len(out)
+            encode_into(reply, out, client.protover)
+            end = len(out)
+            if ticket:
+                self.logged.append((start, end, ticket))
+            if end - start > 1:  # a bulk or an array: maybe big
+                written += sum(map(len, out[start:end]))
+                if written > MAX_OUTPUT_PER_TURN:
+                    # Big replies (QPEEK, GETJOB of large jobs): write these before executing
+                    # more, so a client that does not read is paused after about this much.
+                    self.backlog = bool(parser.buffered)
+                    return ran, None
         self.backlog = False
         return ran, None
 
-    def _after(self, reply: Any, others: list[Reply]) -> int:
-        """Route a command's effects, then queue its reply (or note that it blocked); the
-        reply's size."""
+    def _after(self, reply: Any, others: list[Reply]) -> None:
+        """Route a command's effects, then queue its reply (or note that it blocked)."""
         host = self.host
         broker = host.broker
         ticket = host.route(broker.take_effects(), others) if broker.outbox else 0
@@ -326,13 +356,12 @@ class Connection:
         host.bus.flush()
         if reply is BLOCKED:
             self.blocked = True
-            return 0
+            return
         out = self.out
         start = len(out)
         encode_into(reply, out, self.client.protover)
         if ticket:
             self.logged.append((start, len(out), ticket))
-        return sum(map(len, out[start:]))
 
     def release_if_durable(self) -> bool:
         """Write the held replies if every log batch they wait for is finished (True), the

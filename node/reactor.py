@@ -82,6 +82,11 @@ MAX_OUTPUT_PER_TURN = 256 * 1024
 # client whose next request is already there is served at once, as a connection's own loop
 # would); then the other tasks (timers, the bus, the log's writer) get their turn.
 QUANTUM_S = 0.001
+# The accept loop takes no new client while this many new connections with input wait for
+# their first turn: a node that is behind leaves the next ones in the kernel's accept queue
+# (tcp-backlog) until it gets to them, so its client table (CLIENT LIST, INFO) holds the
+# clients it serves, not every one that connected during a burst.
+MAX_NEW_WAITING = 64
 # Sockets reported per poll: more than one round serves, so the queue never runs dry early.
 MAX_EVENTS = 1024
 
@@ -98,6 +103,7 @@ class Served(Protocol):
     fd: int
     closing: bool
     queued: bool  # in ``runnable``
+    fresh: bool  # accepted, not served yet
     readable: bool  # the epoll reported it since its last turn
     hup: bool  # the peer closed its sending side (EPOLLRDHUP)
     eof: bool  # ... and its end was read (no longer in the epoll)
@@ -158,6 +164,11 @@ class Reactor:
         self._waiting = False
         self._woken = False
         self._nursery: trio.Nursery | None = None
+        # New connections with input that have not had their first turn yet, and the event
+        # the accept loop waits on while there are too many (see room_for_new).
+        self.new_waiting = 0
+        self._room = trio.Event()
+        self._room.set()
 
     # -- membership -------------------------------------------------------------------------
 
@@ -177,6 +188,8 @@ class Reactor:
                 pass
         if self.by_fd.get(conn.fd) is conn:
             del self.by_fd[conn.fd]
+        if conn.fresh:
+            self._first_turn(conn)
 
     def stop_reading(self, conn: Served) -> None:
         """Its client sent its last byte: out of the epoll, turns only when scheduled."""
@@ -202,6 +215,20 @@ class Reactor:
         conn.last_active = self.clock.monotonic()
         if conn.has_input() or conn.eof:
             self.schedule(conn)
+
+    async def room_for_new(self) -> None:
+        """Wait, before accepting another client, until fewer than ``MAX_NEW_WAITING`` new
+        connections wait for their first turn."""
+        while self.new_waiting >= MAX_NEW_WAITING:
+            self._room = trio.Event()
+            await self._room.wait()
+
+    def _first_turn(self, conn: Served) -> None:
+        conn.fresh = False
+        if conn.queued:
+            self.new_waiting -= 1
+            if self.new_waiting < MAX_NEW_WAITING:
+                self._room.set()
 
     def schedule(self, conn: Served) -> None:
         """Give ``conn`` a turn even though its socket may have nothing new (its buffer holds
@@ -267,6 +294,8 @@ class Reactor:
             if not conn.queued:
                 conn.queued = True
                 runnable.append(conn)
+                if conn.fresh:
+                    self.new_waiting += 1
 
     def _round(self) -> None:
         self.rounds += 1
@@ -281,6 +310,8 @@ class Reactor:
             # for the next round, behind the others.
             for _ in range(min(len(runnable), MAX_TURNS_PER_ROUND)):
                 conn = runnable.popleft()
+                if conn.fresh:
+                    self._first_turn(conn)
                 conn.queued = False
                 if conn.closing:
                     continue

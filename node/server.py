@@ -455,6 +455,7 @@ class Server:
 
     async def accept(self, listener: socket.socket) -> None:
         while True:
+            await self.reactor.room_for_new()
             try:
                 sock, peer = listener.accept()
             except BlockingIOError:
