@@ -475,13 +475,15 @@ class Persistence:
                 await self._sync_now()
 
     async def _sync_now(self) -> None:
-        writer = self.writer
-        if writer is None or writer.good_size == self._synced_size:
-            return
-        target = writer.good_size
-        t0 = time.perf_counter()
         try:
             async with self._sync_lock:
+                # Read under the lock: a rewrite's switch (which holds it) closes the file
+                # the log was in before.
+                writer = self.writer
+                if writer is None or writer.good_size == self._synced_size:
+                    return
+                target = writer.good_size
+                t0 = time.perf_counter()
                 await trio.to_thread.run_sync(writer.sync)
         except OSError as exc:
             # The replies were sent already (that is what everysec means); report and retry.

@@ -362,3 +362,37 @@ async def test_switching_the_log_on_is_all_or_nothing(tmp_path, failure):
             broker.addjob(b"D-after")  # not logged, and nothing waits
             assert p.submit(broker.take_effects()) == 0
             n.cancel_scope.cancel()
+
+
+async def test_everysec_fsync_that_waited_for_a_rewrite_syncs_the_new_log(tmp_path):
+    """The everysec fsync waits for the rewrite's switch (which closes the old log's file);
+    it must then sync the log as it is, not the file closed meanwhile (that raised
+    ValueError on a closed descriptor and took the node down)."""
+    import threading
+
+    in_switch, go_on = threading.Event(), threading.Event()
+
+    def pause_at_rename(name: str) -> None:
+        if name == "rename":
+            in_switch.set()
+            go_on.wait(10)
+
+    broker = FakeBroker()
+    p = Persistence(Config(str(tmp_path), appendfsync="everysec"), broker,
+                    logging.getLogger("test.aof"), rewrite_step=pause_at_rename)
+    p.load(0)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            await _client(p, broker, b"D-1")  # written, not yet synced
+            await p.bgrewrite()
+            await trio.to_thread.run_sync(in_switch.wait, 10)  # the switch holds the locks
+            n.start_soon(p._sync_now)  # what the everysec timer does meanwhile
+            await trio.sleep(0.05)
+            go_on.set()
+            while p._rewrite_buf is not None:
+                await trio.sleep(0.01)
+            await _client(p, broker, b"D-2")
+            await p._sync_now()
+            n.cancel_scope.cancel()
+    assert _reload(tmp_path).jobs.keys() == {b"D-1", b"D-2"}
