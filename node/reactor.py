@@ -382,5 +382,6 @@ class Reactor:
     def close_all(self) -> None:
         for conn in list(self.by_fd.values()):
             conn.close()
-        self.epoll.close()
-        os.close(self._wake_fd)
+        if not self.epoll.closed:
+            self.epoll.close()
+            os.close(self._wake_fd)

@@ -535,6 +535,12 @@ class Server:
             self.broker.used_memory = read_rss()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self._start(task_status)
+        finally:
+            self.reactor.close_all()  # its epoll and the clients left (in-process runs)
+
+    async def _start(self, task_status: Any) -> None:
         cfg = self.config
         self.persistence.load(self.clock.now_ms())
         # Every job is an object the cyclic garbage collector tracks, and jobs never form
@@ -551,10 +557,7 @@ class Server:
                 ls.close()
             raise ServerError(f"{exc} (the cluster bus port)") from None
         self.listening = [ls.getsockname()[:2] for ls in listeners]
-        try:
-            await self._serve(listeners, bus_listeners, task_status)
-        finally:
-            self.reactor.close_all()
+        await self._serve(listeners, bus_listeners, task_status)
 
     async def _serve(self, listeners: list[socket.socket], bus_listeners: list[socket.socket],
                      task_status: Any) -> None:
