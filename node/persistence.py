@@ -81,12 +81,13 @@ BATCH_RECORD_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 BATCH_BYTE_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
 
 
-# The reactor fdatasyncs at the end of its round, in the event loop, when that is cheaper than
-# the writer's worker thread: the thread costs about this much CPU per record it carries (the
-# hand-off and waking the clients; docs/benchmarks.md) but lets the loop run meanwhile. So a
-# batch is synced inline only while the last fdatasync took less than this times its records:
-# 50 clients' ADDJOBs on a 200 us disk, not a few clients' or a slow (or busy) disk's.
-INLINE_FSYNC_USEC_PER_RECORD = 10
+# The reactor fdatasyncs at the end of its round, in the event loop, as Disque does: on this
+# machine's disk (fdatasync ~0.2 ms) that costs 10-20 % less CPU per ADDJOB than handing the
+# batch to the writer's worker thread, at 1, 10 and 50 clients (docs/benchmarks.md). But
+# nothing else runs meanwhile, so once an fdatasync took longer than this (a slow disk, one
+# busy with a rewrite) batches go to the writer's thread and the loop keeps serving; the
+# thread's own fdatasyncs bring it back inline when the disk is fast again.
+INLINE_FSYNC_MAX_USEC = 1000
 
 _ADVISORY = aof.ADVISORY_KINDS
 
@@ -333,8 +334,7 @@ class Persistence:
             return True
         sync = self.policy == "always" and not _all_advisory(batch.entries)
         if (self.writer is None or self._in_flight is not None or self._write_lock.locked()
-                or (sync and self.last_fsync_usec
-                    > INLINE_FSYNC_USEC_PER_RECORD * len(batch.entries))):
+                or (sync and self.last_fsync_usec > INLINE_FSYNC_MAX_USEC)):
             self._wakeup.set()
             return False
         self._next_ticket += 1

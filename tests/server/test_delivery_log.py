@@ -2,11 +2,10 @@
 delivers a job for the first time is answered at once (its only log record, ``dlv``, is
 advisory), while an ADDJOB waits for the fsync as it must.
 
-With many clients on a fast disk the reactor fdatasyncs inline at the end of its round, as
-Disque does, and nothing runs during that fdatasync; once an fdatasync takes longer than the
-writer's thread would cost for the batch (``node.persistence.INLINE_FSYNC_USEC_PER_RECORD``
-per record) the batches go to that thread and the loop keeps serving. The stuck fsync here
-comes after a slow one, as on a disk that is struggling."""
+On a fast disk the reactor fdatasyncs inline at the end of its round, as Disque does, and
+nothing runs during that fdatasync; once an fdatasync took longer than
+``node.persistence.INLINE_FSYNC_MAX_USEC`` the batches go to the writer's thread and the loop
+keeps serving. The stuck fsync here comes after a slow one, as on a disk that is struggling."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ import time
 import trio
 
 from broker.aof import ReadEnd, read_records
+from node.persistence import INLINE_FSYNC_MAX_USEC
 from tests.server.test_inprocess import connect, node
 
 
@@ -29,7 +29,7 @@ async def test_first_getjob_is_answered_while_the_fsync_is_stuck(tmp_path) -> No
             gate, in_sync = threading.Event(), threading.Event()
 
             def slow_sync() -> None:
-                time.sleep(0.005)  # far more than the thread costs for one record
+                time.sleep(2 * INLINE_FSYNC_MAX_USEC / 1e6)
                 real_sync()
 
             f.sync = slow_sync  # type: ignore[method-assign]
