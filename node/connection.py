@@ -5,29 +5,36 @@ Theory of operation
 A connection lives in the reactor (``node/reactor.py``) and is served there inline: a
 ``turn`` reads once, feeds the ``RequestParser``, executes the complete commands (at most the
 budget it is given) against the broker with the round's ``now_ms``, and routes each command's
-effects at once (``Host.route``: log records to the append log, replies for other clients to
-the round's ``others``). Replies are encoded into ``out`` in order. A turn whose commands
-logged nothing writes ``out`` with one ``send`` at its end; one whose commands logged is
-*held* until the round's group commit (``release_if_durable``), and then written, the replies
-of commands whose write failed replaced by ``-ERR <error>``: nothing is replied before its
-record is durable.
+effects at once (``Host.route``: log records to the append log's open batch, replies for other
+clients to the round's ``others``). Replies are encoded into ``out`` in order. A turn whose
+commands logged nothing writes ``out`` with one ``send`` at its end; one whose commands logged
+is *held* until the round's group commit (``release_if_durable``), and then written, the
+replies of commands whose write failed replaced by ``-ERR <error>``: nothing is replied before
+its record is durable. Commands only the runtime can finish (intents, ``broker/intents.py``)
+are carried out inline too (``Host.carry_out_now``: QUIT, BGREWRITEAOF, CLIENT KILL, MONITOR,
+CONFIG REWRITE/RESETSTAT), except the two that wait.
 
-Everything that must wait happens in a task, the connection *parked* meanwhile (out of the
-epoll, its input unread):
+What must wait happens in a task, the connection *parked* meanwhile (out of the epoll, its
+input unread):
 
 * replies the socket would not take whole: the rest waits in ``pending`` and a sender task
   (``_send_pending``) writes it when the socket is writable; a client over the
   ``client-output-buffer-limit`` is closed;
-* a command only the runtime can finish (an intent, ``Host.carry_out``), QUIT, a protocol
-  error, CLIENT KILL of itself: the connection's own task (``_finish_in_task``) carries it
-  out, executes the rest of the pipeline, waits for the log, writes, and, when the connection
-  is to close, drains what is unsent (bounded by ``CLOSE_FLUSH_TIMEOUT_S``) and closes it.
+* CONFIG SET appendonly/maxclients and SHUTDOWN (``Host.carry_out``): the connection's own
+  task (``_finish_in_task``) carries them out, runs the rest of the pipeline, waits for the
+  log, writes, and gives the connection back.
+
+After QUIT, a protocol error or CLIENT KILL of itself a connection runs nothing more
+(``ending``, parked): its replies are written, then it closes, waiting at most
+``CLOSE_FLUSH_TIMEOUT_S`` for a client that does not read them. A client that shut its
+sending side has what it sent run and its replies written before the connection closes
+(``eof``); a blocked one that goes away is closed at once (the broker forgets its waiter).
 
 Replies from elsewhere (a blocked GETJOB served, a MONITOR line) come through
 ``send_nowait``: while ``holding`` (replies of this connection wait for the log or are being
-built by its task) they queue behind those; while a sender task runs they queue behind its
-bytes; otherwise they are sent at once. So replies leave in the order their causes happened.
-A blocked command (GETJOB, synchronous ADDJOB) stops the pipeline (``blocked``); commands
+built) they queue behind those; while a sender task runs they queue behind its bytes;
+otherwise they are sent at once. So replies leave in the order their causes happened. A
+blocked command (GETJOB, synchronous ADDJOB) stops the pipeline (``blocked``); commands
 behind it stay in the buffer until the ``Reply`` that unblocks it is delivered
 (``Server.deliver`` queues the connection again).
 """
@@ -172,7 +179,7 @@ class Connection:
             return 0  # paused: its input waits until the task that took it gives it back
         if self.readable:
             self.readable = False
-            if not (self.backlog or self.eof) and not self._read():
+            if not (self.backlog or self.eof) and self._read() < 0:
                 return 0
         if self.blocked or self.holding:
             return 0
@@ -183,14 +190,19 @@ class Connection:
         while True:
             done, status = self._execute(budget - ran, reactor.now_ms, reactor.others)
             ran += done
-            if (status is not None or self.backlog or self.blocked or not self.hup or self.eof
-                    or reads == MAX_READS_PER_TURN):
+            if status is not None or self.backlog or self.blocked or not self.hup or self.eof:
                 break
             # The client hung up, so the rest of its stream (or its end) is already here:
             # take it now, as its own loop would, rather than one lap of the queue later.
+            if reads == MAX_READS_PER_TURN:
+                reactor.schedule(self)
+                break
             reads += 1
-            if not self._read():
+            got = self._read()
+            if got < 0:
                 return ran
+            if not got and not self.eof:
+                break  # nothing after all: the epoll reports the end when it comes
         if status is CLOSE:
             # QUIT, a protocol error, CLIENT KILL of itself: nothing more is read or run; the
             # replies so far are written (after the log, if they wait for it), then it closes.
@@ -211,29 +223,25 @@ class Connection:
         return ran
 
     def _after_turn(self) -> None:
-        """Close a connection whose last words have run; give a hung-up client whose stream
-        is not all read yet another turn."""
+        """Close a connection whose last words have run."""
         if self.ending:
             self._close_when_written()
-        elif self.backlog or self.blocked or self.parks:
-            return
-        elif self.eof:
+        elif self.eof and not (self.backlog or self.blocked or self.parks):
             self._close_when_written()  # everything it sent has run
-        elif self.hup:
-            self.reactor.schedule(self)
 
-    def _read(self) -> bool:
-        """One ``recv`` into the parser; False when the connection closed."""
+    def _read(self) -> int:
+        """One ``recv`` into the parser: the bytes read (0 at the end of the stream or when
+        there was nothing), -1 when the connection closed."""
         try:
             data = self.sock.recv(READ_SIZE)
         except BlockingIOError:
-            return True
+            return 0
         except OSError:
             self.close()
-            return False
+            return -1
         if not data:
             self._at_end()
-            return not self.closing
+            return -1 if self.closing else 0
         host = self.host
         host.stats_in += len(data)
         self.last_active = self.reactor.now
@@ -246,8 +254,8 @@ class Connection:
             log.warning("Closing client that reached max query buffer length: id=%d "
                         "addr=%s qbuf=%d", self.client.id, self.client.addr, held)
             self.close()
-            return False
-        return True
+            return -1
+        return len(data)
 
     def _at_end(self) -> None:
         """The client sent its last byte. A blocked client is gone (the broker forgets its

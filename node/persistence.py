@@ -9,11 +9,21 @@ ticket; before it sends a reply whose command logged, it awaits ``wait_durable(t
 Records are submitted before the next checkpoint, so none is ever pending in the broker while
 this module runs (a rewrite's snapshot, a failure's undo and a shutdown rely on that).
 
-One writer task (``run``) takes the open batch as soon as the previous write is finished, opens
-a new one, and writes the taken batch with one write (and, under ``appendfsync always``, one
-fdatasync) in a worker thread. While that thread waits for the disk the loop keeps executing
-other clients' commands, whose entries fill the next batch: that is the group commit. Only one
-batch is in flight at a time, so batches reach the file in ticket order.
+The group commit has two writers, and only one batch is ever being written, so batches reach
+the file in ticket order:
+
+* **The reactor's round** (``commit_now``, node/reactor.py). Client commands run in rounds;
+  while one runs (``round_open``) their records only fill the open batch, and the round ends
+  by writing it in the loop - one write, and under ``appendfsync always`` one fdatasync -
+  before the round's replies go out, as Disque's ``beforeSleep`` does. No thread hand-off,
+  no task to wake. It declines (and leaves the batch to the writer task) while the writer has
+  a batch in flight, while a rewrite or CONFIG SET appendonly holds the file, and under
+  ``always`` once an fdatasync took longer than ``INLINE_FSYNC_MAX_USEC``: nothing else runs
+  during an inline fdatasync, so on a slow disk the thread, which lets the loop go on, wins.
+* **The writer task** (``run``), woken by records submitted outside a round (timers, the bus,
+  the HTTP API) or by a declined commit: it takes the open batch, opens a new one, and writes
+  the taken batch (under ``always`` with its fdatasync in a worker thread, while the loop
+  keeps executing commands whose records fill the next batch).
 
 * ``always``   - a batch is done when it is written and fdatasync returned.
 * ``everysec`` - done when written (``write(2)`` in the loop, as Redis does); a timer fdatasyncs
@@ -31,7 +41,8 @@ batches gets ``PersistenceError``. The file is cut back to its last good size, t
 logged once per episode, and the next batch simply tries again: when the disk recovers the node
 recovers without intervention. Reads and commands that log nothing are never blocked.
 
-Contract for the server (``wait_durable``)::
+Contract for the server (``wait_durable``; the reactor instead reads ``done_ticket`` and
+``failure(ticket)`` right after its ``commit_now``)::
 
     ticket = p.submit(records)         # no await between execute() and submit()
     try:

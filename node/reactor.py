@@ -4,43 +4,52 @@ Theory of operation
 -------------------
 A trio task per connection costs a trip through trio's scheduler for every request, and every
 wait re-arms a one-shot registration in trio's epoll (an ``epoll_ctl``). The reactor replaces
-them with one task and one level-triggered ``select.epoll`` holding the client sockets: trio
-waits on that epoll's descriptor (``wait_readable``) only when no connection has anything to
-do, and a registration is made once per connection, not once per wait.
+them with one task and one level-triggered ``select.epoll`` holding the client sockets
+(registered once per connection): trio waits on that epoll's descriptor (``wait_readable``)
+only when no connection has anything to do.
 
-**Rounds.** Each pass of the loop polls the epoll without waiting, queues the connections it
-reports (``runnable``, a FIFO: one entry per connection), and runs one *round*: each queued
-connection gets one *turn* (``Served.turn``: at most one ``recv``, its complete commands
-executed, its replies written with one ``send``), in queue order, no task switch in between.
-Fairness is bounded work per round: at most ``MAX_TURNS_PER_ROUND`` turns, at most
-``MAX_COMMANDS_PER_TURN`` commands (and about ``MAX_OUTPUT_PER_TURN`` bytes of replies) in a
-turn and ``MAX_COMMANDS_PER_ROUND`` in the round; a
-connection that still has commands in its buffer goes to the back of the queue and reads
-nothing more until they are done (so a flooding pipeliner is served in slices, never ahead of
-the others and never buffered without bound). The round then ends (``_end_round``) and the
-task checkpoints, so the timers, the bus and the tasks below run between two rounds.
+**Rounds.** The loop polls the epoll without waiting, queues the connections it reports
+(``runnable``, a FIFO, one entry per connection) and runs a *round*: each queued connection
+gets one *turn* (``Served.turn``: one ``recv``, its complete commands executed, its replies
+written with one ``send``), in queue order, with no task switch in between. Work is bounded:
+at most ``MAX_TURNS_PER_ROUND`` turns and ``MAX_COMMANDS_PER_ROUND`` commands, no new turn
+after ``MAX_ROUND_S``, and in a turn at most ``MAX_COMMANDS_PER_TURN`` commands and about
+``MAX_OUTPUT_PER_TURN`` bytes of replies. A connection left with commands in its buffer goes
+to the back of the queue and reads nothing more until they have run, so a flooding pipeliner
+is served in slices behind the others and never buffered without bound. Rounds follow one
+another without a trip through trio's scheduler for a ``QUANTUM_S`` (a client whose next
+request is already there is served at once); then the task checkpoints, so the timers, the
+bus, the log's writer and the tasks below run.
 
-**Group commit at the end of each round.** Records the round's commands made are in the
+**Group commit at the end of each round.** The records the round's commands made are in the
 append log's open batch; the round ends by writing it (``Persistence.commit_now``: one
 ``write``, and under ``appendfsync always`` one ``fdatasync``, in this task, as Disque's
 ``beforeSleep`` flushes the AOF before it writes the replies). Only then are the replies of
 the connections whose commands logged (``held``) written, ``-ERR`` for a command whose write
 failed, followed by the replies the round's commands made for other clients (``others``,
-blocked GETJOBs served). When the log cannot be written inline (the writer task has a batch in
-flight, a rewrite is switching files) the held connections are released by a task once the
-log says their batch is durable; they stay in the epoll meanwhile but execute nothing.
+blocked GETJOBs served). When the log is not written inline (the writer's thread has a batch
+in flight, a rewrite is switching files, the disk is slow) the held connections are released
+by a task once the log says their batch is durable; they stay in the epoll meanwhile and are
+read, but execute nothing.
 
 **Leaving the reactor.** A connection that must wait for something else is *parked*: taken
 out of the epoll (its input is not read: a client that stops reading is paused, not buffered)
 and handed to a task, which gives it back with ``unpark`` (registered again, and queued if its
-buffer still holds commands). Two things park a connection: replies the socket would not take
-(a sender task waits until it is writable), and a command only the runtime can finish (an
-intent, ``Server.carry_out``), QUIT or a protocol error (the connection's own task finishes
-the pipeline, then drains and closes). A blocked GETJOB or synchronous ADDJOB is not parked:
-it stays in the epoll, its input is read and kept (within the query buffer limit) so that a
-disconnect is noticed at once, and it executes nothing until the ``Reply`` that unblocks it
-is delivered, which queues it again if commands wait behind it. Any other task that makes a
-connection runnable (``schedule``) wakes the reactor if it is waiting.
+buffer still holds commands). Parking happens for replies the socket would not take (a sender
+task waits until it is writable), for the two commands only the runtime can finish that wait
+(CONFIG SET appendonly/maxclients and SHUTDOWN: the connection's own task), and after QUIT or
+a protocol error (until what is unsent is written and it closes). A blocked GETJOB or
+synchronous ADDJOB is not parked: it stays in the epoll, its input is read and kept (within
+the query buffer limit) so that a disconnect is noticed at once, and it executes nothing until
+the ``Reply`` that unblocks it is delivered, which queues it again if commands wait behind it.
+A task that makes a connection runnable (``schedule``) wakes the loop if it is waiting, with
+a write to an eventfd that is in the epoll.
+
+**Clients that hang up** (``EPOLLRDHUP``) have their whole stream there: a turn reads it to
+the end (up to ``MAX_READS_PER_TURN`` reads), runs it, writes the replies and closes, rather
+than taking one lap of the queue per read. **New clients** are accepted only while fewer than
+``MAX_NEW_WAITING`` new connections with input wait for their first turn: a node that falls
+behind a burst of connections leaves the next ones in the kernel's accept queue.
 
 **Idle clients.** A connection's ``last_active`` moves when it sends something and when a
 reply from elsewhere is delivered to it; ``close_idle``, called by the server's timer about
@@ -65,8 +74,7 @@ from broker.effects import Reply
 from node.clock import Clock
 
 # Fairness bounds of one round (see the module docstring). A turn of an unpipelined client
-# runs one command; these only bite for pipelines and floods. 2048 ADDJOBs are ~60 ms of CPU,
-# the longest the timers and the bus wait for a round.
+# runs one command; these only bite for pipelines and floods.
 MAX_TURNS_PER_ROUND = 512
 MAX_COMMANDS_PER_TURN = 256
 MAX_COMMANDS_PER_ROUND = 2048

@@ -5,10 +5,12 @@ applied at run time, and the group commit happens in the reactor's round."""
 
 from __future__ import annotations
 
+import socket
+
 import trio
 
 from node.reactor import MAX_COMMANDS_PER_TURN
-from protocol.resp import encode_command
+from protocol.resp import NEED_DATA, ReplyReader, encode_command
 from tests.server.test_inprocess import Conn, connect, node
 
 
@@ -157,3 +159,46 @@ async def test_the_group_commit_is_done_in_the_reactors_round(tmp_path) -> None:
         with open(p.path, "rb") as f:
             data = f.read()
         assert all(job_id in data for job_id in ids)
+
+
+async def test_a_client_that_shuts_its_sending_side_gets_every_reply(tmp_path) -> None:
+    """A pipeline then shutdown(SHUT_WR), both there before the node looks (so it reads the
+    end of the stream while the replies wait for the log), under appendfsync always: every
+    command runs and every reply arrives, each after its fdatasync, then the node closes."""
+    async with node(tmp_path, appendonly="yes", appendfsync="always") as (server, port):
+        raw = socket.create_connection(("127.0.0.1", port))
+        raw.sendall(b"".join(encode_command("ADDJOB", "h", f"j{i}", "0") for i in range(200))
+                    + encode_command("QLEN", "h"))
+        raw.shutdown(socket.SHUT_WR)  # no checkpoint since connect: the node sees both at once
+
+        def read_to_end() -> bytes:
+            chunks = []
+            while chunk := raw.recv(65536):
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        with trio.fail_after(20):
+            data = await trio.to_thread.run_sync(read_to_end)
+        raw.close()
+        reader = ReplyReader()
+        reader.feed(data)
+        replies = [reader.next() for _ in range(201)]
+        assert all(isinstance(r, bytes) and r.startswith(b"D-") for r in replies[:200])
+        assert replies[200] == 200 and reader.next() is NEED_DATA
+        with open(server.persistence.path, "rb") as f:
+            log = f.read()
+        assert all(job_id in log for job_id in replies[:200])  # type: ignore[operator]
+
+
+async def test_quit_in_a_pipeline_answers_what_came_before_and_runs_nothing_after(
+        tmp_path) -> None:
+    async with node(tmp_path) as (server, port):
+        c = await connect(port)
+        await c.stream.send_all(encode_command("ADDJOB", "quitq", "a", "0")
+                                + encode_command("QUIT")
+                                + encode_command("ADDJOB", "quitq", "b", "0"))
+        assert (await c.reply()).startswith(b"D-")  # type: ignore[union-attr]
+        assert await c.reply() == b"OK"
+        assert isinstance(await c.reply(), ConnectionError)
+        other = await connect(port)
+        assert await other.call("QLEN", "quitq") == 1
