@@ -1,28 +1,54 @@
 # trisque: `make run` starts a node with its data in ./data (HTTP API on 7780, docs/http.md), `make cluster` three joined nodes
-# (7711-7713, data in ./data/cluster/<port>), `make test` runs the whole suite.
+# (7711-7713, data in ./data/cluster/<port>), `make test` runs the whole suite on the compiled core and on the pure-Python one.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# make test CORE=compiled|pure runs the suite on one core only; REQUIRE_COMPILED=1 (CI) makes a
+# core that cannot be compiled an error instead of a warning.
+CORE ?= both
+REQUIRE_COMPILED ?= 0
 
-.PHONY: run cluster test lint bench fuzz clean
+.PHONY: build run cluster test lint bench fuzz clean
 
-$(STAMP): pyproject.toml
+# The editable install leaves compiling to `make build`, where its progress shows.
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	TRISQUE_COMPILE=0 $(PY) -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
-run: $(STAMP)
+# Compile protocol/, broker/ and cluster/ with mypyc in place (tools/build_core.py): a minute or
+# two the first time, instant while no source changed. Without a C compiler: a warning, and the
+# pure-Python core runs. An edited module is never shadowed by its old compiled version: the
+# core loads compiled only while every source matches the build (protocol/core_build.py).
+build: $(STAMP)
+	$(PY) -m tools.build_core $(if $(filter 1,$(REQUIRE_COMPILED)),--require)
+
+run: build
 	mkdir -p data
 	$(VENV)/bin/trisque-server conf/trisque.conf --dir ./data --http-port 7780
 
 # Three nodes in the foreground, joined with CLUSTER MEET; Ctrl-C stops them (tools/local_cluster.py).
-cluster: $(STAMP)
+cluster: build
 	$(PY) -m tools.local_cluster
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+# The whole suite on the compiled core (TRISQUE_CORE=compiled: a run on anything else fails),
+# then on the pure-Python core, without the Spark tests when they ran already (they test the
+# connector, not the core). With no compiled core here, the whole suite on the pure one.
+test: build
+	@set -e; compiled=0; \
+	if [ "$(CORE)" = compiled ] || { [ "$(CORE)" != pure ] && $(PY) -m tools.build_core --check; }; then \
+		echo "== make test: the whole suite on the compiled core"; \
+		TRISQUE_CORE=compiled $(PY) -m pytest -q; compiled=1; \
+	elif [ "$(CORE)" != pure ]; then \
+		echo "== make test: no compiled core here (see make build above): the pure core only"; \
+	fi; \
+	if [ "$(CORE)" != compiled ]; then \
+		echo "== make test: the suite on the pure-Python core (TRISQUE_CORE=pure)"; \
+		if [ $$compiled = 1 ]; then TRISQUE_CORE=pure $(PY) -m pytest -q -m "not spark"; \
+		else TRISQUE_CORE=pure $(PY) -m pytest -q; fi; \
+	fi
 
 # The property tests of tests/property/ with 1,000,000 examples each (hours); Hypothesis
 # prints any failing example with the decorator that replays it. FUZZ_ARGS narrows it, e.g.
@@ -32,16 +58,18 @@ fuzz: $(STAMP)
 		-o addopts="" tests/property $(FUZZ_ARGS) --hypothesis-show-statistics
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check protocol broker cluster node cli pipeline tests tools
+	$(VENV)/bin/ruff check protocol broker cluster node cli pipeline tests tools setup.py
 	$(VENV)/bin/mypy
 
 # The single-node table (cli/bench_table.py): trisque against the reference Disque when
 # TRISQUE_BENCH_DISQUE=/path/to/disque-server is set (issue 12's targets, PASS/MISS) and against
 # redis-server always; then the cluster cases (cli/bench_cluster.py, Disque too when set).
 # BENCH_ARGS=--quick: one short run per case, for iteration; other options: --help of each.
-bench: $(STAMP)
+# On the compiled core (make build; python -m cli.bench_builds compares it with the pure one).
+bench: build
 	$(PY) -m cli.bench_table $(BENCH_ARGS)
 	$(PY) -m cli.bench_cluster $(filter --quick,$(BENCH_ARGS))
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info trisque_core__mypyc.*.so protocol/compiled-core.json
+	rm -f protocol/*.so broker/*.so cluster/*.so

@@ -74,8 +74,10 @@ KINDS: Final = ("job", "ack", "del", "flushall", "dlv", "qpolicy", "timer")
 ADVISORY_KINDS: Final = frozenset({"dlv"})
 
 # How much of the file the reader holds at once: big enough that the per-read cost is lost in
-# the noise, small enough that a multi-gigabyte log does not need as much memory.
-READ_CHUNK: Final = 8 * 1024 * 1024
+# the noise, small enough that a multi-gigabyte log does not need as much memory. Not Final:
+# compiled with mypyc, a Final is inlined where it is used, and a test sets a small chunk to
+# make records span reads.
+READ_CHUNK = 8 * 1024 * 1024
 
 Record = tuple[Any, ...]
 

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A directive's value as Config holds it (int, bool, str...). Named: mypyc's dataclasses load a
+# field's annotation by name, and fail on a bare ``object``.
+ConfigValue = object
+
 
 class Intent:
     """Base of every intent: the driver tells a reply from an intent with one isinstance."""
@@ -48,7 +52,7 @@ class ConfigApplied(Intent):
     already set; ``previous`` is what to put back if the runtime cannot carry it out."""
 
     name: str
-    previous: object
+    previous: ConfigValue
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,8 +143,11 @@ class Entry:
     last_job: bytes | None = None  # the job this node added at its last fire
     last_error: str = ""  # why this node's last fire added no job ("" if it did)
     # The record, made once: every whole-table exchange sends every entry. Entries change by
-    # replacement (``dataclasses.replace`` leaves this out), never in place.
-    _record: list[Any] | None = field(default=None, init=False, repr=False, compare=False)
+    # replacement (``dataclasses.replace`` leaves this out), never in place. A factory, not
+    # default=None: for an init=False field with a plain default, __init__ leaves the value to
+    # the class attribute, which mypyc's compiled dataclass does not have (AttributeError).
+    _record: list[Any] | None = field(default_factory=lambda: None, init=False, repr=False,
+                                      compare=False)
 
     def to_record(self) -> list[Any]:
         """The log and wire record; shared, so not to be modified by the caller."""

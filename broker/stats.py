@@ -15,13 +15,16 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Final
 
+# Typed tuple[float, ...], not a tuple of 16 floats: compiled with mypyc, a Final fixed-size
+# tuple of floats read from another module raises NameError (mypyc issue 1183).
 #: Seconds: 100 us .. 10 s, for fsync latency (measured with perf_counter).
-LATENCY_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                          0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_BUCKETS: Final[tuple[float, ...]] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0)
 #: Seconds: 1 ms .. 10 s, for what the sans-IO cores time with their ``now_ms`` (millisecond
 #: resolution: a round trip within the same millisecond counts as 0).
-MS_LATENCY_BUCKETS: Final = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
-                             5.0, 10.0)
+MS_LATENCY_BUCKETS: Final[tuple[float, ...]] = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 class Histogram:

@@ -13,6 +13,7 @@ from broker.config import Config, ConfigError
 from node import config_file
 from node.persistence import StartupError
 from node.server import VERSION, Server, ServerError, adjust_max_clients, log
+from protocol import core_build
 
 
 def setup_logging(config: Config) -> None:
@@ -44,6 +45,10 @@ given on the command line as --name value; they override the file. Examples:
   trisque-server conf/trisque.conf
   trisque-server --port 7777 --dir /var/lib/trisque --appendonly yes
   trisque-server --http-port 7780   # HTTP API, dashboard at http://127.0.0.1:7780/, /metrics
+
+The core runs compiled (mypyc, `make build`) when a build matching the sources is there, else
+as plain Python; TRISQUE_CORE=pure or TRISQUE_CORE=compiled in the environment chooses. The
+start log and INFO's trisque_core field say which one runs.
 """
 
 
@@ -66,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"Can't use dir {config.dir!r}: {exc.strerror}", file=sys.stderr)
         return 1
+    log.info("trisque %s, %s", VERSION, core_build.describe())
     adjust_max_clients(config)
     if config.pidfile:
         with open(config.pidfile, "w") as fh:

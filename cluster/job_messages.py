@@ -40,7 +40,7 @@ from typing import Any
 
 from broker.job import Job, record_problem
 from cluster.messages import int_field, is_node_id
-from cluster.wire import Frame, MalformedBody, MessageType
+from cluster.wire import Frame, MalformedBody, MessageType, received_body
 from protocol.jobid import is_valid
 
 MAX_QUEUE_NAME = 64 * 1024
@@ -174,7 +174,7 @@ JOB_TYPES = _REF_TYPES | frozenset({MessageType.REPLJOB, MessageType.ENQUEUE,
 
 def parse(frame: Frame) -> JobMessage:
     """The typed message of a job frame; MalformedBody if it is not one."""
-    body = frame.body
+    body = received_body(frame)
     if not isinstance(body, dict):
         raise MalformedBody("body is not a map")
     t = frame.type
@@ -197,7 +197,7 @@ def parse(frame: Frame) -> JobMessage:
 
 def parse_federation(frame: Frame) -> FedMessage:
     """The typed NEEDJOBS or YOURJOBS of a frame; MalformedBody if it is not one."""
-    body = frame.body
+    body = received_body(frame)
     if not isinstance(body, dict):
         raise MalformedBody("body is not a map")
     if frame.type is MessageType.NEEDJOBS:

@@ -36,7 +36,7 @@ from typing import Any, Final
 from cluster.effects import ClusterEffect, LinkId, Send
 from cluster.membership import Membership
 from cluster.peer_frames import accept
-from cluster.wire import Frame, MalformedBody, MessageType
+from cluster.wire import Frame, MalformedBody, MessageType, received_body
 
 SYNC_PERIOD_MS: Final = 5_000
 MAX_RECORDS_PER_FRAME: Final = 10_000
@@ -171,7 +171,7 @@ class TableSync:
     def _parse(self, frame: Frame) -> tuple[list[Any], bool, bool]:
         """The records a frame carries, whether they are the sender's whole table, and
         whether they answer ours."""
-        body = frame.body
+        body = received_body(frame)
         if not isinstance(body, dict) or not set(body) <= {self.KEY, "full", "answer"}:
             raise MalformedBody(f"fields other than {self.KEY}, full and answer")
         full = body.get("full", False)

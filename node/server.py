@@ -89,7 +89,7 @@ from node.connection import MUST_WAIT, Connection, set_keepalive
 from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
 from node.reactor import Reactor
-from protocol import errors
+from protocol import core_build, errors
 from protocol.commands import COMMANDS
 from protocol.resp import OK, Status, encode_into
 
@@ -432,6 +432,7 @@ class Server:
             ("config_file", self.config.config_file or ""),
             ("trisque_version", VERSION), ("python_version", sys.version.split()[0]),
             ("node_id", self.node_id),
+            ("trisque_core", core_build.kind()),  # compiled | pure (protocol/core_build.py)
         ]
 
     def _info_memory(self) -> list[tuple[str, Any]]:

@@ -338,7 +338,7 @@ def _qscan(argv: list[bytes]) -> QScan | Error:
         last = j == len(argv) - 1
         if opt == b"busyloop":
             busyloop = True
-        elif opt in (b"count", *limits) and not last:
+        elif (opt == b"count" or opt in limits) and not last:  # not (b"count", *limits): mypyc cannot compile it
             value = _scan_number(argv[j + 1])
             if isinstance(value, Error):
                 return value

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 import hiredis
+from mypy_extensions import mypyc_attr
 
 # Limits, as in Redis/Disque (networking.c): they bound what one client can make us buffer.
 MAX_INLINE_SIZE: Final = 64 * 1024
@@ -56,6 +57,7 @@ class ProtocolError(Exception):
     """Malformed input. ``str(exc)`` is the Redis text, e.g. ``Protocol error: invalid bulk length``."""
 
 
+@mypyc_attr(native_class=False)  # mypyc's native classes cannot subclass str
 class Status(str):
     """A simple string reply (``+OK``). Never built from client bytes: the encoder writes it
     as it is (error replies, which may echo input, are made single-line)."""
@@ -63,6 +65,7 @@ class Status(str):
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)  # as Status
 class Error(str):
     """An error reply (``-ERR ...``): the text starts with its code."""
 

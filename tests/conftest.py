@@ -9,6 +9,13 @@ import pytest
 from tests.support.server import ServerProcess
 
 
+def pytest_report_header() -> str:
+    """Which core the suite runs on (make test runs it on both; protocol/core_build.py)."""
+    from protocol import core_build
+
+    return f"trisque {core_build.describe()}"
+
+
 @pytest.fixture
 def server() -> Iterator[ServerProcess]:
     """A fresh single ``trisque-server`` on a free loopback port, stopped after the test."""

@@ -1,6 +1,6 @@
 """The dependency direction between packages, checked on the source with ``ast``.
 
-protocol  -> stdlib, hiredis, msgpack (trio only in the trio client flavour: a module whose
+protocol  -> stdlib, hiredis, msgpack, mypy_extensions (trio only in the trio client flavour: a module whose
              name contains "aio", e.g. protocol/aio_client.py)
 broker    -> stdlib but no clock, socket, os or trio (sans-IO), msgpack, protocol
 cluster   -> stdlib but no clock, socket, os or trio (sans-IO), msgpack, cryptography,
@@ -31,7 +31,7 @@ PACKAGES = ("protocol", "broker", "cluster", "node", "cli", "pipeline")
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 # Third-party distributions the project declares (pyproject.toml), by import name.
 DECLARED = frozenset({"trio", "hiredis", "msgpack", "cryptography", "pyspark", "hypercorn",
-                      "starlette", "jinja2", "prometheus_client"})
+                      "starlette", "jinja2", "prometheus_client", "mypy_extensions"})
 # Standard modules that read the clock, open sockets or touch the OS: the sans-IO packages
 # take time and messages as arguments instead.
 IO_MODULES = {
@@ -49,7 +49,9 @@ def allowed(package: str, module_file: str, imported: str) -> bool:
     if imported == package or imported in STDLIB:
         return True
     if package == "protocol":
-        return imported in ("hiredis", "msgpack") or (imported == "trio" and "aio" in module_file)
+        # mypy_extensions: mypyc's class attributes (protocol/resp.py's str subclasses).
+        return (imported in ("hiredis", "msgpack", "mypy_extensions")
+                or (imported == "trio" and "aio" in module_file))
     if package == "broker":
         return imported in ("msgpack", "protocol")
     if package == "cluster":
