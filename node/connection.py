@@ -213,12 +213,13 @@ class Connection:
             return ran
         elif self.backlog:
             reactor.schedule(self)  # the rest of its buffer: next round, behind the others
-        if self.logged:
+        if self.out or self.logged:
+            # Replies are written at the end of the round, all together (after the round's
+            # log commit for those that logged): a client that is woken by the first of them
+            # finds the others there too, rather than being put to sleep and woken per reply.
             reactor.hold(self)
             return ran
         self.holding = False
-        if self.out:
-            self._write_out()
         self._after_turn()
         return ran
 
