@@ -6,11 +6,13 @@ A connection lives in the reactor (``node/reactor.py``) and is served there inli
 ``turn`` reads once, feeds the ``RequestParser``, executes the complete commands (at most the
 budget it is given) against the broker with the round's ``now_ms``, and routes each command's
 effects at once (``Host.route``: log records to the append log's open batch, replies for other
-clients to the round's ``others``). Replies are encoded into ``out`` in order. A turn whose
-commands logged nothing writes ``out`` with one ``send`` at its end; one whose commands logged
-is *held* until the round's group commit (``release_if_durable``), and then written, the
-replies of commands whose write failed replaced by ``-ERR <error>``: nothing is replied before
-its record is durable. Commands only the runtime can finish (intents, ``broker/intents.py``)
+clients to the round's ``others``). Replies are encoded into ``out`` in order. A turn that made
+replies is *held* until the end of the round (``release_if_durable``), which writes ``out``
+with one ``send``: after the round's group commit for commands that logged, the replies of
+commands whose write failed replaced by ``-ERR <error>`` (nothing is replied before its record
+is durable), and for every connection together with the others, so that a client woken by the
+first reply of a round finds the next ones there instead of being put to sleep and woken once
+per reply (that wake-up was about 29% of the node's CPU under 50 unpipelined clients). Commands only the runtime can finish (intents, ``broker/intents.py``)
 are carried out inline too (``Host.carry_out_now``: QUIT, BGREWRITEAOF, CLIENT KILL, MONITOR,
 CONFIG REWRITE/RESETSTAT), except the two that wait.
 

@@ -11,7 +11,8 @@ only when no connection has anything to do.
 **Rounds.** The loop polls the epoll without waiting, queues the connections it reports
 (``runnable``, a FIFO, one entry per connection) and runs a *round*: each queued connection
 gets one *turn* (``Served.turn``: one ``recv``, its complete commands executed, its replies
-written with one ``send``), in queue order, with no task switch in between. Work is bounded:
+encoded), in queue order, with no task switch in between; the replies are written at the end
+of the round, one ``send`` per connection. Work is bounded:
 at most ``MAX_TURNS_PER_ROUND`` turns and ``MAX_COMMANDS_PER_ROUND`` commands, no new turn
 after ``MAX_ROUND_S``, and in a turn at most ``MAX_COMMANDS_PER_TURN`` commands and about
 ``MAX_OUTPUT_PER_TURN`` bytes of replies. A connection left with commands in its buffer goes
@@ -25,8 +26,7 @@ bus, the log's writer and the tasks below run.
 append log's open batch; the round ends by writing it (``Persistence.commit_now``: one
 ``write``, and under ``appendfsync always`` one ``fdatasync``, in this task, as Disque's
 ``beforeSleep`` flushes the AOF before it writes the replies). Only then are the replies of
-the connections whose commands logged (``held``) written, ``-ERR`` for a command whose write
-failed, followed by the replies the round's commands made for other clients (``others``,
+the round's connections (``held``) written, ``-ERR`` for a command whose write failed, followed by the replies the round's commands made for other clients (``others``,
 blocked GETJOBs served). When the log is not written inline (the writer's thread has a batch
 in flight, a rewrite is switching files, the disk is slow) the held connections are released
 by a task once the log says their batch is durable; they stay in the epoll meanwhile and are
