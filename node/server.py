@@ -229,9 +229,12 @@ class Server:
         """The one place the broker's effects go where they belong: log records to the append
         log (dropped there when it is off), replies to other clients into ``replies`` for the
         caller to deliver. The log ticket to wait for, or 0."""
-        records = [e for e in effects if type(e) is LogRecord]
-        if len(records) != len(effects):
-            replies.extend(e for e in effects if type(e) is Reply)
+        if len(effects) == 1 and type(effects[0]) is LogRecord:
+            records = effects  # an ADDJOB's or a GETJOB's one record: the common case
+        else:
+            records = [e for e in effects if type(e) is LogRecord]
+            if len(records) != len(effects):
+                replies.extend(e for e in effects if type(e) is Reply)
         ticket = self.persistence.submit(records)
         if ticket:
             self.last_ticket = ticket
