@@ -451,6 +451,7 @@ class Connection:
                 reply = await host.carry_out(self, status)
                 self._after(reply, others)
                 _, status = self._execute(MAX_TASK_COMMANDS, host.clock.now_ms(), others)
+                host.bus.flush()  # no reactor round ends for these: their frames go now
             if self.logged:
                 failures = await host.wait_durable({t for _, _, t in self.logged})
                 self._patch_failures(failures)
