@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", action="append", default=[], metavar="LABEL:NAME=VALUE",
                     help="an environment variable for one trisque server; repeatable")
     ap.add_argument("--disque", help="path of a disque-server binary")
-    ap.add_argument("--cases", default="addjob,p16,getjob,always")
+    ap.add_argument("--cases", default="addjob,p16,getjob,always",
+                    help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--requests", type=int, default=200_000)
     args = ap.parse_args(argv)
