@@ -219,7 +219,7 @@ class Connection:
             # Replies are written at the end of the round, all together (after the round's
             # log commit for those that logged): a client that is woken by the first of them
             # finds the others there too, rather than being put to sleep and woken per reply.
-            reactor.hold(self)
+            reactor.held.append(self)
             return ran
         self.holding = False
         self._after_turn()
@@ -290,14 +290,20 @@ class Connection:
     def _execute(self, budget: int, now: int, others: list[Reply]) -> tuple[int, Any]:
         """Run the complete commands in the buffer, up to ``budget``, encoding each reply into
         ``out``. Returns how many ran and why it stopped: None (no complete command left, the
-        budget, a blocked command, shutdown), an ``Intent`` for the runtime, or ``CLOSE``."""
+        budget, a blocked command, shutdown), an ``Intent`` for the runtime, or ``CLOSE``.
+
+        The cluster bus is not flushed here, per command: the reactor flushes it once at the
+        end of the round (``Reactor._end_round``), which is the earliest its link writers and
+        the cores' timers could run anyway (the round holds the task). Commands that leave
+        the reactor (``_after``, the connection's own task) flush it themselves."""
         host = self.host
         broker = host.broker
         client = self.client
         parser = self.parser
+        next_command = parser.next
+        execute = broker.execute
         cmdstats = host.cmdstats
         route = host.route
-        flush = host.bus.flush
         out = self.out
         ran = written = 0
         while not self.blocked and not host.stopping:
@@ -305,7 +311,7 @@ class Connection:
                 self.backlog = True
                 return ran, None
             try:
-                argv = parser.next()
+                argv = next_command()
             except ProtocolError as exc:
                 encode_into(errors.protocol_error(str(exc)), out)
                 return ran, CLOSE
@@ -321,7 +327,7 @@ class Connection:
                 # A big body: judge it against the memory in use now, not a second ago.
                 host.sample_memory()
             started = perf_counter_ns()
-            reply = broker.execute(argv, client, now)  # type: ignore[arg-type]
+            reply = execute(argv, client, now)  # type: ignore[arg-type]
             stat = cmdstats.get(name)
             if stat is not None:
                 stat[0] += 1
@@ -337,19 +343,24 @@ class Connection:
                 if type(intent) is Quit or self.close_after_reply:
                     return ran, CLOSE
                 continue
-            # As _after, inline: the path every command takes.
-            ticket = route(broker.take_effects(), others) if broker.outbox else 0
-            flush()  # REPLJOB, SETACK, PAUSE ..., CLUSTER MEET: after the broker's effects
-            if reply is BLOCKED:
-                self.blocked = True
-                break
-            start = len(out)
-            encode_into(reply, out, client.protover)
-            end = len(out)
-            if ticket:
-                self.logged.append((start, end, ticket))
-            if end - start > 1:  # a bulk or an array: maybe big
-                written += sum(map(len, out[start:end]))
+            # As _after, inline (the bus aside): the path every command takes.
+            if broker.outbox:
+                ticket = route(broker.take_effects(), others)
+                if reply is BLOCKED:
+                    self.blocked = True
+                    break
+                start = len(out)
+                encode_into(reply, out, client.protover)
+                if ticket:
+                    self.logged.append((start, len(out), ticket))
+            else:
+                if reply is BLOCKED:
+                    self.blocked = True
+                    break
+                start = len(out)
+                encode_into(reply, out, client.protover)
+            if len(out) - start > 1:  # a bulk or an array: maybe big
+                written += sum(map(len, out[start:]))
                 if written > MAX_OUTPUT_PER_TURN:
                     # Big replies (QPEEK, GETJOB of large jobs): write these before executing
                     # more, so a client that does not read is paused after about this much.
@@ -376,19 +387,39 @@ class Connection:
 
     def release_if_durable(self) -> bool:
         """Write the held replies if every log batch they wait for is finished (True), the
-        failed ones turned into errors; False if one is still pending."""
-        persistence = self.host.persistence
-        done = persistence.done_ticket
-        for _, _, ticket in self.logged:
-            if ticket > done:
-                return False
-        self._patch_failures({t: e for _, _, t in self.logged
-                              if (e := persistence.failure(t)) is not None})
+        failed ones turned into errors; False if one is still pending. Called for every
+        connection served in a round, so the common case (nothing logged, the socket takes
+        everything) is written out here, with one ``send`` and no further calls."""
+        logged = self.logged
+        if logged:
+            persistence = self.host.persistence
+            done = persistence.done_ticket
+            for _, _, ticket in logged:
+                if ticket > done:
+                    return False
+            self._patch_failures({t: e for _, _, t in logged
+                                  if (e := persistence.failure(t)) is not None})
         self.holding = False
-        self._write_out()
+        out = self.out
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            if self.sending:
+                self.send_nowait(data)  # behind the bytes its sender task has yet to write
+            else:
+                try:
+                    sent = self.sock.send(data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self.close()
+                    return True
+                self.host.stats_out += sent
+                if sent != len(data):
+                    self._send_later(data[sent:])
         if self.parser.buffered and not (self.blocked or self.ending):
             self.reactor.schedule(self)
-        else:
+        elif self.ending or self.eof:
             self._after_turn()
         return True
 
@@ -422,6 +453,7 @@ class Connection:
                 reply = await host.carry_out(self, status)
                 self._after(reply, others)
                 _, status = self._execute(MAX_TASK_COMMANDS, host.clock.now_ms(), others)
+                host.bus.flush()  # no reactor round ends for these: their frames go now
             if self.logged:
                 failures = await host.wait_durable({t for _, _, t in self.logged})
                 self._patch_failures(failures)
@@ -483,7 +515,12 @@ class Connection:
         sent = self._send_some(data)
         if sent is None or sent == len(data):
             return
-        self.pending.append(data[sent:])
+        self._send_later(data[sent:])
+
+    def _send_later(self, rest: bytes) -> None:
+        """The socket is full: a sender task writes ``rest`` (and what follows it) as the
+        socket takes it, the connection parked meanwhile."""
+        self.pending.append(rest)
         self.sending = True
         self.reactor.park(self)
         self.host.nursery.start_soon(self._send_pending)

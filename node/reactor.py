@@ -22,12 +22,15 @@ another without a trip through trio's scheduler for a ``QUANTUM_S`` (a client wh
 request is already there is served at once); then the task checkpoints, so the timers, the
 bus, the log's writer and the tasks below run.
 
-**Group commit at the end of each round.** The records the round's commands made are in the
-append log's open batch; the round ends by writing it (``Persistence.commit_now``: one
-``write``, and under ``appendfsync always`` one ``fdatasync``, in this task, as Disque's
-``beforeSleep`` flushes the AOF before it writes the replies). Only then are the replies of
-the round's connections (``held``) written, ``-ERR`` for a command whose write failed, followed by the replies the round's commands made for other clients (``others``,
-blocked GETJOBs served). When the log is not written inline (the writer's thread has a batch
+**Group commit at the end of each round.** The round ends by flushing the cluster bus once
+(``flush``: the frames the round's commands queued for other nodes, the cluster cores' timers
+told their deadlines may have moved; nothing of it could run before the round ends anyway).
+The records the round's commands made are in the append log's open batch; the round then
+writes it (``Persistence.commit_now``: one ``write``, and under ``appendfsync always`` one
+``fdatasync``, in this task, as Disque's ``beforeSleep`` flushes the AOF before it writes the
+replies). Only then are the replies of the round's connections (``held``) written, ``-ERR``
+for a command whose write failed, followed by the replies the round's commands made for other
+clients (``others``, blocked GETJOBs served). When the log is not written inline (the writer's thread has a batch
 in flight, a rewrite is switching files, the disk is slow) the held connections are released
 by a task once the log says their batch is durable; they stay in the epoll meanwhile and are
 read, but execute nothing.
@@ -148,17 +151,22 @@ class Log(Protocol):
 class Reactor:
     def __init__(self, clock: Clock, log: Log, settle: Callable[[], None],
                  dispatch: Callable[[list[Reply], int], None],
-                 wait_durable: Callable[[set[int]], Awaitable[dict[int, str]]]) -> None:
+                 wait_durable: Callable[[set[int]], Awaitable[dict[int, str]]],
+                 flush: Callable[[], None] = lambda: None) -> None:
         self.clock = clock
         self.log = log
+        # Routes what the round's commands left for the cluster bus (the server's Bus.flush:
+        # the broker's effects first, then each cluster core's, then the cores' timers are
+        # told their deadlines may have moved), once per round rather than once per command.
+        self.flush = flush
         self.settle = settle  # routes what the broker emitted outside a command (an undo's)
         self.dispatch = dispatch
         self.wait_durable = wait_durable
         self.epoll = select.epoll()
         self.by_fd: dict[int, Served] = {}
         self.runnable: deque[Served] = deque()
-        # The round being run: its time, the connections whose replies wait for its commit,
-        # the replies its commands made for other clients.
+        # The round being run: its time, the connections whose replies wait for its end (a
+        # turn appends itself to ``held``), the replies its commands made for other clients.
         self.now = clock.monotonic()
         self.now_ms = clock.now_ms()
         self.held: list[Served] = []
@@ -248,10 +256,6 @@ class Reactor:
             self._woken = True
             os.eventfd_write(self._wake_fd, 1)
 
-    def hold(self, conn: Served) -> None:
-        """``conn``'s replies wait for this round's commit."""
-        self.held.append(conn)
-
     # -- the loop ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -311,44 +315,52 @@ class Reactor:
         self.now_ms = self.clock.now_ms()
         self.log.round_open = True
         runnable = self.runnable
+        popleft = runnable.popleft
         budget = MAX_COMMANDS_PER_ROUND
-        deadline = time.perf_counter() + MAX_ROUND_S
+        clock = time.perf_counter
+        deadline = clock() + MAX_ROUND_S
+        turns = 0
         try:
             # Those queued when the round starts: a connection re-queued by its budget waits
             # for the next round, behind the others.
             for _ in range(min(len(runnable), MAX_TURNS_PER_ROUND)):
-                conn = runnable.popleft()
+                conn = popleft()
                 if conn.fresh:
                     self._first_turn(conn)
                 conn.queued = False
                 if conn.closing:
                     continue
-                self.turns += 1
+                turns += 1
                 try:
                     budget -= conn.turn(budget if budget < MAX_COMMANDS_PER_TURN
                                         else MAX_COMMANDS_PER_TURN)
                 except Exception:
                     conn.crashed()
-                if budget <= 0 or time.perf_counter() > deadline:
+                if budget <= 0 or clock() > deadline:
                     break
         finally:
+            self.turns += turns
             self.log.round_open = False
             self._end_round()
 
     def _end_round(self) -> None:
-        """Commit the round's log records, then release the replies that waited for them, then
-        those for other clients."""
+        """Route what the round left for the cluster bus, commit the round's log records, then
+        release the replies that waited for them, then those for other clients."""
+        self.flush()
         self.log.commit_now()
         self.settle()
         if self.held:
             held, self.held = self.held, []
-            later = []
+            later = None
             for conn in held:
                 if conn.closing:
                     continue
                 try:
                     if not conn.release_if_durable():
-                        later.append(conn)
+                        if later is None:
+                            later = [conn]
+                        else:
+                            later.append(conn)
                 except Exception:
                     conn.crashed()
             if later:

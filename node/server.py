@@ -25,8 +25,10 @@ a missing file is a new node, written at once; a corrupt one stops the start). T
 core (``cluster.membership.Membership``) is the broker's ``cluster`` view, and ``node/bus.py``
 runs its links and timers. The job core (``cluster.jobs.JobCore``, issue 9) is built right
 after it, before the append log is replayed, and becomes ``broker.replication``; the bus
-routes it the frames of its ``HANDLES``. After every event - a client command, a bus frame,
-a tick - the broker's effects are routed before the cluster cores' (``Bus.flush`` calls
+routes it the frames of its ``HANDLES``. After every event - a bus frame, a tick, a reactor
+round's client commands (each command's broker effects are routed as it runs, the bus is
+flushed once at the end of the round) - the broker's effects are routed before the cluster
+cores' (``Bus.flush`` calls
 ``Server.settle_broker`` first): a replica's log record reaches the log before its GOTJOB
 is sent, and the bus holds a GOTJOB until the log says it is durable. The federation core
 (``cluster.federation.FederationCore``, issue 10) is built next to the job core and becomes
@@ -188,7 +190,7 @@ class Server:
         # Serves every client connection (node/reactor.py); the round's group commit writes
         # the log, the replies for other clients go through dispatch.
         self.reactor = Reactor(self.clock, self.persistence, self.settle_broker, self.dispatch,
-                               self.wait_durable)
+                               self.wait_durable, flush=self.bus.flush)
         self.nursery: trio.Nursery  # run() sets it; connections start their tasks there
         self.next_client_id = 0
         self.start_time = time.time()
@@ -227,9 +229,12 @@ class Server:
         """The one place the broker's effects go where they belong: log records to the append
         log (dropped there when it is off), replies to other clients into ``replies`` for the
         caller to deliver. The log ticket to wait for, or 0."""
-        records = [e for e in effects if type(e) is LogRecord]
-        if len(records) != len(effects):
-            replies.extend(e for e in effects if type(e) is Reply)
+        if len(effects) == 1 and type(effects[0]) is LogRecord:
+            records = effects  # an ADDJOB's or a GETJOB's one record: the common case
+        else:
+            records = [e for e in effects if type(e) is LogRecord]
+            if len(records) != len(effects):
+                replies.extend(e for e in effects if type(e) is Reply)
         ticket = self.persistence.submit(records)
         if ticket:
             self.last_ticket = ticket

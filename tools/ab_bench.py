@@ -10,10 +10,11 @@ affects less) and the 1-minute load average; it prints each run and then the med
     python -m tools.ab_bench --trisque new=/work/wt-x --trisque old=/work/main \\
         --disque /tmp/disque-src/src/disque-server --cases addjob,getjob --runs 5
 
-Cases: ``addjob`` (ADDJOB, -c 50), ``p16`` (the same with -P 16), ``getjob`` (GETJOB NOHANG
-on a queue preloaded with as many jobs as the run takes), ``always`` (ADDJOB -c 50 under
-``appendfsync always``; Disque with ``appendonly yes`` too). A developer's tool, not a test:
-it needs redis-benchmark on the PATH and stops only the servers it started.
+Cases: ``ping`` (PING, -c 50: the node's per-request I/O floor), ``addjob`` (ADDJOB, -c 50),
+``p16`` (the same with -P 16), ``getjob`` (GETJOB NOHANG on a queue preloaded with as many
+jobs as the run takes), ``always`` (ADDJOB -c 50 under ``appendfsync always``; Disque with
+``appendonly yes`` too). A developer's tool, not a test: it needs redis-benchmark on the PATH
+and stops only the servers it started.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Case:
 
 
 CASES = {
+    "ping": Case("PING -c 50", ["-c", "50", "PING"]),
     "addjob": Case("ADDJOB -c 50", ["-c", "50", "ADDJOB", "q", "body", "0"]),
     "p16": Case("ADDJOB -c 50 -P 16", ["-c", "50", "-P", "16", "ADDJOB", "q", "body", "0"]),
     "getjob": Case("GETJOB NOHANG -c 50", ["-c", "50", "GETJOB", "NOHANG", "FROM", "q"],
@@ -138,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", action="append", default=[], metavar="LABEL:NAME=VALUE",
                     help="an environment variable for one trisque server; repeatable")
     ap.add_argument("--disque", help="path of a disque-server binary")
-    ap.add_argument("--cases", default="addjob,p16,getjob,always")
+    ap.add_argument("--cases", default="addjob,p16,getjob,always",
+                    help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--requests", type=int, default=200_000)
     args = ap.parse_args(argv)

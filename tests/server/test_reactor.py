@@ -12,6 +12,7 @@ import trio
 from node.reactor import MAX_COMMANDS_PER_TURN
 from protocol.resp import NEED_DATA, ReplyReader, encode_command
 from tests.server.test_inprocess import Conn, connect, node
+from tests.support.server import free_port
 
 
 async def _until(predicate, limit: float = 10) -> None:
@@ -202,3 +203,29 @@ async def test_quit_in_a_pipeline_answers_what_came_before_and_runs_nothing_afte
         assert isinstance(await c.reply(), ConnectionError)
         other = await connect(port)
         assert await other.call("QLEN", "quitq") == 1
+
+
+async def test_the_bus_is_flushed_once_per_round_not_per_command(tmp_path) -> None:
+    """200 pipelined commands run in a round or two: the cluster bus is flushed at the end of
+    the round, not after each command, and what a command left for it (CLUSTER MEET's link
+    to keep up) has been routed by the time the replies arrive."""
+    async with node(tmp_path) as (server, port):
+        c = await connect(port)
+        flushes = 0
+        flush = server.bus.flush
+
+        def counting_flush() -> None:
+            nonlocal flushes
+            flushes += 1
+            flush()
+
+        server.bus.flush = counting_flush  # type: ignore[method-assign]
+        server.reactor.flush = counting_flush
+        kept = len(server.bus.outbound)
+        nobody = free_port()  # nothing listens there: the keeper just retries
+        await c.stream.send_all(encode_command("CLUSTER", "MEET", "127.0.0.1", str(nobody))
+                                + encode_command("PING") * 199)
+        replies = [await c.reply() for _ in range(200)]
+        assert replies == [b"OK"] + [b"PONG"] * 199
+        assert len(server.bus.outbound) == kept + 1
+        assert 1 <= flushes <= 4, flushes
