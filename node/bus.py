@@ -50,8 +50,8 @@ and time, following the contract of ``cluster/effects.py``:
 * **Effects go through one place.** Every event handed to a core (a frame,
   ``link_up``/``link_down``, a ``tick`` every ``TICK_S``) goes through ``Bus.event``, which
   then runs ``Bus.flush`` (the job cores' frames of one read are handed over back to back
-  and flushed once, ``Bus.deliver``) (the server calls ``flush`` after every client command and timer
-  tick); an exception out of a core is logged with its traceback (rate-limited) and the
+  and flushed once, ``Bus.deliver``) (the server calls ``flush`` at the end of every reactor
+  round, after each command that leaves the reactor, and after every timer tick); an exception out of a core is logged with its traceback (rate-limited) and the
   node goes on. ``flush`` first calls ``before_flush`` (the server routes the *broker's*
   effects there, so log records reach the append log before any message that depends on
   them), then takes each core's effects and routes each one in ``Bus.route``: links, sends,

@@ -9,11 +9,21 @@ ticket; before it sends a reply whose command logged, it awaits ``wait_durable(t
 Records are submitted before the next checkpoint, so none is ever pending in the broker while
 this module runs (a rewrite's snapshot, a failure's undo and a shutdown rely on that).
 
-One writer task (``run``) takes the open batch as soon as the previous write is finished, opens
-a new one, and writes the taken batch with one write (and, under ``appendfsync always``, one
-fdatasync) in a worker thread. While that thread waits for the disk the loop keeps executing
-other clients' commands, whose entries fill the next batch: that is the group commit. Only one
-batch is in flight at a time, so batches reach the file in ticket order.
+The group commit has two writers, and only one batch is ever being written, so batches reach
+the file in ticket order:
+
+* **The reactor's round** (``commit_now``, node/reactor.py). Client commands run in rounds;
+  while one runs (``round_open``) their records only fill the open batch, and the round ends
+  by writing it in the loop - one write, and under ``appendfsync always`` one fdatasync -
+  before the round's replies go out, as Disque's ``beforeSleep`` does. No thread hand-off,
+  no task to wake. It declines (and leaves the batch to the writer task) while the writer has
+  a batch in flight, while a rewrite or CONFIG SET appendonly holds the file, and under
+  ``always`` once an fdatasync took longer than ``INLINE_FSYNC_MAX_USEC``: nothing else runs
+  during an inline fdatasync, so on a slow disk the thread, which lets the loop go on, wins.
+* **The writer task** (``run``), woken by records submitted outside a round (timers, the bus,
+  the HTTP API) or by a declined commit: it takes the open batch, opens a new one, and writes
+  the taken batch (under ``always`` with its fdatasync in a worker thread, while the loop
+  keeps executing commands whose records fill the next batch).
 
 * ``always``   - a batch is done when it is written and fdatasync returned.
 * ``everysec`` - done when written (``write(2)`` in the loop, as Redis does); a timer fdatasyncs
@@ -31,7 +41,8 @@ batches gets ``PersistenceError``. The file is cut back to its last good size, t
 logged once per episode, and the next batch simply tries again: when the disk recovers the node
 recovers without intervention. Reads and commands that log nothing are never blocked.
 
-Contract for the server (``wait_durable``)::
+Contract for the server (``wait_durable``; the reactor instead reads ``done_ticket`` and
+``failure(ticket)`` right after its ``commit_now``)::
 
     ticket = p.submit(records)         # no await between execute() and submit()
     try:
@@ -80,6 +91,14 @@ REWRITE_FSYNC_EVERY = 1024 * 1024
 BATCH_RECORD_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 BATCH_BYTE_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
 
+
+# The reactor fdatasyncs at the end of its round, in the event loop, as Disque does: on this
+# machine's disk (fdatasync ~0.2 ms) that costs 10-20 % less CPU per ADDJOB than handing the
+# batch to the writer's worker thread, at 1, 10 and 50 clients (docs/benchmarks.md). But
+# nothing else runs meanwhile, so once an fdatasync took longer than this (a slow disk, one
+# busy with a rewrite) batches go to the writer's thread and the loop keeps serving; the
+# thread's own fdatasyncs bring it back inline when the disk is fast again.
+INLINE_FSYNC_MAX_USEC = 1000
 
 _ADVISORY = aof.ADVISORY_KINDS
 
@@ -195,6 +214,10 @@ class Persistence:
         self.last_bgrewrite_ok = True
         self.rewrites = 0
 
+        # True while a reactor round runs: the round commits at its end (``commit_now``), so
+        # its records do not wake the writer task.
+        self.round_open = False
+
         # Statistics for INFO
         self.fsync_count = 0
         self.last_fsync_usec = 0
@@ -203,6 +226,7 @@ class Persistence:
         self.fsync_latency = Histogram(LATENCY_BUCKETS)
         self.batch_records = Histogram(BATCH_RECORD_BUCKETS)
         self.batch_bytes = Histogram(BATCH_BYTE_BUCKETS)
+        self.inline_commits = 0  # batches written by commit_now (the rest: the writer task)
         self.loading = False
         broker.info_sources.setdefault("persistence", self.info)
 
@@ -289,10 +313,12 @@ class Persistence:
         batch = self._open
         batch.data += aof.encode_records(records)
         batch.entries.extend(records)
-        # Even under everysec / no the write is left to the writer task: it joins the records
-        # of every connection served meanwhile into one write(2). Writing here, per batch,
-        # was measured at about half the ADDJOB throughput (12-13k vs 22-23k ops/s, 50 conns).
-        self._wakeup.set()
+        # Never written here, per command: the reactor's round (commit_now) or the writer task
+        # joins the records of every connection served meanwhile into one write(2). Writing
+        # per command was measured at about half the ADDJOB throughput (12-13k vs 22-23k
+        # ops/s, 50 conns).
+        if not self.round_open:
+            self._wakeup.set()
         for record in records:
             if record[0] not in _ADVISORY:
                 return batch.ticket
@@ -302,6 +328,41 @@ class Persistence:
     def done_ticket(self) -> int:
         """Every batch up to this ticket is finished (written, or failed)."""
         return self._done_ticket
+
+    def failure(self, ticket: int) -> str | None:
+        """The error of a finished batch whose write failed, None if it succeeded (asked right
+        after it finished: only the last 256 failures are kept)."""
+        return self._failed.get(ticket)
+
+    def commit_now(self) -> bool:
+        """Write the open batch in the calling task, without waiting for anyone: one write,
+        and under ``always`` one fdatasync (the reactor's group commit at the end of each
+        round, as Disque's beforeSleep). False, leaving it to the writer task, when a batch
+        is in flight there or a rewrite or CONFIG SET appendonly holds the file; True when
+        there was nothing to write or it was written (or failed and was undone)."""
+        batch = self._open
+        if not batch.entries:
+            return True
+        sync = self.policy == "always" and not _all_advisory(batch.entries)
+        if (self.writer is None or self._in_flight is not None or self._write_lock.locked()
+                or (sync and self.last_fsync_usec > INLINE_FSYNC_MAX_USEC)):
+            self._wakeup.set()
+            return False
+        self._next_ticket += 1
+        self._open = _Batch(self._next_ticket)
+        data = bytes(batch.data)
+        self.inline_commits += 1
+        try:
+            if sync:
+                self._write_and_sync(data)
+                self.fsync_latency.observe(self.last_fsync_usec / 1e6)
+            else:
+                self.writer.write(data)
+        except OSError as exc:
+            self._fail(batch, exc)
+        else:
+            self._written(batch, data)
+        return True
 
     async def wait_durable(self, ticket: int) -> None:
         if ticket == 0:
@@ -350,28 +411,35 @@ class Persistence:
         except OSError as exc:
             self._fail(batch, exc)
         else:
-            self.batch_records.observe(len(batch.entries))
-            self.batch_bytes.observe(len(data))
-            if self._write_error is not None:
-                self.log.warning("AOF write error looks solved, trisque can write again.")
-                self._write_error = None
-            if self._rewrite_buf is not None:
-                self._rewrite_buf += data
-            self._finish(batch, None)
-            self._maybe_auto_rewrite()
+            self._written(batch, data)
         finally:
             self._in_flight = None
 
+    def _written(self, batch: _Batch, data: bytes) -> None:
+        if self._write_error is not None:
+            self.log.warning("AOF write error looks solved, trisque can write again.")
+            self._write_error = None
+        if self._rewrite_buf is not None:
+            self._rewrite_buf += data
+        self.batch_records.observe(len(batch.entries))
+        self.batch_bytes.observe(len(data))
+        self._finish(batch, None)
+        self._maybe_auto_rewrite()
+
     def _write_and_sync(self, data: bytes) -> None:
-        """Worker thread: one write and one fdatasync for a whole batch."""
+        """One write and one fdatasync for a whole batch (in the writer's worker thread, or
+        inline in ``commit_now``)."""
         assert self.writer is not None
         before = self.writer.good_size
         self.writer.write(data)
         t0 = time.perf_counter()
         self.writer.sync(unsynced_from=before)
+        self._fsynced(t0)
+        self._synced_size = self.writer.good_size
+
+    def _fsynced(self, t0: float) -> None:
         self.last_fsync_usec = int((time.perf_counter() - t0) * 1e6)
         self.fsync_count += 1
-        self._synced_size = self.writer.good_size
 
     def _fail(self, batch: _Batch, exc: OSError) -> None:
         """Undo the failed batch and everything submitted after it, newest first."""
@@ -418,13 +486,15 @@ class Persistence:
                 await self._sync_now()
 
     async def _sync_now(self) -> None:
-        writer = self.writer
-        if writer is None or writer.good_size == self._synced_size:
-            return
-        target = writer.good_size
-        t0 = time.perf_counter()
         try:
             async with self._sync_lock:
+                # Read under the lock: a rewrite's switch (which holds it) closes the file
+                # the log was in before.
+                writer = self.writer
+                if writer is None or writer.good_size == self._synced_size:
+                    return
+                target = writer.good_size
+                t0 = time.perf_counter()
                 await trio.to_thread.run_sync(writer.sync)
         except OSError as exc:
             # The replies were sent already (that is what everysec means); report and retry.
@@ -432,9 +502,8 @@ class Persistence:
                 self.log.warning("Error fsyncing the AOF file: %s", exc.strerror or exc)
             self._write_error = _os_error_text(exc)
             return
-        self.last_fsync_usec = int((time.perf_counter() - t0) * 1e6)
+        self._fsynced(t0)
         self.fsync_latency.observe(self.last_fsync_usec / 1e6)
-        self.fsync_count += 1
         self._synced_size = max(self._synced_size, target)
 
     # -----------------------------------------------------------------------------------------
@@ -442,6 +511,10 @@ class Persistence:
 
     async def bgrewrite(self) -> str:
         """Start a rewrite; the Redis status text, or ``PersistenceError`` with the reason."""
+        return self.start_rewrite()
+
+    def start_rewrite(self) -> str:
+        """``bgrewrite`` without an await (BGREWRITEAOF from the reactor's turn)."""
         if self._rewrite_buf is not None:
             raise PersistenceError("Background append only file rewriting already in progress")
         if self._nursery is None:

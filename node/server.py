@@ -1,27 +1,34 @@
-"""A node's client server on trio: connections, the driver loop, timers, runtime intents.
+"""A node's client server on trio: the reactor, timers, the cluster bus, runtime intents.
 
 Theory of operation
 -------------------
-The broker core decides; this module only moves bytes and time. One task per connection
-reads, feeds the ``RequestParser`` and runs every complete command against the broker with the
-same ``now_ms``. After each command the broker's effects (``broker/effects.py``) are routed in
-one place (``Server.route``): log records go to the append log at once, replies to other
-clients wait for the end of the batch. If a command's records went to the log, the batch waits
-until the log says they are durable (group commit: other connections keep running meanwhile
-and their records join the next write), then sends all replies with one write; the clients
-the batch unblocked are answered right after. Commands only the runtime can finish come back
-as intents (``broker/intents.py``) and are carried out by ``Server.carry_out``. A timer task
-calls ``broker.tick`` at the broker's next deadline, at least ``hz`` times a second. A client
-blocked in GETJOB keeps its later pipelined commands in its buffer until it is answered, and
-its connection is still read, so a disconnect is noticed and the broker forgets the waiter.
+The broker core decides; this module only moves bytes and time. Client connections are
+served by one task, the reactor (``node/reactor.py``): it polls a level-triggered epoll that
+holds the client sockets and gives each ready connection (``node/connection.py``) a turn -
+one ``recv``, the complete commands executed against the broker with the round's ``now_ms``,
+one ``send`` - with no task switch, a bounded number of turns and commands per round. After
+each command the broker's effects (``broker/effects.py``) are routed in one place
+(``Server.route``): log records go to the append log's open batch, replies to other clients
+to the round's list. A round ends with the group commit (``Persistence.commit_now``: one
+write, and under ``appendfsync always`` one fdatasync, in the reactor's task), then the
+replies that waited for it are written, then those for the clients the round unblocked.
+Whatever must wait - a full socket, a command only the runtime can finish (an intent from
+``broker/intents.py``, carried out by ``Server.carry_out``), closing after QUIT - is done by a
+task that takes the connection out of the reactor meanwhile and gives it back after. A
+client blocked in GETJOB stays in the reactor, which reads its input (so a disconnect is
+noticed and the broker forgets the waiter) and keeps its pipelined commands until it is
+answered. A timer task calls ``broker.tick`` at the broker's next deadline, at least ``hz``
+times a second, and closes idle clients (``timeout``) about once a second.
 
 The cluster: the node's ID and its peers come from ``cluster-config-file`` (``node/nodes_store``;
 a missing file is a new node, written at once; a corrupt one stops the start). The membership
 core (``cluster.membership.Membership``) is the broker's ``cluster`` view, and ``node/bus.py``
 runs its links and timers. The job core (``cluster.jobs.JobCore``, issue 9) is built right
 after it, before the append log is replayed, and becomes ``broker.replication``; the bus
-routes it the frames of its ``HANDLES``. After every event - a client command, a bus frame,
-a tick - the broker's effects are routed before the cluster cores' (``Bus.flush`` calls
+routes it the frames of its ``HANDLES``. After every event - a bus frame, a tick, a reactor
+round's client commands (each command's broker effects are routed as it runs, the bus is
+flushed once at the end of the round) - the broker's effects are routed before the cluster
+cores' (``Bus.flush`` calls
 ``Server.settle_broker`` first): a replica's log record reaches the log before its GOTJOB
 is sent, and the bus holds a GOTJOB until the log says it is durable. The federation core
 (``cluster.federation.FederationCore``, issue 10) is built next to the job core and becomes
@@ -53,14 +60,13 @@ import signal
 import socket
 import sys
 import time
-from time import perf_counter_ns
 from typing import Any
 
 import trio
 
 from broker.clients import Client
-from broker.config import Config, output_limits
-from broker.core import BLOCKED, VERSION, Broker
+from broker.config import Config
+from broker.core import VERSION, Broker
 from broker.effects import Effect, LogRecord, Reply
 from broker.intents import (
     ConfigApplied,
@@ -81,318 +87,22 @@ from cluster.policy_sync import PolicySync
 from node import config_file, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus
 from node.clock import Clock, WallClock
+from node.connection import MUST_WAIT, Connection, set_keepalive
 from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
+from node.reactor import Reactor
 from protocol import core_build, errors
 from protocol.commands import COMMANDS
-from protocol.resp import NEED_DATA, OK, ProtocolError, RequestParser, Status, encode_into
+from protocol.resp import OK, Status, encode_into
 
 log = logging.getLogger("trisque")
 
-READ_SIZE = 65536
-# How long a connection closing after QUIT or a protocol error may take to write the replies
-# before it; past that a client that does not read is closed anyway.
-CLOSE_FLUSH_TIMEOUT_S = 10.0
-# An ADDJOB body this big refreshes the memory sample before it is judged.
-_BIG_ARGUMENT = 1 << 20
+# How often the timer task looks for idle clients (``timeout``), as Disque's clientsCron.
+IDLE_CHECK_S = 1.0
 
 
 class ServerError(Exception):
     """A start-up problem worth one clear line (bad directive, port in use, ...)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Connections
-
-
-class Connection:
-    """One client connection on a non-blocking socket.
-
-    The socket is used directly (``recv``/``send`` without waiting when the kernel is ready)
-    and trio is asked to wait only when it is not, so a request costs one trip through the
-    scheduler instead of several; that trip is what a trio server spends most of its time on.
-    Two flags replace locks: ``processing`` (one batch at a time; a second caller just asks the
-    running one to look again) and ``sending`` (data queued while a send waits goes out after
-    it, in order).
-    """
-
-    __slots__ = ("server", "sock", "client", "parser", "closing", "processing", "reprocess",
-                 "sending", "pending", "soft_since", "close_after_reply", "blocked")
-
-    def __init__(self, server: Server, sock: socket.socket, client: Client) -> None:
-        self.server = server
-        self.sock = sock
-        self.client = client
-        self.parser = RequestParser()
-        self.closing = False
-        self.processing = False
-        self.reprocess = False
-        self.sending = False
-        self.pending: list[bytes] = []
-        self.soft_since = 0.0  # when unsent replies went past the soft output limit
-        self.close_after_reply = False  # CLIENT KILL of its own connection
-        # A command of this client waits for a Reply effect (ADDJOB replicating; a blocked
-        # GETJOB also has client.waiter): its pipelined commands wait behind it.
-        self.blocked = False
-
-    def over_output_limit(self, unsent: int) -> bool:
-        """Apply ``client-output-buffer-limit`` to ``unsent`` bytes; True when the client must
-        be closed (Redis's rule: past the hard limit, or past the soft one for too long)."""
-        hard, soft, seconds = output_limits(self.server.config.client_output_buffer_limit)
-        if hard and unsent > hard:
-            return True
-        if soft and unsent > soft:
-            now = self.server.clock.monotonic()
-            if not self.soft_since:
-                self.soft_since = now
-            elif now - self.soft_since > seconds:
-                return True
-        else:
-            self.soft_since = 0.0
-        return False
-
-    def close_for_output(self, unsent: int) -> None:
-        log.warning("Client id=%d addr=%s closed for overcoming of output buffer limits "
-                    "(%d bytes unsent).", self.client.id, self.client.addr, unsent)
-        self.close()
-
-    async def send(self, data: bytes) -> None:
-        """Send ``data`` after whatever is already queued, waiting while the client's socket
-        is full. Only the connection's own task waits here: other tasks use send_nowait."""
-        if data:
-            self.pending.append(data)
-        if self.sending:
-            return  # the task already sending takes it along, in order
-        self.sending = True
-        sock = self.sock
-        try:
-            while self.pending and not self.closing:
-                view = memoryview(b"".join(self.pending))
-                self.pending.clear()
-                while view:
-                    sent = self._send_some(view)
-                    if sent is None:
-                        return
-                    view = view[sent:]
-                    if view:
-                        unsent = len(view) + sum(map(len, self.pending))
-                        if self.over_output_limit(unsent):
-                            self.close_for_output(unsent)
-                            return
-                        try:
-                            await trio.lowlevel.wait_writable(sock)
-                        except trio.ClosedResourceError:  # closed by another task meanwhile
-                            self.closing = True
-                            return
-        finally:
-            self.sending = False
-
-    def _send_some(self, data: bytes | memoryview) -> int | None:
-        """Hand ``data`` to the kernel without waiting: the bytes it took (0 when the socket
-        is full), or None when the connection is gone (it is then marked closing)."""
-        try:
-            sent = self.sock.send(data)
-        except BlockingIOError:
-            return 0
-        except OSError:
-            self.closing = True
-            return None
-        self.server.stats_out += sent
-        return sent
-
-    def send_nowait(self, data: bytes) -> None:
-        """Send from a task that is not this connection's (an unblocked GETJOB's reply): what
-        the socket does not take now is queued and sent by a background task, so a client
-        that stops reading never holds up the producer or the timers."""
-        if self.closing:
-            return
-        if self.sending or self.pending:
-            self.pending.append(data)
-            unsent = sum(map(len, self.pending))
-            if self.over_output_limit(unsent):
-                self.close_for_output(unsent)
-                return
-            if not self.sending:
-                self.server.nursery.start_soon(self.send, b"")
-            return
-        sent = self._send_some(data)
-        if sent is None:
-            return
-        if sent < len(data):
-            self.pending.append(data[sent:])
-            self.server.nursery.start_soon(self.send, b"")
-
-    async def serve(self) -> None:
-        server = self.server
-        sock = self.sock
-        keepalive = server.config.tcp_keepalive
-        if keepalive:
-            _set_keepalive(sock, keepalive)
-        try:
-            await self._read_loop(sock)
-        except trio.ClosedResourceError:
-            pass  # closed by another task (a protocol error found while serving it)
-        finally:
-            self.close()
-
-    async def _read_loop(self, sock: socket.socket) -> None:
-        server = self.server
-        ready_streak = 0
-        while not self.closing:
-            try:
-                data = sock.recv(READ_SIZE)
-            except BlockingIOError:
-                ready_streak = 0
-                idle = server.config.timeout
-                if not idle or self.blocked:
-                    # A blocked GETJOB or ADDJOB is waiting by request, not idle.
-                    await trio.lowlevel.wait_readable(sock)
-                    continue
-                with trio.move_on_after(idle) as scope:
-                    await trio.lowlevel.wait_readable(sock)
-                if scope.cancelled_caught and not self.blocked:
-                    log.debug("Closing idle client %s", self.client.addr)
-                    break
-                continue
-            except OSError:
-                break
-            if not data:
-                break
-            server.stats_in += len(data)
-            self.parser.feed(data)
-            held = self.parser.held
-            if held > server.config.client_query_buffer_limit:
-                # Redis's rule and wording: a client that sends more than it lets us execute
-                # (a blocked GETJOB with a pipeline behind it, one huge command) is closed.
-                log.warning("Closing client that reached max query buffer length: id=%d "
-                            "addr=%s qbuf=%d", self.client.id, self.client.addr, held)
-                break
-            await self.process()
-            ready_streak += 1
-            if ready_streak >= 8:
-                # A client that always has more to say must not starve the others.
-                ready_streak = 0
-                await trio.lowlevel.checkpoint()
-
-    def close(self) -> None:
-        if self.sock.fileno() < 0:
-            return
-        self.closing = True
-        self.server.broker.client_gone(self.client)
-        if self.server.jobs.outbox:
-            self.server.bus.flush()  # the DELJOBs of an ADDJOB it left waiting
-        self.server.connections.discard(self)
-        self.server.monitors.discard(self)
-        trio.lowlevel.notify_closing(self.sock)
-        self.sock.close()
-        # Whoever still holds this object (a timer entry of a blocked GETJOB) must not keep
-        # the client's buffers alive.
-        self.parser.clear()
-        self.pending.clear()
-
-    async def process(self) -> None:
-        """Run the complete commands in the buffer; reply once for the whole batch."""
-        if self.processing:
-            self.reprocess = True
-            return
-        self.processing = True
-        try:
-            while True:
-                self.reprocess = False
-                await self._process_batch()
-                if not self.reprocess or self.closing:
-                    return
-        finally:
-            self.processing = False
-
-    async def _process_batch(self) -> None:
-        server = self.server
-        broker = server.broker
-        client = self.client
-        out: list[bytes] = []
-        # (index in ``out``, log ticket) of each reply whose command wrote the log: it leaves
-        # only once that batch of the log is durable.
-        logged: list[tuple[int, int]] = []
-        others: list[Reply] = []  # replies to other clients (blocked GETJOBs served)
-        now = server.clock.now_ms()
-        close = False
-        parser = self.parser
-        cmdstats = server.cmdstats
-        while not self.blocked and not server.stopping:
-            try:
-                argv = parser.next()
-            except ProtocolError as exc:
-                encode_into(errors.protocol_error(str(exc)), out)
-                close = True
-                break
-            if argv is NEED_DATA:
-                break
-            server.commands += 1
-            name = argv[0].lower()  # type: ignore[index]
-            client.last_cmd = name
-            if server.monitors:
-                server.feed_monitors(client, argv)  # type: ignore[arg-type]
-            if len(argv) > 2 and len(argv[2]) >= _BIG_ARGUMENT and name == b"addjob":  # type: ignore[index,arg-type]
-                # A big body: judge it against the memory in use now, not a second ago.
-                broker.used_memory = read_rss()
-            started = perf_counter_ns()
-            reply = broker.execute(argv, client, now)  # type: ignore[arg-type]
-            stat = cmdstats.get(name)
-            if stat is not None:
-                stat[0] += 1
-                stat[1] += perf_counter_ns() - started
-            if isinstance(reply, Intent):
-                # A command only the runtime can finish (see broker/intents.py).
-                close = type(reply) is Quit
-                reply = await server.carry_out(self, reply)
-                close = close or self.close_after_reply
-            if broker.outbox:
-                ticket = server.route(broker.take_effects(), others)
-                if ticket and reply is not BLOCKED:
-                    logged.append((len(out), ticket))
-            # REPLJOB, SETACK, PAUSE ..., CLUSTER MEET: after the broker's effects, as always.
-            server.bus.flush()
-            if reply is BLOCKED:
-                self.blocked = True
-                break
-            encode_into(reply, out, client.protover)
-            if close:
-                break
-        if logged:
-            failures = await server.wait_durable({ticket for _, ticket in logged})
-            for index, ticket in logged:
-                if ticket in failures:
-                    # The log write failed and the broker undid those changes: the commands
-                    # that made them must not report success.
-                    out[index] = _encode(errors.err(failures[ticket]), client.protover)
-        if out:
-            await self.send(b"".join(out) if len(out) > 1 else out[0])
-        if others:
-            server.dispatch(others, 0)
-        if close:
-            await self._drain()
-            self.close()
-
-    async def _drain(self) -> None:
-        """Before closing after QUIT or a protocol error, write every reply that came before
-        it, including one another task is still sending (an unblocked GETJOB's job: cutting
-        it off would lose a job counted as delivered). Bounded: a client that stops reading
-        is closed after CLOSE_FLUSH_TIMEOUT_S all the same."""
-        with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
-            while self.sending and not self.closing:
-                await trio.sleep(0.005)
-            if self.pending and not self.closing:
-                await self.send(b"")
-
-
-def _set_keepalive(sock: socket.socket, interval: int) -> None:
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        if hasattr(socket, "TCP_KEEPIDLE"):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, interval)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, interval // 3))
-    except OSError:
-        pass
 
 
 _REPR_ESCAPES = {0x5C: b"\\\\", 0x22: b'\\"', 0x0A: b"\\n", 0x0D: b"\\r", 0x09: b"\\t",
@@ -477,6 +187,11 @@ class Server:
                 raise ServerError(f"Can't write the cluster config file {nodes_path}: "
                                   f"{exc.strerror}") from None
         self.connections: set[Connection] = set()
+        # Serves every client connection (node/reactor.py); the round's group commit writes
+        # the log, the replies for other clients go through dispatch.
+        self.reactor = Reactor(self.clock, self.persistence, self.settle_broker, self.dispatch,
+                               self.wait_durable, flush=self.bus.flush)
+        self.nursery: trio.Nursery  # run() sets it; connections start their tasks there
         self.next_client_id = 0
         self.start_time = time.time()
         self.run_id = os.urandom(20).hex()  # new at every start, as Redis's run_id
@@ -496,6 +211,7 @@ class Server:
         self.stopping = False
         self.listening: list[tuple[str, int]] = []
         self._accept_error_logged = 0.0
+        self._idle_checked = self.clock.monotonic()
         # INFO commandstats: [calls, nanoseconds] per command the node knows.
         self.cmdstats: dict[bytes, list[int]] = {name: [0, 0] for name in COMMANDS}
         self.monitors: set[Connection] = set()
@@ -513,9 +229,12 @@ class Server:
         """The one place the broker's effects go where they belong: log records to the append
         log (dropped there when it is off), replies to other clients into ``replies`` for the
         caller to deliver. The log ticket to wait for, or 0."""
-        records = [e for e in effects if type(e) is LogRecord]
-        if len(records) != len(effects):
-            replies.extend(e for e in effects if type(e) is Reply)
+        if len(effects) == 1 and type(effects[0]) is LogRecord:
+            records = effects  # an ADDJOB's or a GETJOB's one record: the common case
+        else:
+            records = [e for e in effects if type(e) is LogRecord]
+            if len(records) != len(effects):
+                replies.extend(e for e in effects if type(e) is Reply)
         ticket = self.persistence.submit(records)
         if ticket:
             self.last_ticket = ticket
@@ -532,16 +251,22 @@ class Server:
         return failures
 
     def deliver(self, replies: list[Reply]) -> None:
+        """Write replies to clients that were blocked (an HTTP request's stand-in included)."""
         for client, reply in replies:
-            conn: Connection | None = client.handle
+            conn = client.handle
             if conn is None or conn.closing:
                 continue
             conn.send_nowait(_encode(reply, client.protover))
             if client.waiter is None:
                 conn.blocked = False
-                if conn.parser.buffered:
-                    # Pipelined commands waited behind the blocked command: run them now.
-                    self.nursery.start_soon(conn.process)
+            if type(conn) is Connection:
+                conn.last_active = self.clock.monotonic()  # a reply is an interaction
+                if not conn.blocked and conn.parser.buffered:
+                    # Pipelined commands waited behind the blocked command: their turn.
+                    self.reactor.schedule(conn)
+
+    def sample_memory(self) -> None:
+        self.broker.used_memory = read_rss()
 
     def settle_broker(self) -> None:
         """Route the broker's effects left by an event that was not a client's own batch (a
@@ -576,26 +301,20 @@ class Server:
 
     # -- intents: commands only the runtime can finish ------------------------------------
 
-    async def carry_out(self, conn: Connection, intent: Intent) -> Any:
-        """The reply to a command whose checks the broker made and whose work is ours."""
+    def carry_out_now(self, conn: Connection, intent: Intent) -> Any:
+        """The reply to a command whose checks the broker made and whose work is ours, done
+        at once; ``MUST_WAIT`` for the two that wait (``carry_out``)."""
         t = type(intent)
         if t is Quit:
-            return OK
-        if t is Shutdown:
-            self.shutdown_rewrite = intent.rewrite  # type: ignore[attr-defined]
-            log.warning("User requested shutdown...")
-            self.shutdown_event.set()
-            await trio.sleep_forever()  # the nursery is cancelled; no reply, as in Disque
+            return OK  # the connection closes once it is written
         if t is RewriteLog:
             try:
-                return Status(await self.persistence.bgrewrite())
+                return Status(self.persistence.start_rewrite())
             except Exception as exc:  # noqa: BLE001 - PersistenceError and friends: the text
                 return errors.err(str(exc))
         if t is RewriteConfig:
             error = config_file.rewrite(self.config)
             return errors.err(error) if error else OK
-        if t is ConfigApplied:
-            return await self._config_applied(intent)  # type: ignore[arg-type]
         if t is ResetStats:
             for stat in self.cmdstats.values():
                 stat[0] = stat[1] = 0
@@ -605,7 +324,21 @@ class Server:
             return OK
         if t is KillClients:
             return self._kill(conn, intent)  # type: ignore[arg-type]
+        if t is Shutdown or t is ConfigApplied:
+            return MUST_WAIT
         raise AssertionError(f"no runtime handler for {intent!r}")
+
+    async def carry_out(self, conn: Connection, intent: Intent) -> Any:
+        """The reply to an intent that waits (in the connection's own task)."""
+        t = type(intent)
+        if t is Shutdown:
+            self.shutdown_rewrite = intent.rewrite  # type: ignore[attr-defined]
+            log.warning("User requested shutdown...")
+            self.shutdown_event.set()
+            await trio.sleep_forever()  # the nursery is cancelled; no reply, as in Disque
+        if t is ConfigApplied:
+            return await self._config_applied(intent)  # type: ignore[arg-type]
+        return self.carry_out_now(conn, intent)
 
     async def _config_applied(self, intent: ConfigApplied) -> Any:
         if intent.name == "maxclients" and not fit_open_files_limit(self.config.maxclients):
@@ -728,6 +461,7 @@ class Server:
 
     async def accept(self, listener: socket.socket) -> None:
         while True:
+            await self.reactor.room_for_new()
             try:
                 sock, peer = listener.accept()
             except BlockingIOError:
@@ -744,9 +478,10 @@ class Server:
                                 open_files_limit())
                 await trio.sleep(0.1)
                 continue
-            self.nursery.start_soon(self.handle, sock, peer)
+            self.adopt(sock, peer)
 
-    async def handle(self, sock: socket.socket, peer: Any) -> None:
+    def adopt(self, sock: socket.socket, peer: Any) -> None:
+        """A new client: refused past ``maxclients``, else handed to the reactor."""
         self.connections_received += 1
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -759,6 +494,8 @@ class Server:
                 pass
             sock.close()
             return
+        if self.config.tcp_keepalive:
+            set_keepalive(sock, self.config.tcp_keepalive)
         self.next_client_id += 1
         host = peer[0] if isinstance(peer, tuple) else str(peer)
         if host.startswith("::ffff:"):  # an IPv4 client of the dual-stack listener
@@ -768,13 +505,7 @@ class Server:
         conn = Connection(self, sock, client)
         client.handle = conn
         self.connections.add(conn)
-        try:
-            await conn.serve()
-        except Exception:
-            # A bug met by one connection must not take the node down: say so loudly, drop
-            # that connection, keep serving the others.
-            log.exception("Unexpected error serving client %s; connection closed", addr)
-            conn.close()
+        self.reactor.add(conn)
 
     async def timers(self) -> None:
         broker = self.broker
@@ -786,6 +517,10 @@ class Server:
             await trio.sleep(wait / 1000)
             now = self.clock.now_ms()
             self._sample(now)
+            mono = self.clock.monotonic()
+            if mono - self._idle_checked >= IDLE_CHECK_S:
+                self._idle_checked = mono
+                self.reactor.close_idle(self.config.timeout)
             broker.tick(now)
             # Requeues and expiries hand their records to the log and move on (a slow disk
             # never delays timers); a reply they make (a GETJOB served by a requeue, a NOREPL)
@@ -806,6 +541,12 @@ class Server:
             self.broker.used_memory = read_rss()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await self._start(task_status)
+        finally:
+            self.reactor.close_all()  # its epoll and the clients left (in-process runs)
+
+    async def _start(self, task_status: Any) -> None:
         cfg = self.config
         self.persistence.load(self.clock.now_ms())
         # Every job is an object the cyclic garbage collector tracks, and jobs never form
@@ -822,9 +563,15 @@ class Server:
                 ls.close()
             raise ServerError(f"{exc} (the cluster bus port)") from None
         self.listening = [ls.getsockname()[:2] for ls in listeners]
+        await self._serve(listeners, bus_listeners, task_status)
+
+    async def _serve(self, listeners: list[socket.socket], bus_listeners: list[socket.socket],
+                     task_status: Any) -> None:
+        cfg = self.config
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             await nursery.start(self.persistence.run)
+            await nursery.start(self.reactor.run)
             await nursery.start(self.nodes_file.run)
             await nursery.start(self.bus.run, bus_listeners)
             nursery.start_soon(self.timers)

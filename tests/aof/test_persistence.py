@@ -362,3 +362,106 @@ async def test_switching_the_log_on_is_all_or_nothing(tmp_path, failure):
             broker.addjob(b"D-after")  # not logged, and nothing waits
             assert p.submit(broker.take_effects()) == 0
             n.cancel_scope.cancel()
+
+
+async def test_everysec_fsync_that_waited_for_a_rewrite_syncs_the_new_log(tmp_path):
+    """The everysec fsync waits for the rewrite's switch (which closes the old log's file);
+    it must then sync the log as it is, not the file closed meanwhile (that raised
+    ValueError on a closed descriptor and took the node down)."""
+    import threading
+
+    in_switch, go_on = threading.Event(), threading.Event()
+
+    def pause_at_rename(name: str) -> None:
+        if name == "rename":
+            in_switch.set()
+            go_on.wait(10)
+
+    broker = FakeBroker()
+    p = Persistence(Config(str(tmp_path), appendfsync="everysec"), broker,
+                    logging.getLogger("test.aof"), rewrite_step=pause_at_rename)
+    p.load(0)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            await _client(p, broker, b"D-1")  # written, not yet synced
+            await p.bgrewrite()
+            await trio.to_thread.run_sync(in_switch.wait, 10)  # the switch holds the locks
+            n.start_soon(p._sync_now)  # what the everysec timer does meanwhile
+            await trio.sleep(0.05)
+            go_on.set()
+            while p._rewrite_buf is not None:
+                await trio.sleep(0.01)
+            await _client(p, broker, b"D-2")
+            await p._sync_now()
+            n.cancel_scope.cancel()
+    assert _reload(tmp_path).jobs.keys() == {b"D-1", b"D-2"}
+
+
+def test_commit_now_writes_and_syncs_in_the_calling_task(tmp_path):
+    """The reactor's group commit: no writer task, no thread; the batch is durable when
+    commit_now returns, and records submitted during a round do not wake the writer."""
+    events: list[tuple[str, object]] = []
+    p, broker, files = _make(tmp_path, events)
+    p.round_open = True
+    tickets = []
+    for i in range(5):
+        broker.addjob(b"D-%d" % i)
+        tickets.append(p.submit(broker.take_effects()))
+    assert len(set(tickets)) == 1 and p.done_ticket < tickets[0]
+    assert not p._wakeup.is_set()  # the round will commit
+    p.round_open = False
+    assert p.commit_now() is True
+    assert p.done_ticket >= tickets[0] and p.failure(tickets[0]) is None
+    assert [k for k, _ in events] == ["write", "sync"]  # one write, one fdatasync
+    assert p.inline_commits == 1
+    assert _reload(tmp_path).jobs.keys() == {b"D-%d" % i for i in range(5)}
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+def test_commit_now_failure_undoes_and_reports_the_error(tmp_path, code, monkeypatch):
+    # Every commit here must be inline, however long this machine's fdatasync takes (a slow
+    # one hands the next batch to the writer's thread: the test below covers that rule).
+    monkeypatch.setattr(pmod, "INLINE_FSYNC_MAX_USEC", 10**9)
+    p, broker, files = _make(tmp_path)
+    broker.addjob(b"D-kept")
+    p.submit(broker.take_effects())
+    assert p.commit_now()
+    files[0].fail = code
+    broker.addjob(b"D-lost")
+    ticket = p.submit(broker.take_effects())
+    assert p.commit_now() is True  # done: failed and undone
+    assert ticket <= p.done_ticket
+    assert os.strerror(code) in (p.failure(ticket) or "")
+    assert list(broker.jobs) == [b"D-kept"]
+    files[0].fail = None
+    broker.addjob(b"D-after")
+    ticket = p.submit(broker.take_effects())
+    assert p.commit_now() and p.failure(ticket) is None
+    assert logfile.scan(p.path).state == "clean"
+    assert _reload(tmp_path).jobs.keys() == {b"D-kept", b"D-after"}
+
+
+async def test_commit_now_leaves_the_batch_to_the_writer_when_it_must(tmp_path):
+    """Declined (False, writer woken) while the log file is held, and under always once an
+    fdatasync was slow; the writer task then writes the batch."""
+    p, broker, files = _make(tmp_path)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            async with p._write_lock:  # what a rewrite's switch holds
+                broker.addjob(b"D-1")
+                ticket = p.submit(broker.take_effects())
+                assert p.commit_now() is False
+            await p.wait_durable(ticket)
+            p.last_fsync_usec = pmod.INLINE_FSYNC_MAX_USEC + 1  # a slow disk
+            p.round_open = True
+            broker.addjob(b"D-2")
+            ticket = p.submit(broker.take_effects())
+            p.round_open = False
+            inline = p.inline_commits
+            assert p.commit_now() is False
+            await p.wait_durable(ticket)
+            assert p.inline_commits == inline  # written by the writer's thread
+            n.cancel_scope.cancel()
+    assert _reload(tmp_path).jobs.keys() == {b"D-1", b"D-2"}
