@@ -72,4 +72,4 @@ bench: build
 
 clean:
 	rm -rf $(VENV) build *.egg-info trisque_core__mypyc.*.so protocol/compiled-core.json
-	rm -f protocol/*.so broker/*.so cluster/*.so
+	rm -f protocol/*.so broker/*.so cluster/*.so node/*.so

@@ -5,7 +5,8 @@ protocol  -> stdlib, hiredis, msgpack, mypy_extensions (trio only in the trio cl
 broker    -> stdlib but no clock, socket, os or trio (sans-IO), msgpack, protocol
 cluster   -> stdlib but no clock, socket, os or trio (sans-IO), msgpack, cryptography,
              broker, protocol
-node      -> stdlib, declared dependencies, protocol, broker, cluster (the trio runtime)
+node      -> stdlib, declared dependencies, protocol, broker, cluster (the trio runtime); its
+             modules compiled with the core (protocol/core_build.PARTLY_COMPILED) no trio
 cli       -> anything
 pipeline  -> anything but cli and node
 Nothing outside cli imports cli; nothing outside node and cli imports node; nothing outside
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from protocol.core_build import PARTLY_COMPILED
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("protocol", "broker", "cluster", "node", "cli", "pipeline")
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
@@ -40,6 +43,8 @@ IO_MODULES = {
     "cluster": frozenset({"time", "socket", "select", "selectors", "asyncio", "threading",
                           "os", "shutil", "tempfile", "pathlib", "subprocess"}),
 }
+# The node's modules that mypyc compiles with the core: trio-free, so that it can.
+COMPILED_NODE_FILES = frozenset(Path(rel).name for rel in PARTLY_COMPILED.get("node", ()))
 
 
 def allowed(package: str, module_file: str, imported: str) -> bool:
@@ -57,6 +62,8 @@ def allowed(package: str, module_file: str, imported: str) -> bool:
     if package == "cluster":
         return imported in ("broker", "protocol", "msgpack", "cryptography")
     if package == "node":
+        if imported == "trio" and module_file in COMPILED_NODE_FILES:
+            return False
         return imported in ("protocol", "broker", "cluster") or imported in DECLARED
     if package == "pipeline":
         return imported not in ("cli", "node")
@@ -151,6 +158,8 @@ def test_no_wrong_way_imports() -> None:
         ("cluster/membership.py", "import os"),
         ("cluster/membership.py", "import trio"),
         ("node/server.py", "import cli.server"),
+        ("node/conn_core.py", "import trio"),
+        ("node/reactor_core.py", "from trio import lowlevel"),
         ("pipeline/job.py", "from node import server"),
     ],
 )

@@ -3,7 +3,7 @@
 Usage: ``python -m tools.build_core [--require] [--check] [--clean]``
 
 With no option it compiles ``modules()`` (every module of protocol/, broker/ and cluster/ but
-those in ``INTERPRETED``) in place (extension modules beside their sources, and
+those in ``INTERPRETED``, and node/'s hot path: ``PARTLY_COMPILED``) in place (extension modules beside their sources, and
 the group's shared library ``trisque_core__mypyc`` at the top of the checkout) unless the build
 there is current, printing its progress. Without mypyc or a C compiler, or if mypyc or the C
 compiler fails, it warns and exits 0: the pure-Python modules run (``--require``: exit 1
@@ -55,6 +55,7 @@ def _load_core_build() -> ModuleType:
 
 _core_build = _load_core_build()
 PACKAGES: tuple[str, ...] = _core_build.PACKAGES
+PARTLY_COMPILED: dict[str, tuple[str, ...]] = _core_build.PARTLY_COMPILED
 STAMP: str = _core_build.STAMP
 GROUP_LIBRARY: str = _core_build.GROUP_LIBRARY
 GROUP = GROUP_LIBRARY.removesuffix("__mypyc")
@@ -88,6 +89,9 @@ def modules(root: str = ROOT) -> list[str]:
     """The sources to compile, relative to ``root``, sorted."""
     found = []
     for package in PACKAGES:
+        if package in PARTLY_COMPILED:
+            found += PARTLY_COMPILED[package]
+            continue
         for path in sorted(glob.glob(os.path.join(root, package, "*.py"))):
             rel = os.path.relpath(path, root).replace(os.sep, "/")
             if not rel.endswith("/__init__.py") and rel not in INTERPRETED:

@@ -1,0 +1,538 @@
+"""One client connection's work that never waits: compiled with mypyc as part of the core.
+
+Theory of operation
+-------------------
+``node/connection.py`` explains a connection's life in the reactor. This module holds the part
+that runs for every request: a reactor turn (``ConnCore.turn``: one ``recv`` into the parser,
+the complete commands executed against the broker with the round's ``now_ms``, their effects
+routed, their replies encoded into ``out``), the release of the held replies at the end of the
+round (``release_if_durable``: after the group commit, ``-ERR`` for a command whose write
+failed, one ``send``), the non-waiting send of replies from elsewhere (``send_nowait``) and the
+client-output-buffer-limit rule. It imports no trio, so ``tools/build_core.py`` compiles it with
+the protocol, broker and cluster modules it calls, which it then calls directly in C.
+
+What needs trio is in the interpreted ``node.connection.Connection``, a subclass: the hooks
+this class leaves to it (``_hand_off`` to the connection's own task for an intent that waits,
+``_send_later`` to a sender task for what the socket did not take, ``_close_when_written`` and
+``_wake_sender``). The per-command loop (``execute_commands``), the ``recv`` (``read_once``)
+and the ``send`` (``send_some``) are module functions rather than methods: compiled code calls
+a method of an object of an interpreted subclass through Python's method lookup, a function
+directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from time import perf_counter_ns
+from typing import Any, Final, Protocol
+
+from mypy_extensions import mypyc_attr
+
+from broker.clients import Client
+from broker.config import Config, output_limits
+from broker.core import BLOCKED, Broker
+from broker.effects import Effect, Reply
+from broker.intents import Intent, Quit
+from cluster.jobs import JobCore
+from node.reactor_core import Clock, ReactorCore
+from protocol import errors
+from protocol.resp import ProtocolError, RequestParser, encode_into
+
+log = logging.getLogger("trisque")
+
+READ_SIZE = 65536
+# An ADDJOB body this big refreshes the memory sample before it is judged.
+_BIG_ARGUMENT = 1 << 20
+# Reads a turn makes from a client that hung up (its data is all there), as a connection's own
+# loop would; a connection still talking gets one read a turn.
+MAX_READS_PER_TURN = 8
+# A turn stops once its replies pass this many bytes (written before more is executed), so a
+# client that pipelines requests for big jobs and does not read is paused with about this much
+# unsent, not with every reply its buffer asked for.
+MAX_OUTPUT_PER_TURN = 256 * 1024
+
+
+class _Close:
+    __slots__ = ()
+
+
+#: ``execute_commands``'s status for "the connection closes after these replies" (QUIT, a
+#: protocol error, CLIENT KILL of itself).
+CLOSE: Final = _Close()
+
+
+class _MustWait:
+    __slots__ = ()
+
+
+#: ``Host.carry_out_now``'s answer for an intent that must be awaited (``Host.carry_out``).
+MUST_WAIT: Final = _MustWait()
+
+
+class Durability(Protocol):
+    """What a connection asks the append log (``node.persistence.Persistence``)."""
+
+    @property
+    def done_ticket(self) -> int: ...
+
+    def failure(self, ticket: int) -> str | None: ...
+
+
+class BusFlush(Protocol):
+    def flush(self) -> None: ...
+
+
+class Host(Protocol):
+    """What a connection needs of the node (``node.server.Server``)."""
+
+    config: Config
+    broker: Broker
+    jobs: JobCore
+    connections: set[Any]
+    monitors: set[Any]
+    cmdstats: dict[bytes, list[int]]
+    commands: int
+    stats_in: int
+    stats_out: int
+    stopping: bool
+
+    # Read-only here: the node's own types have more than these protocols ask for.
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def bus(self) -> BusFlush: ...
+
+    @property
+    def persistence(self) -> Durability: ...
+
+    @property
+    def reactor(self) -> ReactorCore: ...
+
+    def route(self, effects: list[Effect], replies: list[Reply]) -> int: ...
+
+    def dispatch(self, replies: list[Reply], ticket: int) -> None: ...
+
+    def carry_out_now(self, conn: Any, intent: Intent) -> Any: ...
+
+    def feed_monitors(self, client: Client, argv: list[bytes]) -> None: ...
+
+    def sample_memory(self) -> None: ...
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ConnCore:
+    """One client connection on a non-blocking socket (see ``node/connection.py``)."""
+
+    def __init__(self, host: Host, sock: socket.socket, client: Client) -> None:
+        self.host = host
+        self.reactor = host.reactor
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.client = client
+        self.parser = RequestParser()
+        # Replies not yet written, in order, and (first chunk, end, log ticket) of each whose
+        # command logged: they leave once that batch of the log is durable.
+        self.out: list[bytes] = []
+        self.logged: list[tuple[int, int, int]] = []
+        self.holding = False
+        self.pending: list[bytes] = []  # what the socket did not take; a sender task owns it
+        self.sending = False
+        self.closing = False
+        self.close_after_reply = False  # CLIENT KILL of its own connection
+        # A command of this client waits for a Reply effect (ADDJOB replicating; a blocked
+        # GETJOB also has client.waiter): its pipelined commands wait behind it.
+        self.blocked = False
+        self.soft_since = 0.0  # when unsent replies went past the soft output limit
+        # The reactor's bookkeeping (node/reactor.py).
+        self.queued = False
+        self.fresh = True
+        self.readable = False
+        self.hup = False  # the client shut down its sending side (the epoll said so)
+        self.eof = False  # ... and that end was read: nothing more to read, the rest runs
+        # Closes once its replies are written, nothing more run: QUIT, a protocol error.
+        # Parked meanwhile.
+        self.ending = False
+        self.registered = False
+        self.parks = 0
+        self.backlog = False
+        self.last_active = host.clock.monotonic()
+
+    # -- hooks of the trio side (node/connection.py) ----------------------------------------
+
+    def _hand_off(self, intent: Intent) -> None:
+        """Park the connection and carry out ``intent`` (one that waits) in its own task."""
+        raise NotImplementedError
+
+    def _send_later(self, rest: bytes) -> None:
+        """The socket is full: a sender task writes ``rest`` (and what follows) later."""
+        raise NotImplementedError
+
+    def _close_when_written(self) -> None:
+        """Close once every reply is written (after the sender task, if one runs)."""
+        raise NotImplementedError
+
+    def _wake_sender(self) -> None:
+        """The connection closes: its sender task, which may wait on the socket, must end."""
+        raise NotImplementedError
+
+    # -- the reactor's turn -----------------------------------------------------------------
+
+    def turn(self, budget: int) -> int:
+        """Read once if the socket was reported, then run up to ``budget`` commands inline;
+        the number run."""
+        if self.parks:
+            return 0  # paused: its input waits until the task that took it gives it back
+        if self.readable:
+            self.readable = False
+            if not (self.backlog or self.eof) and read_once(self) < 0:
+                return 0
+        if self.blocked or self.holding:
+            return 0
+        self.holding = True
+        reactor = self.reactor
+        ran = 0
+        reads = 1
+        while True:
+            done, status = execute_commands(self, budget - ran, reactor.now_ms, reactor.others)
+            ran += done
+            if status is not None or self.backlog or self.blocked or not self.hup or self.eof:
+                break
+            # The client hung up, so the rest of its stream (or its end) is already here:
+            # take it now, as its own loop would, rather than one lap of the queue later.
+            if reads == MAX_READS_PER_TURN:
+                reactor.schedule(self)
+                break
+            reads += 1
+            got = read_once(self)
+            if got < 0:
+                return ran
+            if not got and not self.eof:
+                break  # nothing after all: the epoll reports the end when it comes
+        if status is CLOSE:
+            # QUIT, a protocol error, CLIENT KILL of itself: nothing more is read or run; the
+            # replies so far are written (after the log, if they wait for it), then it closes.
+            self.ending = True
+            reactor.park(self)
+        elif isinstance(status, Intent):
+            self._hand_off(status)
+            return ran
+        elif self.backlog:
+            reactor.schedule(self)  # the rest of its buffer: next round, behind the others
+        if self.out or self.logged:
+            # Replies are written at the end of the round, all together (after the round's
+            # log commit for those that logged): a client that is woken by the first of them
+            # finds the others there too, rather than being put to sleep and woken per reply.
+            reactor.held.append(self)
+            return ran
+        self.holding = False
+        self._after_turn()
+        return ran
+
+    def _after_turn(self) -> None:
+        """Close a connection whose last words have run."""
+        if self.ending:
+            self._close_when_written()
+        elif self.eof and not (self.backlog or self.blocked or self.parks):
+            self._close_when_written()  # everything it sent has run
+
+    def _at_end(self) -> None:
+        """The client sent its last byte. A blocked client is gone (the broker forgets its
+        waiter) and so is one with nothing left to run; otherwise what it sent still runs and
+        its replies are still written (a client may shut down only its sending side), and it
+        closes after."""
+        if self.blocked or not (self.holding or self.parser.buffered):
+            self.close()
+            return
+        self.eof = True
+        self.reactor.stop_reading(self)  # the end stays readable: the epoll would repeat it
+        if not self.holding:
+            self.reactor.schedule(self)
+
+    def has_input(self) -> bool:
+        return bool(self.parser.buffered)
+
+    def ticket(self) -> int:
+        return max((ticket for _, _, ticket in self.logged), default=0)
+
+    def crashed(self) -> None:
+        # A bug met by one connection must not take the node down: say so loudly, drop
+        # that connection, keep serving the others.
+        log.exception("Unexpected error serving client %s; connection closed", self.client.addr)
+        self.close()
+
+    def _after(self, reply: Any, others: list[Reply]) -> None:
+        """Route a command's effects, then queue its reply (or note that it blocked)."""
+        host = self.host
+        broker = host.broker
+        ticket = host.route(broker.take_effects(), others) if broker.outbox else 0
+        # REPLJOB, SETACK, PAUSE ..., CLUSTER MEET: after the broker's effects, as always.
+        host.bus.flush()
+        if reply is BLOCKED:
+            self.blocked = True
+            return
+        out = self.out
+        start = len(out)
+        encode_into(reply, out, self.client.protover)
+        if ticket:
+            self.logged.append((start, len(out), ticket))
+
+    # -- the end of the round ---------------------------------------------------------------
+
+    def release_if_durable(self) -> bool:
+        """Write the held replies if every log batch they wait for is finished (True), the
+        failed ones turned into errors; False if one is still pending. Called for every
+        connection served in a round, so the common case (nothing logged, the socket takes
+        everything) is written out here, with one ``send`` and no further calls."""
+        logged = self.logged
+        if logged:
+            persistence = self.host.persistence
+            done = persistence.done_ticket
+            for _, _, ticket in logged:
+                if ticket > done:
+                    return False
+            failures: dict[int, str] = {}
+            for _, _, ticket in logged:
+                error = persistence.failure(ticket)
+                if error is not None:
+                    failures[ticket] = error
+            self._patch_failures(failures)
+        self.holding = False
+        out = self.out
+        if out:
+            data = out[0] if len(out) == 1 else b"".join(out)
+            out.clear()
+            if self.sending:
+                self.send_nowait(data)  # behind the bytes its sender task has yet to write
+            else:
+                sent = send_some(self, data)
+                if sent is None:
+                    return True
+                if sent != len(data):
+                    self._send_later(data[sent:])
+        if self.parser.buffered and not (self.blocked or self.ending):
+            self.reactor.schedule(self)
+        elif self.ending or self.eof:
+            self._after_turn()
+        return True
+
+    def _patch_failures(self, failures: dict[int, str]) -> None:
+        """The log write of these tickets failed and the broker undid those changes: the
+        commands that made them must not report success."""
+        if failures:
+            out = self.out
+            for start, end, ticket in self.logged:
+                error = failures.get(ticket)
+                if error is not None:
+                    out[start] = encode(errors.err(error), self.client.protover)
+                    for i in range(start + 1, end):
+                        out[i] = b""
+        self.logged.clear()
+
+    # -- output -----------------------------------------------------------------------------
+
+    def _write_out(self) -> None:
+        out = self.out
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        self.send_nowait(data)
+
+    def send_nowait(self, data: bytes) -> None:
+        """Write ``data`` after everything this connection has yet to write, never waiting:
+        what the socket does not take is left to a sender task, which parks the connection."""
+        if self.closing:
+            return
+        if self.holding:
+            self.out.append(data)  # behind replies waiting for the log
+            return
+        if self.sending:
+            self.pending.append(data)
+            unsent = sum(map(len, self.pending))
+            if self.over_output_limit(unsent):
+                self.close_for_output(unsent)
+            return
+        sent = send_some(self, data)
+        if sent is None or sent == len(data):
+            return
+        self._send_later(data[sent:])
+
+    def over_output_limit(self, unsent: int) -> bool:
+        """Apply ``client-output-buffer-limit`` to ``unsent`` bytes; True when the client must
+        be closed (Redis's rule: past the hard limit, or past the soft one for too long)."""
+        hard, soft, seconds = output_limits(self.host.config.client_output_buffer_limit)
+        if hard and unsent > hard:
+            return True
+        if soft and unsent > soft:
+            now = self.host.clock.monotonic()
+            if not self.soft_since:
+                self.soft_since = now
+            elif now - self.soft_since > seconds:
+                return True
+        else:
+            self.soft_since = 0.0
+        return False
+
+    def close_for_output(self, unsent: int) -> None:
+        log.warning("Client id=%d addr=%s closed for overcoming of output buffer limits "
+                    "(%d bytes unsent).", self.client.id, self.client.addr, unsent)
+        self.close()
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.fd < 0:
+            return
+        self.closing = True
+        host = self.host
+        host.broker.client_gone(self.client)
+        if host.jobs.outbox:
+            host.bus.flush()  # the DELJOBs of an ADDJOB it left waiting
+        host.connections.discard(self)
+        host.monitors.discard(self)
+        self.reactor.forget(self)
+        if self.sending:
+            self._wake_sender()
+        self.sock.close()
+        self.fd = -1
+        # Whoever still holds this object (a timer entry of a blocked GETJOB) must not keep
+        # the client's buffers alive.
+        self.parser.clear()
+        self.pending.clear()
+        self.out.clear()
+        self.logged.clear()
+
+
+# -- the hot path: functions, called directly from compiled code ------------------------------
+
+
+def read_once(conn: ConnCore) -> int:
+    """One ``recv`` into the parser: the bytes read (0 at the end of the stream or when there
+    was nothing), -1 when the connection closed."""
+    try:
+        data = conn.sock.recv(READ_SIZE)
+    except BlockingIOError:
+        return 0
+    except OSError:
+        conn.close()
+        return -1
+    if not data:
+        conn._at_end()
+        return -1 if conn.closing else 0
+    host = conn.host
+    host.stats_in += len(data)
+    conn.last_active = conn.reactor.now
+    parser = conn.parser
+    parser.feed(data)
+    held = parser.held
+    if held > host.config.client_query_buffer_limit:
+        # Redis's rule and wording: a client that sends more than it lets us execute (a
+        # blocked GETJOB with a pipeline behind it, one huge command) is closed.
+        log.warning("Closing client that reached max query buffer length: id=%d "
+                    "addr=%s qbuf=%d", conn.client.id, conn.client.addr, held)
+        conn.close()
+        return -1
+    return len(data)
+
+
+def execute_commands(conn: ConnCore, budget: int, now: int,
+                     others: list[Reply]) -> tuple[int, Any]:
+    """Run the complete commands in ``conn``'s buffer, up to ``budget``, encoding each reply
+    into ``out``. Returns how many ran and why it stopped: None (no complete command left, the
+    budget, a blocked command, shutdown), an ``Intent`` for the runtime, or ``CLOSE``.
+
+    The cluster bus is not flushed here, per command: the reactor flushes it once at the end
+    of the round (``ReactorCore._end_round``), which is the earliest its link writers and the
+    cores' timers could run anyway (the round holds the task). Commands that leave the reactor
+    (``_after``, the connection's own task) flush it themselves."""
+    host = conn.host
+    broker = host.broker
+    client = conn.client
+    parser = conn.parser
+    cmdstats = host.cmdstats
+    route = host.route
+    out = conn.out
+    ran = written = 0
+    while not conn.blocked and not host.stopping:
+        if ran == budget:
+            conn.backlog = True
+            return ran, None
+        try:
+            parsed = parser.next()
+        except ProtocolError as exc:
+            encode_into(errors.protocol_error(str(exc)), out)
+            return ran, CLOSE
+        if not isinstance(parsed, list):
+            break  # NEED_DATA
+        argv: list[bytes] = parsed
+        ran += 1
+        host.commands += 1
+        name = argv[0].lower()
+        client.last_cmd = name
+        if host.monitors:
+            host.feed_monitors(client, argv)
+        if len(argv) > 2 and len(argv[2]) >= _BIG_ARGUMENT and name == b"addjob":
+            # A big body: judge it against the memory in use now, not a second ago.
+            host.sample_memory()
+        started = perf_counter_ns()
+        reply = broker.execute(argv, client, now)
+        stat = cmdstats.get(name)
+        if stat is not None:
+            stat[0] += 1
+            stat[1] += perf_counter_ns() - started
+        if isinstance(reply, Intent):
+            # A command only the runtime can finish (broker/intents.py): most are done at
+            # once; the few that wait (CONFIG SET appendonly, SHUTDOWN) go to a task.
+            intent = reply
+            reply = host.carry_out_now(conn, intent)
+            if reply is MUST_WAIT:
+                return ran, intent
+            conn._after(reply, others)
+            if type(intent) is Quit or conn.close_after_reply:
+                return ran, CLOSE
+            continue
+        # As _after, inline (the bus aside): the path every command takes.
+        if broker.outbox:
+            ticket = route(broker.take_effects(), others)
+            if reply is BLOCKED:
+                conn.blocked = True
+                break
+            start = len(out)
+            encode_into(reply, out, client.protover)
+            if ticket:
+                conn.logged.append((start, len(out), ticket))
+        else:
+            if reply is BLOCKED:
+                conn.blocked = True
+                break
+            start = len(out)
+            encode_into(reply, out, client.protover)
+        if len(out) - start > 1:  # a bulk or an array: maybe big
+            written += sum(map(len, out[start:]))
+            if written > MAX_OUTPUT_PER_TURN:
+                # Big replies (QPEEK, GETJOB of large jobs): write these before executing
+                # more, so a client that does not read is paused after about this much.
+                conn.backlog = bool(parser.buffered)
+                return ran, None
+    conn.backlog = False
+    return ran, None
+
+
+def send_some(conn: ConnCore, data: bytes | memoryview) -> int | None:
+    """Hand ``data`` to the kernel without waiting: the bytes it took (0 when the socket is
+    full), or None when the connection is gone (it is then closed)."""
+    try:
+        sent = conn.sock.send(data)
+    except BlockingIOError:
+        return 0
+    except OSError:
+        conn.close()
+        return None
+    conn.host.stats_out += sent
+    return sent
+
+
+def encode(value: Any, protover: int) -> bytes:
+    parts: list[bytes] = []
+    encode_into(value, parts, protover)
+    return b"".join(parts)

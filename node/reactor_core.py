@@ -1,0 +1,308 @@
+"""The reactor's rounds, without trio: compiled with mypyc as part of the core.
+
+Theory of operation
+-------------------
+``node/reactor.py`` explains the reactor (one task, a level-triggered epoll, bounded rounds, the
+group commit at the end of each round). This module holds the part of it that runs for every
+request and never waits: the epoll bookkeeping (``add``, ``forget``, ``park``, ``unpark``,
+``schedule``), polling without waiting (``_poll``), the round (``_round``: one turn per queued
+connection within the fairness bounds) and its end (``_end_round``: the bus flushed, the log
+committed, the held replies released). It imports no trio, so ``tools/build_core.py`` compiles it
+with the core; the two things that need trio are hooks the interpreted ``Reactor`` subclass
+provides: ``_room_freed`` (wake the accept loop) and ``_release_later`` (a task that releases
+held connections once the log catches up). The waiting loop itself (``Reactor.run``) stays in
+``node/reactor.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from mypy_extensions import mypyc_attr
+
+from broker.effects import Reply
+
+# Fairness bounds of one round (see node/reactor.py). A turn of an unpipelined client runs one
+# command; these only bite for pipelines and floods.
+MAX_TURNS_PER_ROUND = 512
+MAX_COMMANDS_PER_TURN = 256
+MAX_COMMANDS_PER_ROUND = 2048
+# ... and a round starts no new turn after this long: commands as slow as CLIENT LIST or INFO
+# with thousands of clients must not keep the timers, the bus and the log's worker-thread
+# completions (a rewrite, a slow disk's fdatasync) waiting for hundreds of milliseconds.
+MAX_ROUND_S = 0.01
+# The accept loop takes no new client while this many new connections with input wait for
+# their first turn (see node/reactor.py).
+MAX_NEW_WAITING = 64
+# Sockets reported per poll: more than one round serves, so the queue never runs dry early.
+MAX_EVENTS = 1024
+
+# Readable, and the peer's end of the stream (EPOLLRDHUP): a connection whose client hung up
+# is closed in the turn that ran its last commands, not one lap of the queue later.
+_EVENTS = select.EPOLLIN | select.EPOLLRDHUP
+_HANGUP = select.EPOLLRDHUP | select.EPOLLHUP
+
+
+class Served(Protocol):
+    """What the reactor needs of a connection (``node.conn_core.ConnCore``)."""
+
+    fd: int
+    closing: bool
+    queued: bool  # in ``runnable``
+    fresh: bool  # accepted, not served yet
+    readable: bool  # the epoll reported it since its last turn
+    hup: bool  # the peer closed its sending side (EPOLLRDHUP)
+    eof: bool  # ... and its end was read (no longer in the epoll)
+    registered: bool  # in the epoll
+    parks: int  # tasks holding it out of the epoll
+    blocked: bool
+    holding: bool  # replies waiting for the log (or being built by its own task)
+    last_active: float
+
+    def turn(self, budget: int) -> int: ...
+
+    def release_if_durable(self) -> bool: ...
+
+    def ticket(self) -> int: ...
+
+    def has_input(self) -> bool: ...
+
+    def crashed(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Log(Protocol):
+    """What the reactor needs of the append log (``node.persistence.Persistence``)."""
+
+    round_open: bool
+
+    @property
+    def done_ticket(self) -> int: ...
+
+    def commit_now(self) -> bool: ...
+
+
+class Clock(Protocol):
+    """What the reactor needs of the clock (``node.clock``)."""
+
+    def now_ms(self) -> int: ...
+
+    def monotonic(self) -> float: ...
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ReactorCore:
+    """The reactor's state and its rounds; ``node.reactor.Reactor`` adds the trio loop."""
+
+    def __init__(self, clock: Clock, log: Log, settle: Callable[[], None],
+                 dispatch: Callable[[list[Reply], int], None],
+                 flush: Callable[[], None]) -> None:
+        self.clock = clock
+        self.log = log
+        # Routes what the round's commands left for the cluster bus (the server's Bus.flush:
+        # the broker's effects first, then each cluster core's, then the cores' timers are
+        # told their deadlines may have moved), once per round rather than once per command.
+        self.flush = flush
+        self.settle = settle  # routes what the broker emitted outside a command (an undo's)
+        self.dispatch = dispatch
+        self.epoll = select.epoll()
+        self.by_fd: dict[int, Served] = {}
+        self.runnable: deque[Served] = deque()
+        # The round being run: its time, the connections whose replies wait for its end (a
+        # turn appends itself to ``held``), the replies its commands made for other clients.
+        self.now = clock.monotonic()
+        self.now_ms = clock.now_ms()
+        self.held: list[Served] = []
+        self.others: list[Reply] = []
+        self.rounds = 0
+        self.turns = 0
+        # schedule() from another task while the loop waits: a write to this descriptor,
+        # which is in the epoll, wakes it (cheaper than cancelling the wait).
+        self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.epoll.register(self.wake_fd, select.EPOLLIN)
+        self.waiting = False
+        self.woken = False
+        # New connections with input that have not had their first turn yet (the accept
+        # loop waits while there are MAX_NEW_WAITING).
+        self.new_waiting = 0
+
+    # -- hooks of the trio side (node/reactor.py) --------------------------------------------
+
+    def _room_freed(self) -> None:
+        """Fewer than ``MAX_NEW_WAITING`` new connections wait now: wake the accept loop."""
+        raise NotImplementedError
+
+    def _release_later(self, held: list[Served]) -> None:
+        """The round's commit was not done inline: release ``held`` from a task, later."""
+        raise NotImplementedError
+
+    # -- membership -------------------------------------------------------------------------
+
+    def add(self, conn: Served) -> None:
+        self.epoll.register(conn.fd, _EVENTS)
+        conn.registered = True
+        self.by_fd[conn.fd] = conn
+
+    def forget(self, conn: Served) -> None:
+        """The connection is closing: out of the epoll and the table (before its socket is
+        closed, so its descriptor number can be reused at once)."""
+        if conn.registered:
+            conn.registered = False
+            try:
+                self.epoll.unregister(conn.fd)
+            except (OSError, ValueError):
+                pass
+        if self.by_fd.get(conn.fd) is conn:
+            del self.by_fd[conn.fd]
+        if conn.fresh:
+            self._first_turn(conn)
+
+    def stop_reading(self, conn: Served) -> None:
+        """Its client sent its last byte: out of the epoll, turns only when scheduled."""
+        if conn.registered:
+            conn.registered = False
+            self.epoll.unregister(conn.fd)
+
+    def park(self, conn: Served) -> None:
+        """A task takes the connection: its input is no longer read or executed."""
+        conn.parks += 1
+        if conn.registered:
+            conn.registered = False
+            self.epoll.unregister(conn.fd)
+
+    def unpark(self, conn: Served) -> None:
+        """A task gives the connection back (the last one, if several held it)."""
+        conn.parks -= 1
+        if conn.parks or conn.closing:
+            return
+        if not (conn.registered or conn.eof):
+            self.epoll.register(conn.fd, _EVENTS)
+            conn.registered = True
+        conn.last_active = self.clock.monotonic()
+        if conn.has_input() or conn.eof:
+            self.schedule(conn)
+
+    def _first_turn(self, conn: Served) -> None:
+        conn.fresh = False
+        if conn.queued:
+            self.new_waiting -= 1
+            if self.new_waiting < MAX_NEW_WAITING:
+                self._room_freed()
+
+    def schedule(self, conn: Served) -> None:
+        """Give ``conn`` a turn even though its socket may have nothing new (its buffer holds
+        commands: unblocked, unparked, released, or cut short by the budget)."""
+        if not conn.queued and not conn.closing:
+            conn.queued = True
+            self.runnable.append(conn)
+        if self.waiting and not self.woken:
+            self.woken = True
+            os.eventfd_write(self.wake_fd, 1)
+
+    # -- rounds -----------------------------------------------------------------------------
+
+    def _poll(self) -> None:
+        """Queue the connections the epoll reports ready (without waiting)."""
+        runnable = self.runnable
+        if len(runnable) >= MAX_TURNS_PER_ROUND:
+            return  # level-triggered: those not queued now are reported again later
+        by_fd = self.by_fd
+        for fd, flags in self.epoll.poll(0, MAX_EVENTS):
+            conn = by_fd.get(fd)
+            if conn is None:
+                if fd == self.wake_fd:
+                    os.eventfd_read(fd)
+                continue
+            conn.readable = True
+            if flags & _HANGUP:
+                conn.hup = True
+            if not conn.queued:
+                conn.queued = True
+                runnable.append(conn)
+                if conn.fresh:
+                    self.new_waiting += 1
+
+    def _round(self) -> None:
+        self.rounds += 1
+        self.now = self.clock.monotonic()
+        self.now_ms = self.clock.now_ms()
+        log = self.log
+        log.round_open = True
+        runnable = self.runnable
+        budget = MAX_COMMANDS_PER_ROUND
+        clock = time.perf_counter
+        deadline = clock() + MAX_ROUND_S
+        turns = 0
+        try:
+            # Those queued when the round starts: a connection re-queued by its budget waits
+            # for the next round, behind the others.
+            for _ in range(min(len(runnable), MAX_TURNS_PER_ROUND)):
+                conn = runnable.popleft()
+                if conn.fresh:
+                    self._first_turn(conn)
+                conn.queued = False
+                if conn.closing:
+                    continue
+                turns += 1
+                try:
+                    budget -= conn.turn(budget if budget < MAX_COMMANDS_PER_TURN
+                                        else MAX_COMMANDS_PER_TURN)
+                except Exception:
+                    conn.crashed()
+                if budget <= 0 or clock() > deadline:
+                    break
+        finally:
+            self.turns += turns
+            log.round_open = False
+            self._end_round()
+
+    def _end_round(self) -> None:
+        """Route what the round left for the cluster bus, commit the round's log records, then
+        release the replies that waited for them, then those for other clients."""
+        self.flush()
+        self.log.commit_now()
+        self.settle()
+        if self.held:
+            held = self.held
+            self.held = []
+            later: list[Served] = []
+            for conn in held:
+                if conn.closing:
+                    continue
+                try:
+                    if not conn.release_if_durable():
+                        later.append(conn)
+                except Exception:
+                    conn.crashed()
+            if later:
+                self._release_later(later)
+        if self.others:
+            others = self.others
+            self.others = []
+            self.dispatch(others, 0)
+
+    # -- idle clients -----------------------------------------------------------------------
+
+    def close_idle(self, timeout: int) -> int:
+        """Close the connections idle for more than ``timeout`` seconds (0: never); how many."""
+        if not timeout:
+            return 0
+        now = self.clock.monotonic()
+        idle = [c for c in self.by_fd.values()
+                if not (c.blocked or c.parks or c.holding) and now - c.last_active > timeout]
+        for conn in idle:
+            conn.close()
+        return len(idle)
+
+    def close_all(self) -> None:
+        for conn in list(self.by_fd.values()):
+            conn.close()
+        if not self.epoll.closed:
+            self.epoll.close()
+            os.close(self.wake_fd)
