@@ -84,7 +84,9 @@ def _rep(b: Broker) -> Any:
 def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
            external: bool, ttl: int, retry: int, queue: bytes, job_id: bytes) -> Any:
     """Disque's addjobCommand after the checks ``Broker._addjob`` already made (which also
-    chose the job's ID)."""
+    chose the job's ID). ``Broker._addjob`` calls it only when other nodes take part
+    (``replicate > 1`` or ``external``); a single copy kept here it makes itself, with the
+    same result as this function's (tests/broker/test_hot_paths.py compares them)."""
     rep = _rep(b)
     discard_local_copy = cmd.async_ and external
     # Every local job shares the broker's one (myself,) tuple, and ttl/retry come interned

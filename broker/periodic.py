@@ -360,7 +360,8 @@ def add_job(b: Broker, d: Definition, now_ms: int, id_key: tuple[str, bytes] | N
     cmd = parse([b"ADDJOB", d.queue, d.body, b"0", *d.params])
     if not isinstance(cmd, AddJob):
         return cmd  # cannot happen: the options were checked by TIMER ADD and the log reader
-    cmd = cmd._replace(async_=True, id_key=id_key)
+    cmd = AddJob(cmd.queue, cmd.body, cmd.timeout_ms, cmd.replicate, cmd.delay, cmd.retry,
+                 cmd.ttl, cmd.maxlen, True, cmd.delay_given, id_key)
     if b.policies.live:
         return policies.addjob(b, cmd, _TIMER_CLIENT, now_ms)
     return b._addjob(cmd, _TIMER_CLIENT, now_ms)

@@ -418,7 +418,8 @@ def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int) -> Any:
         return errors.RETRY0_REPLICATE
     if delay >= ttl:
         return errors.DELAY_GT_TTL
-    cmd = cmd._replace(ttl=ttl, retry=retry, delay=delay, replicate=replicate, delay_given=True)
+    cmd = AddJob(cmd.queue, cmd.body, cmd.timeout_ms, replicate, delay, retry, ttl, cmd.maxlen,
+                 cmd.async_, True, cmd.id_key)
     if p.message_deduplication:
         existing = table.find_duplicate(b, cmd.queue, cmd.body)
         if existing is not None:

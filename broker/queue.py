@@ -60,7 +60,11 @@ class Queue:
 
     def push(self, job: Job) -> None:
         items = self._items
-        if len(items) == self._head or _key(items[-1]) <= _key(job):  # type: ignore[arg-type]
+        last = items[-1] if len(items) > self._head else None
+        # _key(last) <= _key(job), spelt out: the usual push (a job just made here) appends,
+        # and two key tuples per job were a tenth of the cost of queueing one.
+        if last is None or last.ctime < job.ctime or (last.ctime == job.ctime
+                                                      and last.id <= job.id):
             items.append(job)
         else:
             i = bisect.bisect_right(items, _key(job), lo=self._head, key=_key)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Final
 
 from broker.config import Config
 from cluster.effects import (
@@ -41,7 +42,7 @@ PUBLISHED_FLAGS = frozenset({"leaving"})
 _PRIVATE_FLAGS = frozenset({"meet", "myself"})
 
 
-_UNREACHABLE = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
+_UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
 
 
 @dataclass(slots=True, eq=False)

@@ -13,7 +13,7 @@ Validation order follows Disque's, since clients see the first failing check.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from protocol import errors
 from protocol.jobid import is_valid
@@ -22,17 +22,33 @@ from protocol.resp import Error
 # ---------------------------------------------------------------------------------------------
 # Numbers, as Redis's string2ll reads them: no spaces, no '+', no leading zeros, 64-bit.
 
-_INT64_MIN = -(1 << 63)
-_INT64_MAX = (1 << 63) - 1
+# Final here and below: compiled, a Final module global is a C static, any other a dictionary
+# lookup by name each time it is read.
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
 
 
 def parse_int(raw: bytes) -> int | None:
-    if not raw or len(raw) > 20:
+    # One pass over the bytes (compiled, a byte is a C int): bytes.isdigit() and int(bytes)
+    # are each a Python-level call, and every ADDJOB reads at least its timeout.
+    n = len(raw)
+    if n == 0 or n > 20:
         return None
-    body = raw[1:] if raw[0] == 0x2D else raw
-    if not body.isdigit() or (len(body) > 1 and body[0] == 0x30) or (body == b"0" and raw != body):
+    negative = raw[0] == 0x2D  # '-'
+    i = 1 if negative else 0
+    if i == n:
         return None
-    value = int(raw)
+    if raw[i] == 0x30:  # '0': only "0" itself ("-0" and leading zeros are refused)
+        return 0 if n == 1 else None
+    value = 0
+    while i < n:
+        c = raw[i]
+        if c < 0x30 or c > 0x39:
+            return None
+        value = value * 10 + (c - 0x30)
+        i += 1
+    if negative:
+        value = -value
     if value < _INT64_MIN or value > _INT64_MAX:
         return None
     return value
@@ -47,38 +63,66 @@ def _timeout(raw: bytes) -> int | Error:
     return value
 
 
-DEFAULT_TTL = 24 * 3600  # seconds, when ADDJOB gives no TTL
+DEFAULT_TTL: Final = 24 * 3600  # seconds, when ADDJOB gives no TTL
 # The largest DELAY, RETRY and TTL (seconds): what Disque's job structure can hold (uint32).
-MAX_JOB_SECONDS = (1 << 32) - 1
+MAX_JOB_SECONDS: Final = (1 << 32) - 1
 
 # ---------------------------------------------------------------------------------------------
 # Command objects
 
 
-class AddJob(NamedTuple):
-    queue: bytes
-    body: bytes
-    timeout_ms: int
-    replicate: int | None
-    delay: int
-    retry: int | None
-    ttl: int | None
-    maxlen: int | None
-    async_: bool
-    # DELAY given explicitly (even 0): a queue policy's message_delay must not override it.
-    delay_given: bool = False
-    # Set only by a periodic timer's fire (broker/periodic.py), never by a client: the job ID
-    # is derived from (node ID for its node field, key) instead of being random, so the fire
-    # of one due time has one ID whichever node adds it.
-    id_key: tuple[str, bytes] | None = None
+# AddJob and GetJob, the commands of every job's life, are plain (compiled: native) classes
+# whose attributes are set once: building a NamedTuple runs its interpreted __new__, about
+# 0.4 us per command. Nothing assigns their attributes after __init__ (Final: mypy refuses it).
 
 
-class GetJob(NamedTuple):
-    queues: tuple[bytes, ...]
-    timeout_ms: int  # 0: wait forever
-    max_jobs: int
-    nohang: bool
-    withcounters: bool
+class AddJob:
+    __slots__ = ("queue", "body", "timeout_ms", "replicate", "delay", "retry", "ttl", "maxlen",
+                 "async_", "delay_given", "id_key")
+
+    def __init__(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None,
+                 delay: int, retry: int | None, ttl: int | None, maxlen: int | None,
+                 async_: bool, delay_given: bool = False,
+                 id_key: tuple[str, bytes] | None = None) -> None:
+        self.queue: Final = queue
+        self.body: Final = body
+        self.timeout_ms: Final = timeout_ms
+        self.replicate: Final = replicate
+        self.delay: Final = delay
+        self.retry: Final = retry
+        self.ttl: Final = ttl
+        self.maxlen: Final = maxlen
+        self.async_: Final = async_
+        # DELAY given explicitly (even 0): a queue policy's message_delay must not override it.
+        self.delay_given: Final = delay_given
+        # Set only by a periodic timer's fire (broker/periodic.py), never by a client: the job
+        # ID is derived from (node ID for its node field, key) instead of being random, so the
+        # fire of one due time has one ID whichever node adds it.
+        self.id_key: Final = id_key
+
+    def __repr__(self) -> str:
+        return (f"AddJob(queue={self.queue!r}, body={self.body!r}, "
+                f"timeout_ms={self.timeout_ms}, replicate={self.replicate}, "
+                f"delay={self.delay}, retry={self.retry}, ttl={self.ttl}, "
+                f"maxlen={self.maxlen}, async_={self.async_}, "
+                f"delay_given={self.delay_given}, id_key={self.id_key!r})")
+
+
+class GetJob:
+    __slots__ = ("queues", "timeout_ms", "max_jobs", "nohang", "withcounters")
+
+    def __init__(self, queues: tuple[bytes, ...], timeout_ms: int, max_jobs: int, nohang: bool,
+                 withcounters: bool) -> None:
+        self.queues: Final = queues
+        self.timeout_ms: Final = timeout_ms  # 0: wait forever
+        self.max_jobs: Final = max_jobs
+        self.nohang: Final = nohang
+        self.withcounters: Final = withcounters
+
+    def __repr__(self) -> str:
+        return (f"GetJob(queues={self.queues!r}, timeout_ms={self.timeout_ms}, "
+                f"max_jobs={self.max_jobs}, nohang={self.nohang}, "
+                f"withcounters={self.withcounters})")
 
 
 class JobsCommand(NamedTuple):
@@ -192,6 +236,20 @@ Command = (AddJob | GetJob | JobsCommand | QueueCommand | QPeek | QScan | JScan 
 # Parsers. Each takes argv (name included) and returns a command or an Error.
 
 
+# The option words of ADDJOB and GETJOB as clients usually spell them, to their lower case:
+# a dictionary lookup instead of a lower() (a Python-level call) per option.
+_OPTION_WORDS: Final[dict[bytes, bytes]] = {
+    spelling: word
+    for word in (b"async", b"replicate", b"delay", b"retry", b"ttl", b"maxlen", b"nohang",
+                 b"withcounters", b"timeout", b"count", b"from")
+    for spelling in (word, word.upper())}
+
+
+def _option(raw: bytes) -> bytes:
+    word = _OPTION_WORDS.get(raw)
+    return word if word is not None else raw.lower()
+
+
 def _addjob(argv: list[bytes]) -> AddJob | Error:
     replicate: int | None = None
     delay = 0
@@ -203,7 +261,7 @@ def _addjob(argv: list[bytes]) -> AddJob | Error:
     j = 4
     argc = len(argv)
     while j < argc:
-        opt = argv[j].lower()
+        opt = _option(argv[j])
         last = j == argc - 1
         if opt == b"async":
             async_ = True
@@ -261,7 +319,7 @@ def _getjob(argv: list[bytes]) -> GetJob | Error:
     j = 1
     argc = len(argv)
     while j < argc:
-        opt = argv[j].lower()
+        opt = _option(argv[j])
         last = j == argc - 1
         if opt == b"nohang":
             nohang = True
@@ -646,7 +704,7 @@ class Spec(NamedTuple):
 _NA = frozenset((NO_AUTH,))
 _RT = frozenset((RUNTIME,))
 
-COMMANDS: dict[bytes, Spec] = {
+COMMANDS: Final[dict[bytes, Spec]] = {
     b"addjob": Spec(-4, _addjob),
     b"getjob": Spec(-2, _getjob),
     b"ackjob": Spec(-1, _jobs),
@@ -687,10 +745,18 @@ COMMANDS: dict[bytes, Spec] = {
 }
 
 
+# Every name as clients usually spell it, lower and upper case: most lookups need no
+# lower() (a Python-level call) before the table.
+_BY_SPELLING: Final[dict[bytes, Spec]] = {
+    spelling: spec for name, spec in COMMANDS.items() for spelling in (name, name.upper())}
+
+
 def lookup(argv: list[bytes]) -> Spec | Error:
     """The table entry of ``argv``'s command, or the unknown-command or arity error."""
     name = argv[0]
-    entry = COMMANDS.get(name.lower())
+    entry = _BY_SPELLING.get(name)
+    if entry is None:
+        entry = COMMANDS.get(name.lower())
     if entry is None:
         return errors.unknown_command(name.decode("utf-8", "replace"))
     arity = entry.arity
@@ -700,9 +766,19 @@ def lookup(argv: list[bytes]) -> Spec | Error:
     return entry
 
 
+_ADDJOB_SPEC: Final = COMMANDS[b"addjob"]
+_GETJOB_SPEC: Final = COMMANDS[b"getjob"]
+
+
 def parse(argv: list[bytes]) -> Command | Error:
     entry = lookup(argv)
-    if type(entry) is not Spec:
-        return entry  # type: ignore[return-value]
+    if isinstance(entry, Error):
+        return entry
+    # The two commands of every job's life are called directly: through the table, a
+    # compiled parser is called as a Python object (its arguments unpacked by name).
+    if entry is _ADDJOB_SPEC:
+        return _addjob(argv)
+    if entry is _GETJOB_SPEC:
+        return _getjob(argv)
     result: Command | Error = entry.parser(argv)
     return result

@@ -36,11 +36,10 @@ MAX_BULK_LEN: Final = 512 * 1024 * 1024
 
 # The request fast path (RequestParser._fill_fast): how much of the buffer one pass reads at
 # most (it also bounds the commands it splits ahead: a client blocked in GETJOB keeps them),
-# and the headers it knows by heart. A count outside the table, or a frame larger than the
-# window, is not an error, only a frame for the full parser; both stay far below the limits.
+# and the largest count it reads. A larger count, or a frame larger than the window, is not an
+# error, only a frame for the full parser; both stay far below the limits.
 _FAST_WINDOW: Final = 16 * 1024
-_FAST_COUNTS: Final[dict[bytes, int]] = {b"*%d" % n: n for n in range(1, 1025)}
-_FAST_BULK_LENGTHS: Final[dict[bytes, int]] = {b"$%d" % n: n for n in range(1024)}
+_FAST_MAX_COUNT: Final = 1024
 
 
 class _NeedData:
@@ -101,7 +100,7 @@ class RequestParser:
     may send, one header at a time, and keeps its place inside a frame that is not complete
     yet. The *fast path* (``_fill_fast``) takes only the common case: at a frame boundary,
     complete multibulk frames of bulk strings with plain headers, possibly several pipelined,
-    which it reads in one pass over (a window of) the buffer, looking headers up in tables
+    which it reads in one pass over (a window of) the buffer, reading headers byte by byte
     and jumping over the data, into a queue of commands (``_ready``). At the first frame it
     is not sure of (inline, partial, empty, odd or large headers, anything near a limit) it
     stops, and the full parser goes on from there, so every error and every limit is the
@@ -187,9 +186,9 @@ class RequestParser:
         bytes (the count, the arguments taken, the header of one whose data is still to
         come), a state it passes through itself, so it goes on from there as if it had read
         them. A large argument or a frame cut by a read costs its headers once."""
-        # One copy of at most a window: the headers and arguments below are slices of an
-        # immutable bytes object (hashable for the table lookups, one allocation per
-        # argument), and a frame larger than the window is left to the full parser.
+        # One copy of at most a window: the arguments below are slices of an immutable
+        # bytes object (one allocation per argument), its bytes are read as C ints when
+        # compiled, and a frame larger than the window is left to the full parser.
         buf = self._buf
         first = self._pos
         if first == 0 and len(buf) <= _FAST_WINDOW:
@@ -201,35 +200,25 @@ class RequestParser:
             finally:
                 view.release()
         end = len(window)
-        find = window.find
-        counts = _FAST_COUNTS
-        lengths = _FAST_BULK_LENGTHS
         ready = self._ready
         sizes = self._ready_sizes
         start = 0  # where the frame being read begins in the window
         while True:
-            nl = find(b"\r\n", start)
-            if nl < 0:
+            if start >= end or window[start] != 0x2A:  # '*'
                 break
-            count = counts.get(window[start:nl])
-            if count is None:
+            count, pos = _fast_number(window, start + 1, end, 4)
+            if count < 1 or count > _FAST_MAX_COUNT:
                 break
             left = count  # arguments still to read
-            pos = nl + 2
             argv: list[bytes] = []
             taken = 0  # bytes of the arguments in argv
             bulklen = -1  # the length of an argument whose header is read and data is not
             while left:
-                nl = find(b"\r\n", pos)
-                if nl < 0:
+                if pos >= end or window[pos] != 0x24:  # '$'
                     break
-                head = window[pos:nl]
-                length = lengths.get(head)
-                if length is None:
-                    length = _plain_bulk_length(head)
-                    if length < 0:
-                        break
-                data = nl + 2
+                length, data = _fast_number(window, pos + 1, end, 10)
+                if length < 0 or length > MAX_BULK_LEN:
+                    break
                 # Like the full parser, the two bytes after the data must be there, and are
                 # skipped unread (Redis does not check them either).
                 if data + length + 2 > end:
@@ -349,17 +338,29 @@ class RequestParser:
         return split_args(line)
 
 
-def _plain_bulk_length(head: bytes) -> int:
-    """The length a bulk header beyond the fast path's table gives, if the full parser would
-    accept it (``$``, then string2ll's digits: no sign, no leading zero, at most 10 digits,
-    at most ``MAX_BULK_LEN``), else -1."""
-    digits = head[1:]
-    if head[:1] != b"$" or not digits.isdigit() or len(digits) > 10:
-        return -1
-    if digits[0] == 0x30 and len(digits) > 1:
-        return -1
-    length = int(digits)
-    return length if length <= MAX_BULK_LEN else -1
+def _fast_number(window: bytes, pos: int, end: int, max_digits: int) -> tuple[int, int]:
+    """The header number starting at ``pos`` (just after its ``*`` or ``$``) if its line is
+    complete in ``window`` and is what the full parser reads as a plain number: 1 to
+    ``max_digits`` decimal digits, no sign, no leading zero, then CR LF. Returns (the number,
+    where the next line starts), or (-1, 0) for anything else (incomplete, or for the full
+    parser to judge). Byte by byte: compiled, this is a C loop, where finding the line end
+    and slicing the header out to look it up cost a Python-level call and an object each."""
+    value = 0
+    i = pos
+    while i < end:
+        c = window[i]
+        if c < 0x30 or c > 0x39:
+            break
+        if i - pos == max_digits:
+            return -1, 0
+        value = value * 10 + (c - 0x30)
+        i += 1
+    digits = i - pos
+    if digits == 0 or i + 1 >= end or window[i] != 0x0D or window[i + 1] != 0x0A:
+        return -1, 0
+    if digits > 1 and window[pos] == 0x30:
+        return -1, 0
+    return value, i + 2
 
 
 def _parse_int(buf: bytearray, start: int, end: int) -> int | None:
@@ -506,14 +507,23 @@ def _encode_into(value: Any, out: list[bytes], protover: int) -> None:
     elif t is Status:
         # Status texts are the node's own (OK, PONG, job IDs it generated), never client
         # bytes, so the hot ADDJOB reply skips the CR/LF scan errors get.
-        out.append(b"+" + value.encode() + _CRLF)
+        text: str = value  # typed: compiled, str.encode() is then a C call, not a method lookup
+        out.append(b"+" + text.encode() + _CRLF)
     elif t is int:
         out.append(_SMALL_INTS[value] if 0 <= value < 1024 else b":%d\r\n" % value)
     elif t is list or t is tuple:
         n = len(value)
         out.append(_ARRAY_HEADERS[n] if n < 256 else b"*%d\r\n" % n)
         for item in value:
-            _encode_into(item, out, protover)
+            # Bulk strings in place (GETJOB's [queue, id, body] entries): one call per array
+            # instead of one per item.
+            if type(item) is bytes:
+                n = len(item)
+                out.append(_BULK_HEADERS[n] if n < 1024 else b"$%d\r\n" % n)
+                out.append(item)
+                out.append(_CRLF)
+            else:
+                _encode_into(item, out, protover)
     elif value is None:
         out.append(_NULL3 if protover == 3 else _NULL_BULK)
     elif t is Error:
