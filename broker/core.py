@@ -129,6 +129,12 @@ class Broker:
         self.job_scan: ScanList[Job] = ScanList()
         self.queue_scan: ScanList[Queue] = ScanList()
         self.outbox: list[Effect] = []  # see broker/effects.py
+        # Whether anyone writes the log records of the hot paths (a job's state, a delivery's
+        # dlv): the node clears it while its append log is off (node/persistence.py), so that
+        # ADDJOB and GETJOB do not build records it would drop. Switching the log on takes a
+        # snapshot of the broker first, so records not built meanwhile are not missed. Other
+        # records (acks, deletes, policies, timers) are rare and always emitted.
+        self.log_wanted = True
         self.leaving = False
         # The node table's view (HELLO, CLUSTER, reachable nodes); the runtime replaces it with
         # the membership core when the cluster bus runs.
@@ -388,7 +394,8 @@ class Broker:
             job.dtime = now_ms
             # _new_tuple: the same LogRecord without NamedTuple's Python-level __new__
             # (0.55 -> 0.24 us here; this runs once per job consumed).
-            self.outbox.append(_new_tuple(_LOG_RECORD, ("dlv", [job.id, now_ms], None)))
+            if self.log_wanted:
+                self.outbox.append(_new_tuple(_LOG_RECORD, ("dlv", [job.id, now_ms], None)))
 
     def _job_timer(self, job: Job, now_ms: int) -> None:
         if now_ms >= job.etime:
@@ -433,8 +440,9 @@ class Broker:
     # Logging
 
     def _log_job(self, job: Job, prev: Any) -> None:
-        # _new_tuple: NamedTuple's own __new__ is interpreted code (see _deliver).
-        self.outbox.append(_new_tuple(_LOG_RECORD, ("job", job.to_record(), prev)))
+        if self.log_wanted:  # no one to write it: not even built (see __init__)
+            # _new_tuple: NamedTuple's own __new__ is interpreted code (see _deliver).
+            self.outbox.append(_new_tuple(_LOG_RECORD, ("job", job.to_record(), prev)))
 
     def undo_entry(self, entry: tuple[str, Any, Any], now_ms: int) -> None:
         """Put back the state from before ``entry`` (its write to the log failed)."""

@@ -158,6 +158,7 @@ class LogBroker(Protocol):
     """What the append log needs of the broker core (broker.core.Broker; the tests' fake)."""
 
     info_sources: dict[str, Callable[[], list[tuple[str, Any]]]]
+    log_wanted: bool  # set by the log: whether the broker's hot paths build their records
 
     def validate_record(self, kind: str, data: Any) -> str | None: ...
 
@@ -180,6 +181,7 @@ class Persistence:
                  rewrite_step: Callable[[str], None] = lambda name: None) -> None:
         self.broker = broker
         self.log = logger or logging.getLogger("trisque.aof")
+        self._enabled = False
         self.enabled = bool(config.appendonly)
         self.config = config
         if self.policy not in ("always", "everysec", "no"):
@@ -301,6 +303,20 @@ class Persistence:
             ", queues restored" if enqueue else "",
         )
 
+    @property
+    def enabled(self) -> bool:
+        """The log is on: records are written."""
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        self._enabled = on
+        # While the log is off the broker does not build the records of its hot paths
+        # (ADDJOB's job record, a delivery's dlv) that submit() would drop: measured 0.7 us of
+        # the node's 9.8 per unpipelined GETJOB NOHANG and 10.9 per ADDJOB. Switching on
+        # snapshots the broker first, so nothing done while off is missing from the log.
+        self.broker.log_wanted = on
+
     # -----------------------------------------------------------------------------------------
     # Group commit
 
@@ -308,7 +324,7 @@ class Persistence:
         """Add ``records`` (``LogRecord``s) to the open batch; the ticket to wait for, 0 when
         there is nothing to wait for (no records, only advisory ones, or the log is off: they
         are dropped)."""
-        if not records or not self.enabled:
+        if not records or not self._enabled:
             return 0
         batch = self._open
         batch.data += aof.encode_records(records)

@@ -319,6 +319,7 @@ async def test_config_set_appendonly_switches_the_log_on_and_off(tmp_path):
     broker = FakeBroker()
     p = Persistence(config, broker)
     p.load(0)
+    assert broker.log_wanted is False  # the broker's hot paths build no records for nobody
     broker.addjob(b"D-before")  # log off: not logged
     with trio.fail_after(20):
         async with trio.open_nursery() as n:
@@ -326,9 +327,11 @@ async def test_config_set_appendonly_switches_the_log_on_and_off(tmp_path):
             config.appendonly = True
             await p.config_changed("appendonly")
             assert p.enabled and dict(p.info())["aof_enabled"] == 1
+            assert broker.log_wanted is True
             await _client(p, broker, b"D-after")
             config.appendonly = False
             await p.config_changed("appendonly")
+            assert broker.log_wanted is False
             broker.addjob(b"D-off")
             assert p.submit(broker.take_effects()) == 0
             n.cancel_scope.cancel()

@@ -185,3 +185,28 @@ def test_bgrewriteaof_under_load_then_restart():
         conn = Conn(srv.port)
         assert _all_job_ids(conn) == set(ids[1::2]) | set(more)
         conn.close()
+
+
+def test_log_switched_on_at_run_time_has_what_was_done_while_it_was_off():
+    """With the log off the broker builds no job or delivery records (log_wanted); CONFIG SET
+    appendonly yes snapshots the node, so a kill -9 after it loses nothing done before it."""
+    with ServerProcess(appendonly="no", appendfsync="always") as srv:
+        conn = Conn(srv.port)
+        delivered = conn.call("ADDJOB", "q", "delivered while off", 0, "RETRY", 300)
+        waiting = conn.call("ADDJOB", "q", "queued while off", 0)
+        got = conn.call("GETJOB", "NOHANG", "FROM", "q")
+        assert got[0][1] == delivered
+        before = _show(conn, delivered)
+        assert conn.call("CONFIG", "SET", "appendonly", "yes") == b"OK"
+        after_on = conn.call("ADDJOB", "q", "added with the log on", 0)
+        conn.close()
+        srv.kill()
+        srv.directives["appendonly"] = "yes"
+        srv.start()
+        conn = Conn(srv.port)
+        assert _all_job_ids(conn) == {delivered, waiting, after_on}
+        restored = _show(conn, delivered)
+        assert restored is not None and before is not None
+        for field in (b"body", b"ctime", b"retry", b"queue", b"state"):
+            assert restored[field] == before[field], field
+        conn.close()

@@ -120,3 +120,22 @@ def test_single_copy_addjob_on_a_cluster_node_is_what_cluster_jobs_addjob_does()
         assert _state(fast) == _state(general), argv
         job = fast.jobs[job_id]
         assert job.flags & FLAG_REPLICA  # its ACK takes part in the cluster's ack GC
+
+
+def test_without_a_log_addjob_and_getjob_build_no_records_and_change_the_same_state():
+    """log_wanted False (the node's append log is off): ADDJOB and GETJOB emit no job or dlv
+    record, and leave the jobs exactly as a broker that logs does."""
+    from tests.broker.harness import Node
+
+    logged, unlogged = Node(), Node()
+    unlogged.b.log_wanted = False
+    for n in (logged, unlogged):
+        n.add("q", "one")
+        n.add("q", "two")
+        n("GETJOB", "NOHANG", "FROM", "q")
+    assert {r.kind for r in logged.log} == {"job", "dlv"}
+    assert unlogged.log == []
+    assert ([j.to_record() for j in logged.b.jobs.values()]
+            == [j.to_record() for j in unlogged.b.jobs.values()])
+    delivered = [j for j in unlogged.b.jobs.values() if j.dtime]
+    assert len(delivered) == 1  # the first delivery's time is kept in memory all the same
