@@ -359,13 +359,12 @@ class Persistence:
         batch = self._open
         if not batch.entries:
             return True
-        sync = self.policy == "always" and not _all_advisory(batch.entries)
+        sync = self._needs_sync(batch)
         if (self.writer is None or self._in_flight is not None or self._write_lock.locked()
                 or (sync and self.last_fsync_usec > INLINE_FSYNC_MAX_USEC)):
             self._wakeup.set()
             return False
-        self._next_ticket += 1
-        self._open = _Batch(self._next_ticket)
+        self._take_open_batch()
         data = bytes(batch.data)
         self.inline_commits += 1
         try:
@@ -413,13 +412,10 @@ class Persistence:
 
     async def _write_batch(self) -> None:
         assert self.writer is not None
-        batch = self._open
-        self._next_ticket += 1
-        self._open = _Batch(self._next_ticket)
-        self._in_flight = batch
+        batch = self._in_flight = self._take_open_batch()
         data = bytes(batch.data)
         try:
-            if self.policy == "always" and not _all_advisory(batch.entries):
+            if self._needs_sync(batch):
                 await trio.to_thread.run_sync(self._write_and_sync, data)
                 self.fsync_latency.observe(self.last_fsync_usec / 1e6)
             else:
@@ -470,6 +466,10 @@ class Persistence:
         self._finish(batch, error)
         if later.entries:
             self._finish(later, error)
+
+    def _needs_sync(self, batch: _Batch) -> bool:
+        """Under ``always`` a batch is fdatasynced unless it holds only advisory records."""
+        return self.policy == "always" and not _all_advisory(batch.entries)
 
     def _take_open_batch(self) -> _Batch:
         """The open batch, replaced by a new empty one."""
