@@ -3,7 +3,7 @@
 ``WorkerProcess`` starts ``python -m cli.main worker`` (this checkout's code, see
 ``repo_env``) with its stderr in a file, waits until it logs that it serves, and stops it with
 SIGTERM (``stop``) or SIGKILL (``kill``). ``run_record`` reads ``JOBRUN GET`` as a dict of str
-keys. ``script`` writes an executable file. Every wait is bounded.
+keys. ``script`` writes an executable file; ``process_gone`` says a process has died. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -19,6 +19,18 @@ from typing import Any
 
 from tests.support.cluster import wait_until
 from tests.support.server import REPO, repo_env, send_command
+
+
+def process_gone(pid: int) -> bool:
+    """Gone, or a zombie waiting for whoever adopted it (init may reap it a little later)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:  # reaped between the two looks
+        return True
 
 
 def script(path: Path, text: str) -> Path:

@@ -4,7 +4,6 @@ job's fate on the node, its run record (JOBRUN), its log file and the worker's e
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from tests.support.worker import (
     WorkerProcess,
     add_job,
     kill_group,
+    process_gone,
     run_output,
     run_record,
     script,
@@ -42,17 +42,6 @@ def _dead_letter_nacks(node: ServerProcess, queue: str) -> str:
     assert isinstance(node.call("QPOLICY", "CREATE", queue, "REDRIVE", "1", dlq), list)
     return dlq
 
-
-def _dead(pid: int) -> bool:
-    """Gone, or a zombie waiting for whoever adopted it (init may reap it a little later)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return True
 
 
 def _worker(node: ServerProcess, tmp_path: Path, queues: list[str], command: list[str | Path],
@@ -334,7 +323,7 @@ def test_bad_scripts_end_in_a_defined_state_and_the_worker_goes_on(
     assert forks["state"] == "done"
     assert forks["reason"] == "done: left a child; processes it left in its group were killed"
     child = int(run_output(node.port, ids["forks"])[2].split()[1])
-    assert _dead(child)
+    assert process_gone(child)
 
     assert runs["closes3"]["reason"] == ("exit status 0 without a 'done' line on fd 3; it "
                                          "closed its status pipe (fd 3) and went on running")

@@ -19,7 +19,14 @@ from cli.worker import leftovers
 from cli.worker.joblog import file_name
 from tests.support.cluster import wait_until
 from tests.support.server import REPO, ServerProcess, repo_env
-from tests.support.worker import WorkerProcess, add_job, kill_group, script, wait_state
+from tests.support.worker import (
+    WorkerProcess,
+    add_job,
+    kill_group,
+    process_gone,
+    script,
+    wait_state,
+)
 
 STOP_BOUND_S = 1.5  # "about a second" with room for a busy machine
 
@@ -69,17 +76,6 @@ def test_sigterm_stops_a_worker_stuck_on_a_node_that_never_answers(tmp_path: Pat
     assert took < STOP_BOUND_S, (took, worker.log())
 
 
-def _gone(pid: int) -> bool:
-    """Gone, or a zombie waiting for whoever adopted it."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_killed_workers_script_and_what_it_left_die(tmp_path: Path) -> None:
@@ -105,11 +101,11 @@ def test_a_killed_workers_script_and_what_it_left_die(tmp_path: Path) -> None:
             child_pid = int(child_file.read_text())
             assert list((logs / ".running").iterdir())  # the group is recorded
             first.kill()
-            wait_until(lambda: _gone(script_pid), 2.0, "the script dead with its worker")
+            wait_until(lambda: process_gone(script_pid), 2.0, "the script dead with its worker")
             # Its background child has no death signal: the next worker's start kills it.
-            assert not _gone(child_pid)
+            assert not process_gone(child_pid)
             with WorkerProcess([node.port], [q], [cmd], log_dir=logs) as second:
-                wait_until(lambda: _gone(child_pid), 2.0, "the leftover killed at the start")
+                wait_until(lambda: process_gone(child_pid), 2.0, "the leftover killed at the start")
                 assert f"killed pid {child_pid}, left running by worker pid" in second.log()
             assert not list((logs / ".running").iterdir())
         finally:
@@ -206,10 +202,10 @@ def test_the_python_launcher_reports_exec_failures_and_its_script_dies_with_the_
         assert spawner.stdout is not None
         assert spawner.stdout.readline().split() == ["refused", str(errno.ENOENT)]
         pid = int(spawner.stdout.readline())
-        assert not _gone(pid)
+        assert not process_gone(pid)
         spawner.kill()
         spawner.wait(5)
-        wait_until(lambda: _gone(pid), 2.0, "the script dead with its worker")
+        wait_until(lambda: process_gone(pid), 2.0, "the script dead with its worker")
     finally:
         spawner.kill()
         spawner.wait(5)
