@@ -44,6 +44,7 @@ from importlib.machinery import (
     SourceFileLoader,
     SourcelessFileLoader,
 )
+from importlib.util import module_from_spec, spec_from_file_location
 from types import ModuleType
 from typing import Any
 
@@ -74,7 +75,26 @@ def decide() -> tuple[str, str]:
         _decision = _decide()
         if _decision[0] == PURE:
             sys.meta_path.insert(0, _SourceOnlyFinder())
+        else:
+            _load_group_library()
     return _decision
+
+
+def _load_group_library() -> None:
+    """Load the shared library that ``check`` found under ``_ROOT``, by its path. Each compiled
+    module imports it by its top-level name, which an editable install's finder does not map
+    (it maps the packages only): ``trisque-server`` started outside the checkout would fail
+    with ``No module named 'trisque_core__mypyc'``. Loading the checked file itself serves
+    every way of running: in the checkout, an editable install, site-packages."""
+    if GROUP_LIBRARY in sys.modules:
+        return
+    path = _extension_path(os.path.join(_ROOT, GROUP_LIBRARY))
+    assert path is not None, "check() found it"
+    spec = spec_from_file_location(GROUP_LIBRARY, path)
+    assert spec is not None and spec.loader is not None
+    library = module_from_spec(spec)
+    sys.modules[GROUP_LIBRARY] = library
+    spec.loader.exec_module(library)
 
 
 def kind() -> str:
@@ -145,8 +165,16 @@ def _read_stamp(root: str = _ROOT) -> dict[str, Any] | None:
     return stamp
 
 
+def _extension_path(stem: str) -> str | None:
+    """The extension module ``stem`` + one of this interpreter's suffixes, if there is one."""
+    for suffix in EXTENSION_SUFFIXES:
+        if os.path.exists(stem + suffix):
+            return stem + suffix
+    return None
+
+
 def _extension(stem: str) -> bool:
-    return any(os.path.exists(stem + suffix) for suffix in EXTENSION_SUFFIXES)
+    return _extension_path(stem) is not None
 
 
 def _any_extension(root: str) -> str | None:

@@ -187,3 +187,28 @@ def test_info_server_keeps_disques_fields_and_ends_with_the_core_build() -> None
     assert names[: len(reference)] == reference
     assert fields[-1] == ["trisque_core", core_build.kind()]
     assert re.fullmatch(r"compiled|pure", fields[-1][1])
+
+
+def test_the_installed_commands_run_outside_the_checkout_on_the_chosen_core(
+        tmp_path: Path) -> None:
+    """``make run`` starts ``.venv/bin/trisque-server``, and users run ``trisque``: with an
+    editable install their imports go through the install's finder, which maps the packages
+    but not the compiled core's shared library at the checkout's top. Before core_build loaded
+    that library by its path, both failed with ``No module named 'trisque_core__mypyc'``."""
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "trisque-server").exists():
+        pytest.skip("trisque is not installed in this interpreter's environment (pip install -e .)")
+    child = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for command in ("trisque-server", "trisque"):
+        run = subprocess.run([str(bin_dir / command), "--help"], cwd=tmp_path, env=child,
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0 and "Usage: " + command in run.stdout, run.stderr
+    probe = subprocess.run(
+        [sys.executable, "-c", "import broker.core as c; from protocol import core_build as b; "
+                               "print(b.kind(), c.__file__)"],
+        cwd=tmp_path, env=child, capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    kind, core_file = probe.stdout.split()
+    assert kind == core_build.kind()
+    assert _is_extension(core_file) == (kind == core_build.COMPILED)
+    assert Path(core_file).parent == REPO / "broker"
