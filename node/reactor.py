@@ -10,7 +10,7 @@ only when no connection has anything to do.
 
 **Rounds.** The loop polls the epoll without waiting, queues the connections it reports
 (``runnable``, a FIFO, one entry per connection) and runs a *round*: each queued connection
-gets one *turn* (``Served.turn``: one ``recv``, its complete commands executed, its replies
+gets one *turn* (``conn_core.turn``: one ``recv``, its complete commands executed, its replies
 encoded), in queue order, with no task switch in between; the replies are written at the end
 of the round, one ``send`` per connection. Work is bounded:
 at most ``MAX_TURNS_PER_ROUND`` turns and ``MAX_COMMANDS_PER_ROUND`` commands, no new turn
