@@ -10,7 +10,7 @@ only when no connection has anything to do.
 
 **Rounds.** The loop polls the epoll without waiting, queues the connections it reports
 (``runnable``, a FIFO, one entry per connection) and runs a *round*: each queued connection
-gets one *turn* (``Served.turn``: one ``recv``, its complete commands executed, its replies
+gets one *turn* (``conn_core.turn``: one ``recv``, its complete commands executed, its replies
 encoded), in queue order, with no task switch in between; the replies are written at the end
 of the round, one ``send`` per connection. Work is bounded:
 at most ``MAX_TURNS_PER_ROUND`` turns and ``MAX_COMMANDS_PER_ROUND`` commands, no new turn
@@ -61,11 +61,13 @@ applies at once), except blocked, parked or held ones, as Disque's clientsCron d
 
 An unexpected exception in a turn closes that connection only (``Served.crashed``).
 
-**Compiled.** Everything above that never waits (the epoll bookkeeping, ``_poll``, the round
-and its end) is ``ReactorCore`` in ``node/reactor_core.py``, which imports no trio and is
-compiled with mypyc as part of the core (``make build``); this module adds what needs trio:
-the loop that waits (``run``), the accept loop's wait for room (``room_for_new``) and the task
-that releases held connections when the log was not committed inline (``_release_later``).
+**Compiled.** Everything above that never waits is compiled with mypyc as part of the core
+(``make build``) and imports no trio: the state and the epoll bookkeeping are ``ReactorCore`` in
+``node/reactor_core.py``, and the round (``poll``, ``run_round``, ``end_round``) is functions in
+``node/round_core.py``, which call each connection's turn directly in C. This module adds what
+needs trio: the loop that waits (``run``), the accept loop's wait for room (``room_for_new``)
+and the task that releases held connections when the log was not committed inline
+(``release_later``).
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ from node.reactor_core import (
     ReactorCore,
     Served,
 )
+from node.round_core import poll, run_round
 
 # Rounds follow one another without a trip through trio's scheduler for up to this long (a
 # client whose next request is already there is served at once, as a connection's own loop
@@ -131,7 +134,7 @@ class Reactor(ReactorCore):
             quantum_end = clock() + QUANTUM_S
             while True:
                 if not polled:
-                    self._poll()
+                    poll(self)
                 polled = False
                 if not self.runnable:
                     # Nothing to do: trio runs the others and wakes us when a socket in the
@@ -143,8 +146,8 @@ class Reactor(ReactorCore):
                         self.waiting = self.woken = False
                     quantum_end = clock() + QUANTUM_S
                     continue
-                self._round()
-                self._poll()
+                run_round(self)
+                poll(self)
                 polled = True
                 if self.runnable and clock() > quantum_end:
                     # More to do, and the other tasks have waited a quantum: let them run
@@ -152,7 +155,7 @@ class Reactor(ReactorCore):
                     await trio.lowlevel.checkpoint()
                     quantum_end = clock() + QUANTUM_S
 
-    def _release_later(self, held: list[Served]) -> None:
+    def release_later(self, held: list[Served]) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(self._release_when_durable, held)
 

@@ -1,16 +1,17 @@
-"""The reactor's rounds, without trio: compiled with mypyc as part of the core.
+"""The reactor's state and its epoll bookkeeping, without trio: compiled with mypyc.
 
 Theory of operation
 -------------------
 ``node/reactor.py`` explains the reactor (one task, a level-triggered epoll, bounded rounds, the
-group commit at the end of each round). This module holds the part of it that runs for every
-request and never waits: the epoll bookkeeping (``add``, ``forget``, ``park``, ``unpark``,
-``schedule``), polling without waiting (``_poll``), the round (``_round``: one turn per queued
-connection within the fairness bounds) and its end (``_end_round``: the bus flushed, the log
-committed, the held replies released). It imports no trio, so ``tools/build_core.py`` compiles it
-with the core; the two things that need trio are hooks the interpreted ``Reactor`` subclass
-provides: ``_room_freed`` (wake the accept loop) and ``_release_later`` (a task that releases
-held connections once the log catches up). The waiting loop itself (``Reactor.run``) stays in
+group commit at the end of each round). This module holds its state (the epoll, the table of
+connections by descriptor, the ``runnable`` queue, the round's ``held`` connections and
+``others`` replies) and the bookkeeping that never waits (``add``, ``forget``, ``park``,
+``unpark``, ``schedule``, ``close_idle``). The round itself, which runs per request, is
+functions in ``node/round_core.py`` (``poll``, ``run_round``, ``end_round``) rather than methods
+here: see that module for why. It imports no trio, so ``tools/build_core.py`` compiles it with
+the core; the two things that need trio are hooks the interpreted ``Reactor`` subclass provides:
+``_room_freed`` (wake the accept loop) and ``release_later`` (a task that releases held
+connections once the log catches up). The waiting loop itself (``Reactor.run``) stays in
 ``node/reactor.py``.
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import os
 import select
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
@@ -45,7 +45,7 @@ MAX_EVENTS = 1024
 # Readable, and the peer's end of the stream (EPOLLRDHUP): a connection whose client hung up
 # is closed in the turn that ran its last commands, not one lap of the queue later.
 _EVENTS = select.EPOLLIN | select.EPOLLRDHUP
-_HANGUP = select.EPOLLRDHUP | select.EPOLLHUP
+HANGUP = select.EPOLLRDHUP | select.EPOLLHUP
 
 
 class Served(Protocol):
@@ -138,7 +138,7 @@ class ReactorCore:
         """Fewer than ``MAX_NEW_WAITING`` new connections wait now: wake the accept loop."""
         raise NotImplementedError
 
-    def _release_later(self, held: list[Served]) -> None:
+    def release_later(self, held: list[Served]) -> None:
         """The round's commit was not done inline: release ``held`` from a task, later."""
         raise NotImplementedError
 
@@ -161,7 +161,7 @@ class ReactorCore:
         if self.by_fd.get(conn.fd) is conn:
             del self.by_fd[conn.fd]
         if conn.fresh:
-            self._first_turn(conn)
+            self.first_turn(conn)
 
     def stop_reading(self, conn: Served) -> None:
         """Its client sent its last byte: out of the epoll, turns only when scheduled."""
@@ -188,7 +188,7 @@ class ReactorCore:
         if conn.has_input() or conn.eof:
             self.schedule(conn)
 
-    def _first_turn(self, conn: Served) -> None:
+    def first_turn(self, conn: Served) -> None:
         conn.fresh = False
         if conn.queued:
             self.new_waiting -= 1
@@ -204,88 +204,6 @@ class ReactorCore:
         if self.waiting and not self.woken:
             self.woken = True
             os.eventfd_write(self.wake_fd, 1)
-
-    # -- rounds -----------------------------------------------------------------------------
-
-    def _poll(self) -> None:
-        """Queue the connections the epoll reports ready (without waiting)."""
-        runnable = self.runnable
-        if len(runnable) >= MAX_TURNS_PER_ROUND:
-            return  # level-triggered: those not queued now are reported again later
-        by_fd = self.by_fd
-        for fd, flags in self.epoll.poll(0, MAX_EVENTS):
-            conn = by_fd.get(fd)
-            if conn is None:
-                if fd == self.wake_fd:
-                    os.eventfd_read(fd)
-                continue
-            conn.readable = True
-            if flags & _HANGUP:
-                conn.hup = True
-            if not conn.queued:
-                conn.queued = True
-                runnable.append(conn)
-                if conn.fresh:
-                    self.new_waiting += 1
-
-    def _round(self) -> None:
-        self.rounds += 1
-        self.now = self.clock.monotonic()
-        self.now_ms = self.clock.now_ms()
-        log = self.log
-        log.round_open = True
-        runnable = self.runnable
-        budget = MAX_COMMANDS_PER_ROUND
-        clock = time.perf_counter
-        deadline = clock() + MAX_ROUND_S
-        turns = 0
-        try:
-            # Those queued when the round starts: a connection re-queued by its budget waits
-            # for the next round, behind the others.
-            for _ in range(min(len(runnable), MAX_TURNS_PER_ROUND)):
-                conn = runnable.popleft()
-                if conn.fresh:
-                    self._first_turn(conn)
-                conn.queued = False
-                if conn.closing:
-                    continue
-                turns += 1
-                try:
-                    budget -= conn.turn(budget if budget < MAX_COMMANDS_PER_TURN
-                                        else MAX_COMMANDS_PER_TURN)
-                except Exception:
-                    conn.crashed()
-                if budget <= 0 or clock() > deadline:
-                    break
-        finally:
-            self.turns += turns
-            log.round_open = False
-            self._end_round()
-
-    def _end_round(self) -> None:
-        """Route what the round left for the cluster bus, commit the round's log records, then
-        release the replies that waited for them, then those for other clients."""
-        self.flush()
-        self.log.commit_now()
-        self.settle()
-        if self.held:
-            held = self.held
-            self.held = []
-            later: list[Served] = []
-            for conn in held:
-                if conn.closing:
-                    continue
-                try:
-                    if not conn.release_if_durable():
-                        later.append(conn)
-                except Exception:
-                    conn.crashed()
-            if later:
-                self._release_later(later)
-        if self.others:
-            others = self.others
-            self.others = []
-            self.dispatch(others, 0)
 
     # -- idle clients -----------------------------------------------------------------------
 

@@ -87,6 +87,7 @@ from cluster.policy_sync import PolicySync
 from node import config_file, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus
 from node.clock import Clock, WallClock
+from node.conn_core import NodeCounters
 from node.connection import MUST_WAIT, Connection, set_keepalive
 from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
@@ -137,6 +138,9 @@ def _encode(value: Any, protover: int) -> bytes:
 class Server:
     def __init__(self, config: Config, clock: Clock | None = None) -> None:
         self.config = config
+        # commands, stats_in, stats_out and stopping live here (properties below), where the
+        # compiled hot path counts them without a dict lookup per request.
+        self.counters = NodeCounters()
         self.clock: Clock = clock or WallClock()
         now_ms = self.clock.now_ms()
         # The node's identity and its peers: nodes.conf, or a new node if there is none.
@@ -196,19 +200,13 @@ class Server:
         self.start_time = time.time()
         self.run_id = os.urandom(20).hex()  # new at every start, as Redis's run_id
         self.build_id = hashlib.sha1(f"trisque {VERSION} {sys.version}".encode()).hexdigest()[:15]
-        self.commands = 0
         self.connections_received = 0
         self.rejected = 0
-        self.stats_in = 0
-        self.stats_out = 0
         self._ops_sample = (self.clock.monotonic(), 0)
         self.ops_per_sec = 0
         self.peak_rss = 0
         self.shutdown_event = trio.Event()
         self.shutdown_rewrite = False
-        # Set when the node starts shutting down: no command runs after it, so the final
-        # snapshot is the state the clients were last told about.
-        self.stopping = False
         self.listening: list[tuple[str, int]] = []
         self._accept_error_logged = 0.0
         self._idle_checked = self.clock.monotonic()
@@ -216,6 +214,33 @@ class Server:
         self.cmdstats: dict[bytes, list[int]] = {name: [0, 0] for name in COMMANDS}
         self.monitors: set[Connection] = set()
         self._install_info()
+
+    # The counters the hot path keeps in NodeCounters, under the names INFO, /metrics and the
+    # tests read them by. ``stopping``: set when the node starts shutting down; no command
+    # runs after it, so the final snapshot is the state the clients were last told about.
+    @property
+    def commands(self) -> int:
+        return self.counters.commands
+
+    @commands.setter
+    def commands(self, value: int) -> None:
+        self.counters.commands = value
+
+    @property
+    def stats_in(self) -> int:
+        return self.counters.stats_in
+
+    @property
+    def stats_out(self) -> int:
+        return self.counters.stats_out
+
+    @property
+    def stopping(self) -> bool:
+        return self.counters.stopping
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        self.counters.stopping = value
 
     def _new_node_id(self, node_id: str) -> None:
         """CLUSTER RESET HARD gave this node a new ID: new jobs carry it."""

@@ -1,0 +1,137 @@
+"""The reactor's round as compiled functions: every connection's turn called directly.
+
+Theory of operation
+-------------------
+``node/reactor.py`` explains the reactor: one task, a level-triggered epoll, bounded rounds,
+the group commit at the end of each round. This module holds what runs for every request of
+it: queueing the connections the epoll reports (``poll``), the round itself (``run_round``: one
+turn per queued connection within the fairness bounds) and its end (``end_round``: the bus
+flushed, the log committed, the held replies written).
+
+They are functions taking ``ReactorCore`` and ``ConnCore``, not methods, for one reason: the
+reactor and the connections the node runs are instances of interpreted subclasses (``Reactor``
+and ``Connection`` add their trio tasks), and compiled code calls *any* method of such an
+instance through Python's method lookup (mypyc's "shadow vtable" for interpreted subclasses),
+however hot, and reads their attributes through Python's getattr when it knows them only by a
+``Protocol``. A module function called with the compiled base types is a direct C call, and
+the attributes it reads are struct fields: measured as ``ConnCore.turn``,
+``release_if_durable`` and ``ReactorCore._end_round`` called through ``PyObject_VectorcallMethod``
+once per request (or round) in ``perf``. The methods of the same names stay, for interpreted
+callers, and delegate here.
+
+The module imports ``node.conn_core`` and ``node.reactor_core`` (which do not import each other
+back at run time) and no trio; ``tools/build_core.py`` compiles it with them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Final, cast
+
+from node.conn_core import ConnCore, release_if_durable, turn
+from node.reactor_core import (
+    HANGUP,
+    MAX_COMMANDS_PER_ROUND,
+    MAX_COMMANDS_PER_TURN,
+    MAX_EVENTS,
+    MAX_ROUND_S,
+    MAX_TURNS_PER_ROUND,
+    ReactorCore,
+    Served,
+)
+
+_MAX_TURNS_PER_ROUND: Final = MAX_TURNS_PER_ROUND
+_MAX_COMMANDS_PER_ROUND: Final = MAX_COMMANDS_PER_ROUND
+_MAX_COMMANDS_PER_TURN: Final = MAX_COMMANDS_PER_TURN
+_MAX_EVENTS: Final = MAX_EVENTS
+_MAX_ROUND_S: Final = MAX_ROUND_S
+_HANGUP: Final = HANGUP
+
+
+def poll(reactor: ReactorCore) -> None:
+    """Queue the connections the epoll reports ready (without waiting)."""
+    runnable = reactor.runnable
+    if len(runnable) >= _MAX_TURNS_PER_ROUND:
+        return  # level-triggered: those not queued now are reported again later
+    by_fd = reactor.by_fd
+    for fd, flags in reactor.epoll.poll(0, _MAX_EVENTS):
+        found = by_fd.get(fd)
+        if found is None:
+            if fd == reactor.wake_fd:
+                os.eventfd_read(fd)
+            continue
+        conn = cast(ConnCore, found)
+        conn.readable = True
+        if flags & _HANGUP:
+            conn.hup = True
+        if not conn.queued:
+            conn.queued = True
+            runnable.append(conn)
+            if conn.fresh:
+                reactor.new_waiting += 1
+
+
+def run_round(reactor: ReactorCore) -> None:
+    """One turn for each connection queued when the round starts (within the bounds), then
+    the end of the round."""
+    reactor.rounds += 1
+    clock = reactor.clock
+    reactor.now = clock.monotonic()
+    reactor.now_ms = clock.now_ms()
+    log = reactor.log
+    log.round_open = True
+    runnable = reactor.runnable
+    budget = _MAX_COMMANDS_PER_ROUND
+    perf_counter = time.perf_counter
+    deadline = perf_counter() + _MAX_ROUND_S
+    turns = 0
+    try:
+        # Those queued when the round starts: a connection re-queued by its budget waits for
+        # the next round, behind the others.
+        for _ in range(min(len(runnable), _MAX_TURNS_PER_ROUND)):
+            conn = cast(ConnCore, runnable.popleft())
+            if conn.fresh:
+                reactor.first_turn(conn)
+            conn.queued = False
+            if conn.closing:
+                continue
+            turns += 1
+            try:
+                budget -= turn(conn, budget if budget < _MAX_COMMANDS_PER_TURN
+                               else _MAX_COMMANDS_PER_TURN)
+            except Exception:
+                conn.crashed()
+            if budget <= 0 or perf_counter() > deadline:
+                break
+    finally:
+        reactor.turns += turns
+        log.round_open = False
+        end_round(reactor)
+
+
+def end_round(reactor: ReactorCore) -> None:
+    """Route what the round left for the cluster bus, commit the round's log records, then
+    write the replies that waited for them, then those for other clients."""
+    reactor.flush()
+    reactor.log.commit_now()
+    reactor.settle()
+    if reactor.held:
+        held = reactor.held
+        reactor.held = []
+        later: list[Served] = []
+        for served in held:
+            conn = cast(ConnCore, served)
+            if conn.closing:
+                continue
+            try:
+                if not release_if_durable(conn):
+                    later.append(conn)
+            except Exception:
+                conn.crashed()
+        if later:
+            reactor.release_later(later)
+    if reactor.others:
+        others = reactor.others
+        reactor.others = []
+        reactor.dispatch(others, 0)
