@@ -125,17 +125,26 @@ def encode_frame(kind: str, data: Any) -> bytes:
     return _FRAME.pack(n, n ^ _MASK, zlib.crc32(payload)) + payload
 
 
-# Bound once (Final: a C static when compiled): encode_records runs for every command that
+# Bound once (Final: a C static when compiled): records are encoded for every command that
 # changes a job, and each name looked up per call was a dictionary lookup and a bound method.
 _PACK_FRAME: Final = _FRAME.pack
 _CRC32: Final = zlib.crc32
 _PACKER: Final = msgpack.Packer
-# Packers ready for use. A Packer keeps a buffer between calls and the rewrite encodes in a
-# worker thread while the event loop encodes new records, so each call takes one for itself
-# (list.pop and append are atomic) and a new one when none is free; making one per call was
-# a tenth of the cost of encoding a record.
+# Packers ready for use. A Packer keeps a buffer between calls and a rewrite or a snapshot
+# encodes in a worker thread while the event loop encodes new records, so each call takes one
+# for itself (list.pop and append are atomic) and a new one when none is free; making one per
+# call was a tenth of the cost of encoding a record. The event loop's group commit brings its
+# own (``new_packer``): it needs no lock and skips the pool's pop and append.
 _FREE_PACKERS: Final[list[Any]] = []
 _MAX_FREE_PACKERS: Final = 4
+
+Pack = Callable[[Any], bytes]
+
+
+def new_packer() -> Pack:
+    """The ``pack`` of a Packer for one thread's own use with ``append_records``."""
+    pack: Pack = _PACKER(use_bin_type=True).pack
+    return pack
 
 
 def encode_records(records: Iterable[Record]) -> bytes:
@@ -145,17 +154,29 @@ def encode_records(records: Iterable[Record]) -> bytes:
         packer = _FREE_PACKERS.pop()
     except IndexError:
         packer = _PACKER(use_bin_type=True)
-    pack = packer.pack
-    parts: list[bytes] = []
-    for rec in records:
-        payload: bytes = pack((rec[0], rec[1]))  # raises on a value msgpack cannot pack
-        n = len(payload)
-        parts.append(_PACK_FRAME(n, n ^ _MASK, _CRC32(payload)))
-        parts.append(payload)
+    buf = bytearray()
+    append_records(buf, records, packer.pack)
     # Only after a success: a Packer whose pack raised is not put back.
     if len(_FREE_PACKERS) < _MAX_FREE_PACKERS:
         _FREE_PACKERS.append(packer)
-    return b"".join(parts)
+    return bytes(buf)
+
+
+def append_records(buf: bytearray, records: Iterable[Record], pack: Pack) -> None:
+    """``encode_records`` appended to ``buf`` (the open batch of node/persistence.py), with
+    ``pack`` (``new_packer()``), without a separate result to copy. All or nothing: if a
+    record cannot be encoded, ``buf`` is cut back to its size before the call and msgpack's
+    error raised."""
+    start = len(buf)
+    try:
+        for rec in records:
+            payload = pack((rec[0], rec[1]))
+            n = len(payload)
+            buf += _PACK_FRAME(n, n ^ _MASK, _CRC32(payload))
+            buf += payload
+    except BaseException:
+        del buf[start:]
+        raise
 
 
 @dataclass
@@ -325,7 +346,7 @@ class LogWriter:
         self.good_size = file.size()
         self._needs_cut = False
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         """Write everything or raise ``OSError`` with the file cut back to ``good_size``."""
         if self._needs_cut:
             self.file.truncate(self.good_size)  # a previous cut failed: retry before appending
