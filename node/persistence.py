@@ -67,7 +67,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any, Protocol
 
@@ -76,7 +76,8 @@ import trio
 from broker import aof
 from broker.effects import LogRecord
 from broker.stats import LATENCY_BUCKETS, Histogram
-from node import logfile
+from node import log_core, logfile
+from node.log_core import Batch, LogCore
 
 REWRITE_SLICE = 200  # jobs taken from the snapshot between two checkpoints (well under 1 ms)
 REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per thread call
@@ -103,15 +104,6 @@ INLINE_FSYNC_MAX_USEC = 1000
 _ADVISORY = aof.ADVISORY_KINDS
 
 
-def _all_advisory(entries: list[Any]) -> bool:
-    """A batch of advisory records only (dlv): no one waits for it, so under ``always`` it is
-    written without its own fdatasync; the next batch's fdatasync covers it."""
-    for entry in entries:
-        if entry[0] not in _ADVISORY:
-            return False
-    return True
-
-
 class PersistenceError(Exception):
     """A write or fsync failed; ``str(exc)`` is the text after ``ERR``."""
 
@@ -122,17 +114,6 @@ class PersistenceError(Exception):
 
 class StartupError(Exception):
     """The log cannot be loaded; the text names the file and the offset."""
-
-
-class _Batch:
-    __slots__ = ("ticket", "entries", "data", "done", "error")
-
-    def __init__(self, ticket: int) -> None:
-        self.ticket = ticket
-        self.entries: list[Any] = []
-        self.data = bytearray()
-        self.done = trio.Event()
-        self.error: str | None = None
 
 
 def _os_error_text(exc: OSError) -> str:
@@ -173,15 +154,18 @@ class LogBroker(Protocol):
     def take_effects(self) -> list[Any]: ...
 
 
-class Persistence:
+class Persistence(LogCore):
+    """The append log: ``LogCore`` (node/log_core.py, compiled) holds the open batch, the
+    tickets and the per-command ``route``/``submit``; this class writes, waits and rewrites."""
+
     def __init__(self, config: LogSettings, broker: LogBroker,
                  logger: logging.Logger | None = None, *,
                  open_file: Callable[[str], aof.LogFile] = logfile.OsLogFile,
                  clock: Callable[[], float] = time.time,
                  rewrite_step: Callable[[str], None] = lambda name: None) -> None:
+        super().__init__()
         self.broker = broker
         self.log = logger or logging.getLogger("trisque.aof")
-        self._enabled = False
         self.enabled = bool(config.appendonly)
         self.config = config
         if self.policy not in ("always", "everysec", "no"):
@@ -195,11 +179,8 @@ class Persistence:
         self._rewrite_step = rewrite_step
 
         self.writer: aof.LogWriter | None = None
-        self._next_ticket = 1
-        self._open = _Batch(self._next_ticket)
-        self._in_flight: _Batch | None = None
-        self._done_ticket = 0  # every ticket up to this one is finished
-        self._failed: dict[int, str] = {}  # recent failed tickets -> error (bounded)
+        # Made only for a ticket someone awaits (wait_durable), set when it finishes.
+        self._done_events: dict[int, trio.Event] = {}
         self._wakeup = trio.Event()
         self._write_lock = trio.Lock()  # held by the writer per batch and by the rewrite switch
         self._sync_lock = trio.Lock()  # the everysec fsync thread must not see its fd closed
@@ -215,10 +196,6 @@ class Persistence:
         self.last_rewrite_time = -1
         self.last_bgrewrite_ok = True
         self.rewrites = 0
-
-        # True while a reactor round runs: the round commits at its end (``commit_now``), so
-        # its records do not wake the writer task.
-        self.round_open = False
 
         # Statistics for INFO
         self.fsync_count = 0
@@ -306,11 +283,11 @@ class Persistence:
     @property
     def enabled(self) -> bool:
         """The log is on: records are written."""
-        return self._enabled
+        return self.log_on
 
     @enabled.setter
     def enabled(self, on: bool) -> None:
-        self._enabled = on
+        self.log_on = on
         # While the log is off the broker does not build the records of its hot paths
         # (ADDJOB's job record, a delivery's dlv) that submit() would drop: measured 0.7 us of
         # the node's 9.8 per unpipelined GETJOB NOHANG and 10.9 per ADDJOB. Switching on
@@ -320,35 +297,10 @@ class Persistence:
     # -----------------------------------------------------------------------------------------
     # Group commit
 
-    def submit(self, records: Sequence[Any]) -> int:
-        """Add ``records`` (``LogRecord``s) to the open batch; the ticket to wait for, 0 when
-        there is nothing to wait for (no records, only advisory ones, or the log is off: they
-        are dropped)."""
-        if not records or not self._enabled:
-            return 0
-        batch = self._open
-        batch.data += aof.encode_records(records)
-        batch.entries.extend(records)
-        # Never written here, per command: the reactor's round (commit_now) or the writer task
-        # joins the records of every connection served meanwhile into one write(2). Writing
-        # per command was measured at about half the ADDJOB throughput (12-13k vs 22-23k
-        # ops/s, 50 conns).
-        if not self.round_open:
-            self._wakeup.set()
-        for record in records:
-            if record[0] not in _ADVISORY:
-                return batch.ticket
-        return 0  # a GETJOB's dlv: its reply does not wait for the disk
+    # submit, route, failure, done_ticket, take_open_batch: LogCore (node/log_core.py)
 
-    @property
-    def done_ticket(self) -> int:
-        """Every batch up to this ticket is finished (written, or failed)."""
-        return self._done_ticket
-
-    def failure(self, ticket: int) -> str | None:
-        """The error of a finished batch whose write failed, None if it succeeded (asked right
-        after it finished: only the last 256 failures are kept)."""
-        return self._failed.get(ticket)
+    def wake_writer(self) -> None:
+        self._wakeup.set()
 
     def commit_now(self) -> bool:
         """Write the open batch in the calling task, without waiting for anyone: one write,
@@ -356,16 +308,17 @@ class Persistence:
         round, as Disque's beforeSleep). False, leaving it to the writer task, when a batch
         is in flight there or a rewrite or CONFIG SET appendonly holds the file; True when
         there was nothing to write or it was written (or failed and was undone)."""
-        batch = self._open
+        batch = self.open_batch
         if not batch.entries:
             return True
         sync = self._needs_sync(batch)
-        if (self.writer is None or self._in_flight is not None or self._write_lock.locked()
+        if (self.writer is None or self.in_flight is not None or self._write_lock.locked()
                 or (sync and self.last_fsync_usec > INLINE_FSYNC_MAX_USEC)):
             self._wakeup.set()
             return False
-        self._take_open_batch()
-        data = bytes(batch.data)
+        self.take_open_batch()
+        # The taken batch's buffer is written as it is: nothing appends to it any more.
+        data = batch.data
         self.inline_commits += 1
         try:
             if sync:
@@ -382,18 +335,22 @@ class Persistence:
     async def wait_durable(self, ticket: int) -> None:
         if ticket == 0:
             return
-        if ticket <= self._done_ticket:
-            error = self._failed.get(ticket)
+        if ticket <= self.done_ticket:
+            error = self.failed.get(ticket)
             if error is not None:
                 raise PersistenceError(error)
             return
-        if self._in_flight is not None and self._in_flight.ticket == ticket:
-            batch = self._in_flight
-        elif self._open.ticket == ticket:
-            batch = self._open
+        in_flight = self.in_flight
+        if in_flight is not None and in_flight.ticket == ticket:
+            batch = in_flight
+        elif self.open_batch.ticket == ticket:
+            batch = self.open_batch
         else:  # pragma: no cover - tickets come from submit()
             raise ValueError(f"unknown ticket {ticket}")
-        await batch.done.wait()
+        done = self._done_events.get(ticket)
+        if done is None:
+            done = self._done_events[ticket] = trio.Event()
+        await done.wait()
         if batch.error is not None:
             raise PersistenceError(batch.error, batch.entries)
 
@@ -406,14 +363,14 @@ class Persistence:
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
                 async with self._write_lock:
-                    if self._open.entries and self.writer is not None:
+                    if self.open_batch.entries and self.writer is not None:
                         await self._write_batch()
                 await trio.sleep(0)  # let the clients of the finished batch run first
 
     async def _write_batch(self) -> None:
         assert self.writer is not None
-        batch = self._in_flight = self._take_open_batch()
-        data = bytes(batch.data)
+        batch = self.in_flight = self.take_open_batch()
+        data = batch.data
         try:
             if self._needs_sync(batch):
                 await trio.to_thread.run_sync(self._write_and_sync, data)
@@ -425,9 +382,9 @@ class Persistence:
         else:
             self._written(batch, data)
         finally:
-            self._in_flight = None
+            self.in_flight = None
 
-    def _written(self, batch: _Batch, data: bytes) -> None:
+    def _written(self, batch: Batch, data: bytearray) -> None:
         if self._write_error is not None:
             self.log.warning("AOF write error looks solved, trisque can write again.")
             self._write_error = None
@@ -438,7 +395,7 @@ class Persistence:
         self._finish(batch, None)
         self._maybe_auto_rewrite()
 
-    def _write_and_sync(self, data: bytes) -> None:
+    def _write_and_sync(self, data: bytearray) -> None:
         """One write and one fdatasync for a whole batch (in the writer's worker thread, or
         inline in ``commit_now``)."""
         assert self.writer is not None
@@ -453,31 +410,25 @@ class Persistence:
         self.last_fsync_usec = int((time.perf_counter() - t0) * 1e6)
         self.fsync_count += 1
 
-    def _fail(self, batch: _Batch, exc: OSError) -> None:
+    def _fail(self, batch: Batch, exc: OSError) -> None:
         """Undo the failed batch and everything submitted after it, newest first."""
         error = _os_error_text(exc)
         if self._write_error is None:
             self.log.warning("%s (replies are errors until writes succeed again; further "
                              "failures of this episode are not logged)", error)
         self._write_error = error
-        later = self._take_open_batch()  # submitted after the failed batch: undone too
+        later = self.take_open_batch()  # submitted after the failed batch: undone too
         self._undo_newest_first(later, batch)
         self._rewrite_cancel = True  # the snapshot may hold state that was just undone
         self._finish(batch, error)
         if later.entries:
             self._finish(later, error)
 
-    def _needs_sync(self, batch: _Batch) -> bool:
+    def _needs_sync(self, batch: Batch) -> bool:
         """Under ``always`` a batch is fdatasynced unless it holds only advisory records."""
-        return self.policy == "always" and not _all_advisory(batch.entries)
+        return self.policy == "always" and not log_core.all_advisory(batch.entries)
 
-    def _take_open_batch(self) -> _Batch:
-        """The open batch, replaced by a new empty one."""
-        self._next_ticket += 1
-        taken, self._open = self._open, _Batch(self._next_ticket)
-        return taken
-
-    def _undo_newest_first(self, *batches: _Batch) -> None:
+    def _undo_newest_first(self, *batches: Batch) -> None:
         """Undo the records of ``batches`` (given newest first), newest record first, so
         memory again matches what the log holds."""
         now_ms = int(self._clock() * 1000)
@@ -486,14 +437,12 @@ class Persistence:
                 if entry[0] not in _ADVISORY:  # a delivery that was not logged still happened
                     self.broker.undo_entry(entry, now_ms)
 
-    def _finish(self, batch: _Batch, error: str | None) -> None:
-        batch.error = error
-        self._done_ticket = max(self._done_ticket, batch.ticket)
-        if error is not None:
-            self._failed[batch.ticket] = error
-            if len(self._failed) > 256:
-                del self._failed[min(self._failed)]
-        batch.done.set()
+    def _finish(self, batch: Batch, error: str | None) -> None:
+        log_core.finish(self, batch, error)
+        if self._done_events:
+            done = self._done_events.pop(batch.ticket, None)
+            if done is not None:
+                done.set()
 
     async def _everysec(self) -> None:
         while True:
@@ -661,7 +610,7 @@ class Persistence:
                 self._wakeup.set()
             else:
                 if self.writer is not None:
-                    if self._open.entries:
+                    if self.open_batch.entries:
                         await self._write_batch()
                     try:
                         await trio.to_thread.run_sync(self.writer.sync)
@@ -678,7 +627,7 @@ class Persistence:
         the log undone and answered with ``error``."""
         self.enabled = False
         self.config.appendonly = False
-        waiting = self._take_open_batch()
+        waiting = self.take_open_batch()
         self._undo_newest_first(waiting)
         self._finish(waiting, error)
 
@@ -710,7 +659,7 @@ class Persistence:
         restores the queues exactly at the next start (SHUTDOWN REWRITE-AOF)."""
         self._rewrite_cancel = True
         async with self._write_lock, self._sync_lock:
-            if self.writer is not None and self._open.entries:
+            if self.writer is not None and self.open_batch.entries:
                 await self._write_batch()
             if self.writer is not None:
                 try:
