@@ -13,7 +13,8 @@ affects less) and the 1-minute load average; it prints each run and then the med
 Cases: ``ping`` (PING, -c 50: the node's per-request I/O floor), ``addjob`` (ADDJOB, -c 50),
 ``p16`` (the same with -P 16), ``getjob`` (GETJOB NOHANG on a queue preloaded with as many
 jobs as the run takes), ``always`` (ADDJOB -c 50 under ``appendfsync always``; Disque with
-``appendonly yes`` too). A developer's tool, not a test: it needs redis-benchmark on the PATH
+``appendonly yes`` too), ``everysec`` (the same under ``appendfsync everysec``: the log's CPU
+without the fdatasync). A developer's tool, not a test: it needs redis-benchmark on the PATH
 and stops only the servers it started.
 """
 
@@ -52,6 +53,8 @@ CASES = {
                    preload=True),
     "always": Case("ADDJOB -c 50 always", ["-c", "50", "ADDJOB", "q", "body", "0"],
                    {"appendonly": "yes", "appendfsync": "always"}),
+    "everysec": Case("ADDJOB -c 50 everysec", ["-c", "50", "ADDJOB", "q", "body", "0"],
+                     {"appendonly": "yes", "appendfsync": "everysec"}),
 }
 
 
