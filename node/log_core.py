@@ -28,17 +28,36 @@ after its commit) builds none.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
 from broker import aof
 from broker.effects import Effect, LogRecord, Reply
+from broker.stats import LATENCY_BUCKETS, Histogram
 
 _ADVISORY: Final = aof.ADVISORY_KINDS
 # Failures remembered for ``failure(ticket)``: a reply asks right after its batch finished.
 MAX_FAILURES_KEPT: Final = 256
+# /metrics' group-commit batch sizes: records and bytes per write.
+BATCH_RECORD_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+BATCH_BYTE_BUCKETS: Final = (256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
+
+
+class LogSettings(Protocol):
+    """The directives the append log reads (broker.config.Config has them all)."""
+
+    appendonly: bool
+    appendfsync: str
+    dir: str
+    appendfilename: str
+    aof_load_truncated: bool
+    aof_enqueue_jobs_once: bool
+    aof_rewrite_incremental_fsync: bool
+    auto_aof_rewrite_percentage: int
+    auto_aof_rewrite_min_size: int
 
 
 class Batch:
@@ -56,7 +75,8 @@ class Batch:
 class LogCore:
     """The open batch and the tickets (``node.persistence.Persistence`` is the whole log)."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: LogSettings, inline_fsync_max_usec: int) -> None:
+        self.config = config
         self.log_on = False  # records are kept and written (Persistence.enabled)
         # True while a reactor round runs: the round commits at its end (``commit_now``), so
         # its records do not wake the writer task.
@@ -68,9 +88,51 @@ class LogCore:
         self.last_ticket = 0  # the newest batch submitted with a record a reply waits for
         self.failed: dict[int, str] = {}  # recent failed tickets -> error (bounded)
         self.pack = aof.new_packer()  # the event loop's own: no pool, no lock
+        # Set by a ticket's waiter (``Persistence.wait_durable``: trio events, typed Any here
+        # where trio is not imported); set and dropped when the batch finishes.
+        self.done_events: dict[int, Any] = {}
+
+        # The file and what the inline commit keeps of it (Persistence: see there).
+        self.writer: aof.LogWriter | None = None
+        self.synced_size = 0
+        self.base_size = 0  # the log's size after the last rewrite (automatic rewrites)
+        self.write_error: str | None = None  # set during a failure episode
+        # Every batch written since a rewrite started, for the new file (None: no rewrite).
+        self.rewrite_buf: bytearray | None = None
+        self.inline_fsync_max_usec = inline_fsync_max_usec
+        # Statistics for INFO
+        self.fsync_count = 0
+        self.last_fsync_usec = 0
+        # ... and for /metrics (node/metrics.py): every fdatasync's latency, and each batch's
+        # records and bytes (the group commit's batch size).
+        self.fsync_latency = Histogram(LATENCY_BUCKETS)
+        self.batch_records = Histogram(BATCH_RECORD_BUCKETS)
+        self.batch_bytes = Histogram(BATCH_BYTE_BUCKETS)
+        self.inline_commits = 0  # batches written by commit_now (the rest: the writer task)
+
+    # -- hooks the interpreted subclass provides (each runs at most once per batch) -----------
 
     def wake_writer(self) -> None:
-        """Records wait outside a round: the interpreted subclass wakes its writer task."""
+        """Records wait outside a round: wake the writer task."""
+
+    def file_held(self) -> bool:
+        """A batch in the writer task, a rewrite's switch or CONFIG SET appendonly holds the
+        file: the inline commit leaves the batch to the writer task."""
+        return False
+
+    def write_failed(self, batch: Batch, exc: OSError) -> None:
+        """Undo ``batch`` (and what followed it) and finish it with the error."""
+
+    def write_recovered(self) -> None:
+        """A write succeeded after a failure episode: say so."""
+
+    def start_auto_rewrite(self) -> None:
+        """The log grew past auto-aof-rewrite-percentage: start a rewrite."""
+
+    # -- for the interpreted callers ------------------------------------------------------------
+
+    def commit_now(self) -> bool:
+        return commit_now(self)
 
     def route(self, effects: list[Effect], replies: list[Reply]) -> int:
         return route(self, effects, replies)
@@ -128,6 +190,87 @@ def submit(core: LogCore, records: Sequence[Any]) -> int:
     return 0  # a GETJOB's dlv: its reply does not wait for the disk
 
 
+def commit_now(core: LogCore) -> bool:
+    """Write the open batch in the calling task, without waiting for anyone: one write, and
+    under ``always`` one fdatasync (the reactor's group commit at the end of each round, as
+    Disque's beforeSleep). False, leaving it to the writer task, when a batch is in flight
+    there or a rewrite or CONFIG SET appendonly holds the file, or under ``always`` once an
+    fdatasync took longer than ``inline_fsync_max_usec``; True when there was nothing to write
+    or it was written (or failed and was undone)."""
+    batch = core.open_batch
+    if not batch.entries:
+        return True
+    sync = needs_sync(core, batch)
+    writer = core.writer
+    if (writer is None or core.in_flight is not None or core.file_held()
+            or (sync and core.last_fsync_usec > core.inline_fsync_max_usec)):
+        core.wake_writer()
+        return False
+    core.take_open_batch()
+    # The taken batch's buffer is written as it is: nothing appends to it any more.
+    data = batch.data
+    core.inline_commits += 1
+    try:
+        if sync:
+            write_and_sync(core, writer, data)
+            core.fsync_latency.observe(core.last_fsync_usec / 1e6)
+        else:
+            writer.write(data)
+    except OSError as exc:
+        core.write_failed(batch, exc)
+    else:
+        written(core, batch, data)
+    return True
+
+
+def needs_sync(core: LogCore, batch: Batch) -> bool:
+    """Under ``always`` a batch is fdatasynced unless it holds only advisory records (read at
+    each use: CONFIG SET changes the policy at run time)."""
+    return core.config.appendfsync == "always" and not all_advisory(batch.entries)
+
+
+def write_and_sync(core: LogCore, writer: aof.LogWriter, data: bytearray) -> None:
+    """One write and one fdatasync for a whole batch (in the writer's worker thread, or
+    inline in ``commit_now``)."""
+    before = writer.good_size
+    writer.write(data)
+    t0 = time.perf_counter()
+    writer.sync(unsynced_from=before)
+    fsynced(core, t0)
+    core.synced_size = writer.good_size
+
+
+def fsynced(core: LogCore, t0: float) -> None:
+    core.last_fsync_usec = int((time.perf_counter() - t0) * 1e6)
+    core.fsync_count += 1
+
+
+def written(core: LogCore, batch: Batch, data: bytearray) -> None:
+    """``batch`` reached the file (and the disk, if it had to)."""
+    if core.write_error is not None:
+        core.write_recovered()
+    rewrite_buf = core.rewrite_buf
+    if rewrite_buf is not None:
+        rewrite_buf.extend(data)
+    core.batch_records.observe(len(batch.entries))
+    core.batch_bytes.observe(len(data))
+    finish(core, batch, None)
+    if auto_rewrite_due(core):
+        core.start_auto_rewrite()
+
+
+def auto_rewrite_due(core: LogCore) -> bool:
+    """The log grew by auto-aof-rewrite-percentage since the last rewrite (and is at least
+    auto-aof-rewrite-min-size), and no rewrite runs."""
+    pct = core.config.auto_aof_rewrite_percentage
+    if core.rewrite_buf is not None or pct <= 0:
+        return False
+    writer = core.writer
+    size = writer.good_size if writer is not None else 0
+    base = max(core.base_size, 1)
+    return size >= core.config.auto_aof_rewrite_min_size and (size - base) * 100 // base >= pct
+
+
 def all_advisory(entries: list[Any]) -> bool:
     """A batch of advisory records only (dlv): no one waits for it, so under ``always`` it is
     written without its own fdatasync; the next batch's fdatasync covers it."""
@@ -138,7 +281,8 @@ def all_advisory(entries: list[Any]) -> bool:
 
 
 def finish(core: LogCore, batch: Batch, error: str | None) -> None:
-    """``batch`` is written (``error`` None) or failed and undone: its ticket is done."""
+    """``batch`` is written (``error`` None) or failed and undone: its ticket is done, and
+    its waiters, if any, are woken."""
     batch.error = error
     if batch.ticket > core.done_ticket:
         core.done_ticket = batch.ticket
@@ -147,3 +291,7 @@ def finish(core: LogCore, batch: Batch, error: str | None) -> None:
         failed[batch.ticket] = error
         if len(failed) > MAX_FAILURES_KEPT:
             del failed[min(failed)]
+    if core.done_events:
+        done = core.done_events.pop(batch.ticket, None)
+        if done is not None:
+            done.set()

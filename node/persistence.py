@@ -75,9 +75,8 @@ import trio
 
 from broker import aof
 from broker.effects import LogRecord
-from broker.stats import LATENCY_BUCKETS, Histogram
 from node import log_core, logfile
-from node.log_core import Batch, LogCore
+from node.log_core import Batch, LogCore, LogSettings
 
 REWRITE_SLICE = 200  # jobs taken from the snapshot between two checkpoints (well under 1 ms)
 REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per thread call
@@ -88,9 +87,6 @@ REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per
 # `always` during a 67 MB rewrite, p99 went from 4.7-6.4 ms without a rewrite to 15.8 ms with
 # 4 MB and 10 ms with 1 MB; 512 KB gained nothing more.
 REWRITE_FSYNC_EVERY = 1024 * 1024
-# /metrics' group-commit batch sizes: records and bytes per write.
-BATCH_RECORD_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
-BATCH_BYTE_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
 
 
 # The reactor fdatasyncs at the end of its round, in the event loop, as Disque does: on this
@@ -121,20 +117,6 @@ def _os_error_text(exc: OSError) -> str:
     return f"Errors writing to the AOF file: {text}"
 
 
-class LogSettings(Protocol):
-    """The directives the append log reads (broker.config.Config has them all)."""
-
-    appendonly: bool
-    appendfsync: str
-    dir: str
-    appendfilename: str
-    aof_load_truncated: bool
-    aof_enqueue_jobs_once: bool
-    aof_rewrite_incremental_fsync: bool
-    auto_aof_rewrite_percentage: int
-    auto_aof_rewrite_min_size: int
-
-
 class LogBroker(Protocol):
     """What the append log needs of the broker core (broker.core.Broker; the tests' fake)."""
 
@@ -163,11 +145,10 @@ class Persistence(LogCore):
                  open_file: Callable[[str], aof.LogFile] = logfile.OsLogFile,
                  clock: Callable[[], float] = time.time,
                  rewrite_step: Callable[[str], None] = lambda name: None) -> None:
-        super().__init__()
+        super().__init__(config, INLINE_FSYNC_MAX_USEC)
         self.broker = broker
         self.log = logger or logging.getLogger("trisque.aof")
         self.enabled = bool(config.appendonly)
-        self.config = config
         if self.policy not in ("always", "everysec", "no"):
             raise ValueError(f"invalid appendfsync {self.policy!r}")
         self.dir = str(config.dir)
@@ -178,34 +159,18 @@ class Persistence(LogCore):
         self._clock = clock
         self._rewrite_step = rewrite_step
 
-        self.writer: aof.LogWriter | None = None
-        # Made only for a ticket someone awaits (wait_durable), set when it finishes.
-        self._done_events: dict[int, trio.Event] = {}
+        # The file, the batch buffers and the statistics the commit keeps are LogCore's.
         self._wakeup = trio.Event()
         self._write_lock = trio.Lock()  # held by the writer per batch and by the rewrite switch
         self._sync_lock = trio.Lock()  # the everysec fsync thread must not see its fd closed
         self._nursery: trio.Nursery | None = None
-        self._synced_size = 0
-        self._write_error: str | None = None  # set during a failure episode
 
-        # Rewrite state
-        self._rewrite_buf: bytearray | None = None
+        # Rewrite state (its buffer: LogCore.rewrite_buf)
         self._rewrite_cancel = False
         self._rewrite_started = 0.0
-        self.base_size = 0
         self.last_rewrite_time = -1
         self.last_bgrewrite_ok = True
         self.rewrites = 0
-
-        # Statistics for INFO
-        self.fsync_count = 0
-        self.last_fsync_usec = 0
-        # ... and for /metrics (node/metrics.py): every fdatasync's latency, and each batch's
-        # records and bytes (the group commit's batch size).
-        self.fsync_latency = Histogram(LATENCY_BUCKETS)
-        self.batch_records = Histogram(BATCH_RECORD_BUCKETS)
-        self.batch_bytes = Histogram(BATCH_BYTE_BUCKETS)
-        self.inline_commits = 0  # batches written by commit_now (the rest: the writer task)
         self.loading = False
         broker.info_sources.setdefault("persistence", self.info)
 
@@ -213,14 +178,6 @@ class Persistence(LogCore):
     @property
     def policy(self) -> str:
         return str(self.config.appendfsync)
-
-    @property
-    def auto_pct(self) -> int:
-        return int(self.config.auto_aof_rewrite_percentage)
-
-    @property
-    def auto_min(self) -> int:
-        return int(self.config.auto_aof_rewrite_min_size)
 
     # -----------------------------------------------------------------------------------------
     # Start
@@ -245,7 +202,7 @@ class Persistence(LogCore):
         if not os.path.exists(self.path):
             logfile.create_log(self.path)
         self.writer = aof.LogWriter(self._open_file(self.path))
-        self.base_size = self._synced_size = self.writer.good_size
+        self.base_size = self.synced_size = self.writer.good_size
         if records:
             self.writer.write(aof.encode_records(records))
             self.writer.sync()
@@ -302,35 +259,27 @@ class Persistence(LogCore):
     def wake_writer(self) -> None:
         self._wakeup.set()
 
-    def commit_now(self) -> bool:
-        """Write the open batch in the calling task, without waiting for anyone: one write,
-        and under ``always`` one fdatasync (the reactor's group commit at the end of each
-        round, as Disque's beforeSleep). False, leaving it to the writer task, when a batch
-        is in flight there or a rewrite or CONFIG SET appendonly holds the file; True when
-        there was nothing to write or it was written (or failed and was undone)."""
-        batch = self.open_batch
-        if not batch.entries:
-            return True
-        sync = self._needs_sync(batch)
-        if (self.writer is None or self.in_flight is not None or self._write_lock.locked()
-                or (sync and self.last_fsync_usec > INLINE_FSYNC_MAX_USEC)):
-            self._wakeup.set()
-            return False
-        self.take_open_batch()
-        # The taken batch's buffer is written as it is: nothing appends to it any more.
-        data = batch.data
-        self.inline_commits += 1
-        try:
-            if sync:
-                self._write_and_sync(data)
-                self.fsync_latency.observe(self.last_fsync_usec / 1e6)
-            else:
-                self.writer.write(data)
-        except OSError as exc:
-            self._fail(batch, exc)
-        else:
-            self._written(batch, data)
-        return True
+    # commit_now, the reactor's inline group commit: LogCore (node/log_core.py); its hooks:
+
+    def file_held(self) -> bool:
+        return self._write_lock.locked()
+
+    def write_failed(self, batch: Batch, exc: OSError) -> None:
+        self._fail(batch, exc)
+
+    def write_recovered(self) -> None:
+        self.log.warning("AOF write error looks solved, trisque can write again.")
+        self.write_error = None
+
+    def start_auto_rewrite(self) -> None:
+        if self._nursery is None:
+            return
+        size = self.writer.good_size if self.writer else 0
+        base = max(self.base_size, 1)
+        self.log.info("Starting automatic rewriting of AOF on %d%% growth",
+                      (size - base) * 100 // base)
+        self._nursery.start_soon(self._rewrite)
+        self.rewrite_buf = bytearray()
 
     async def wait_durable(self, ticket: int) -> None:
         if ticket == 0:
@@ -347,9 +296,9 @@ class Persistence(LogCore):
             batch = self.open_batch
         else:  # pragma: no cover - tickets come from submit()
             raise ValueError(f"unknown ticket {ticket}")
-        done = self._done_events.get(ticket)
+        done = self.done_events.get(ticket)
         if done is None:
-            done = self._done_events[ticket] = trio.Event()
+            done = self.done_events[ticket] = trio.Event()
         await done.wait()
         if batch.error is not None:
             raise PersistenceError(batch.error, batch.entries)
@@ -372,61 +321,31 @@ class Persistence(LogCore):
         batch = self.in_flight = self.take_open_batch()
         data = batch.data
         try:
-            if self._needs_sync(batch):
-                await trio.to_thread.run_sync(self._write_and_sync, data)
+            if log_core.needs_sync(self, batch):
+                await trio.to_thread.run_sync(log_core.write_and_sync, self, self.writer, data)
                 self.fsync_latency.observe(self.last_fsync_usec / 1e6)
             else:
                 self.writer.write(data)
         except OSError as exc:
             self._fail(batch, exc)
         else:
-            self._written(batch, data)
+            log_core.written(self, batch, data)
         finally:
             self.in_flight = None
-
-    def _written(self, batch: Batch, data: bytearray) -> None:
-        if self._write_error is not None:
-            self.log.warning("AOF write error looks solved, trisque can write again.")
-            self._write_error = None
-        if self._rewrite_buf is not None:
-            self._rewrite_buf += data
-        self.batch_records.observe(len(batch.entries))
-        self.batch_bytes.observe(len(data))
-        self._finish(batch, None)
-        self._maybe_auto_rewrite()
-
-    def _write_and_sync(self, data: bytearray) -> None:
-        """One write and one fdatasync for a whole batch (in the writer's worker thread, or
-        inline in ``commit_now``)."""
-        assert self.writer is not None
-        before = self.writer.good_size
-        self.writer.write(data)
-        t0 = time.perf_counter()
-        self.writer.sync(unsynced_from=before)
-        self._fsynced(t0)
-        self._synced_size = self.writer.good_size
-
-    def _fsynced(self, t0: float) -> None:
-        self.last_fsync_usec = int((time.perf_counter() - t0) * 1e6)
-        self.fsync_count += 1
 
     def _fail(self, batch: Batch, exc: OSError) -> None:
         """Undo the failed batch and everything submitted after it, newest first."""
         error = _os_error_text(exc)
-        if self._write_error is None:
+        if self.write_error is None:
             self.log.warning("%s (replies are errors until writes succeed again; further "
                              "failures of this episode are not logged)", error)
-        self._write_error = error
+        self.write_error = error
         later = self.take_open_batch()  # submitted after the failed batch: undone too
         self._undo_newest_first(later, batch)
         self._rewrite_cancel = True  # the snapshot may hold state that was just undone
         self._finish(batch, error)
         if later.entries:
             self._finish(later, error)
-
-    def _needs_sync(self, batch: Batch) -> bool:
-        """Under ``always`` a batch is fdatasynced unless it holds only advisory records."""
-        return self.policy == "always" and not log_core.all_advisory(batch.entries)
 
     def _undo_newest_first(self, *batches: Batch) -> None:
         """Undo the records of ``batches`` (given newest first), newest record first, so
@@ -439,10 +358,6 @@ class Persistence(LogCore):
 
     def _finish(self, batch: Batch, error: str | None) -> None:
         log_core.finish(self, batch, error)
-        if self._done_events:
-            done = self._done_events.pop(batch.ticket, None)
-            if done is not None:
-                done.set()
 
     async def _everysec(self) -> None:
         while True:
@@ -456,20 +371,20 @@ class Persistence(LogCore):
                 # Read under the lock: a rewrite's switch (which holds it) closes the file
                 # the log was in before.
                 writer = self.writer
-                if writer is None or writer.good_size == self._synced_size:
+                if writer is None or writer.good_size == self.synced_size:
                     return
                 target = writer.good_size
                 t0 = time.perf_counter()
                 await trio.to_thread.run_sync(writer.sync)
         except OSError as exc:
             # The replies were sent already (that is what everysec means); report and retry.
-            if self._write_error is None:
+            if self.write_error is None:
                 self.log.warning("Error fsyncing the AOF file: %s", exc.strerror or exc)
-            self._write_error = _os_error_text(exc)
+            self.write_error = _os_error_text(exc)
             return
-        self._fsynced(t0)
+        log_core.fsynced(self, t0)
         self.fsync_latency.observe(self.last_fsync_usec / 1e6)
-        self._synced_size = max(self._synced_size, target)
+        self.synced_size = max(self.synced_size, target)
 
     # -----------------------------------------------------------------------------------------
     # Rewrite
@@ -480,29 +395,18 @@ class Persistence(LogCore):
 
     def start_rewrite(self) -> str:
         """``bgrewrite`` without an await (BGREWRITEAOF from the reactor's turn)."""
-        if self._rewrite_buf is not None:
+        if self.rewrite_buf is not None:
             raise PersistenceError("Background append only file rewriting already in progress")
         if self._nursery is None:
             raise PersistenceError("the append only file writer is not running")
         self._nursery.start_soon(self._rewrite)
-        self._rewrite_buf = bytearray()  # mark in progress before anyone can ask again
+        self.rewrite_buf = bytearray()  # mark in progress before anyone can ask again
         return "Background append only file rewriting started"
-
-    def _maybe_auto_rewrite(self) -> None:
-        if self._rewrite_buf is not None or self._nursery is None or self.auto_pct <= 0:
-            return
-        size = self.writer.good_size if self.writer else 0
-        base = max(self.base_size, 1)
-        if size >= self.auto_min and (size - base) * 100 // base >= self.auto_pct:
-            self.log.info("Starting automatic rewriting of AOF on %d%% growth",
-                          (size - base) * 100 // base)
-            self._nursery.start_soon(self._rewrite)
-            self._rewrite_buf = bytearray()
 
     async def _rewrite(self) -> None:
         self._rewrite_started = time.monotonic()
         self._rewrite_cancel = False
-        self._rewrite_buf = bytearray()
+        self.rewrite_buf = bytearray()
         # What is in memory now is in the snapshot; batches written from now on also go to the
         # buffer (records are never pending in the broker: see the module docstring).
         rw: logfile.Rewrite | None = None
@@ -525,7 +429,7 @@ class Persistence(LogCore):
                 if incremental and rw.size - synced_at >= REWRITE_FSYNC_EVERY:
                     await trio.to_thread.run_sync(rw.sync)
                     synced_at = rw.size
-            while len(self._rewrite_buf) > REWRITE_BUFFER_CHUNK:
+            while len(self.rewrite_buf) > REWRITE_BUFFER_CHUNK:
                 await self._drain_rewrite_buffer(rw)
             await trio.to_thread.run_sync(rw.sync)  # the bulk fsync, clients still served
             # The switch: only the group commit (and the everysec fsync) wait for it.
@@ -544,8 +448,8 @@ class Persistence(LogCore):
                         new_file = None
                         if old is not None:
                             old.close()
-                        self.base_size = self._synced_size = self.writer.good_size
-                self._rewrite_buf = None
+                        self.base_size = self.synced_size = self.writer.good_size
+                self.rewrite_buf = None
             ok = True
             self.rewrites += 1
             self.log.info("Background AOF rewrite finished successfully (%d bytes)", rw.size)
@@ -560,12 +464,12 @@ class Persistence(LogCore):
                     rw.abort()
             self.last_bgrewrite_ok = ok
             self.last_rewrite_time = int(time.monotonic() - self._rewrite_started)
-            self._rewrite_buf = None
+            self.rewrite_buf = None
 
     async def _drain_rewrite_buffer(self, rw: logfile.Rewrite) -> None:
-        assert self._rewrite_buf is not None
-        data = bytes(self._rewrite_buf)
-        self._rewrite_buf.clear()
+        assert self.rewrite_buf is not None
+        data = bytes(self.rewrite_buf)
+        self.rewrite_buf.clear()
         if data:
             await trio.to_thread.run_sync(rw.write, data)
 
@@ -606,7 +510,7 @@ class Persistence(LogCore):
                         self.log.exception("Could not switch the append log on")
                     return f"Could not switch the append log on: {error}"
                 self.writer = aof.LogWriter(f)
-                self.base_size = self._synced_size = self.writer.good_size
+                self.base_size = self.synced_size = self.writer.good_size
                 self._wakeup.set()
             else:
                 if self.writer is not None:
@@ -635,7 +539,7 @@ class Persistence(LogCore):
     # INFO and shutdown
 
     def info(self) -> list[tuple[str, object]]:
-        in_progress = self._rewrite_buf is not None
+        in_progress = self.rewrite_buf is not None
         size = self.writer.good_size if self.writer else 0
         return [
             ("loading", int(self.loading)),
@@ -647,7 +551,7 @@ class Persistence(LogCore):
             ("aof_current_rewrite_time_sec",
              int(time.monotonic() - self._rewrite_started) if in_progress else -1),
             ("aof_last_bgrewrite_status", "ok" if self.last_bgrewrite_ok else "err"),
-            ("aof_last_write_status", "ok" if self._write_error is None else "err"),
+            ("aof_last_write_status", "ok" if self.write_error is None else "err"),
             ("aof_fsync_count", self.fsync_count),
             ("aof_last_fsync_latency_usec", self.last_fsync_usec),
             ("aof_current_size", size),

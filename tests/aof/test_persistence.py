@@ -393,7 +393,7 @@ async def test_everysec_fsync_that_waited_for_a_rewrite_syncs_the_new_log(tmp_pa
             n.start_soon(p._sync_now)  # what the everysec timer does meanwhile
             await trio.sleep(0.05)
             go_on.set()
-            while p._rewrite_buf is not None:
+            while p.rewrite_buf is not None:
                 await trio.sleep(0.01)
             await _client(p, broker, b"D-2")
             await p._sync_now()
