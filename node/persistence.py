@@ -9,6 +9,11 @@ ticket; before it sends a reply whose command logged, it awaits ``wait_durable(t
 Records are submitted before the next checkpoint, so none is ever pending in the broker while
 this module runs (a rewrite's snapshot, a failure's undo and a shutdown rely on that).
 
+What runs per command or per round and never waits (``route``, ``submit``, the tickets, the
+round's inline ``commit_now``) is in ``node/log_core.py``, compiled with the core: ``LogCore`` is
+this class's base, and this module adds the writer task, the threads, the rewrite and trio's
+events.
+
 The group commit has two writers, and only one batch is ever being written, so batches reach
 the file in ticket order:
 
