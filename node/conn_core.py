@@ -35,6 +35,7 @@ from broker.core import BLOCKED, Broker
 from broker.effects import Effect, Reply
 from broker.intents import Intent, Quit
 from cluster.jobs import JobCore
+from node.log_core import LogCore
 from node.reactor_core import Clock, ReactorCore
 from protocol import errors
 from protocol.resp import ProtocolError, RequestParser, encode_into
@@ -83,15 +84,6 @@ class NodeCounters:
         self.stopping = False  # the node is shutting down: no command runs any more
 
 
-class Durability(Protocol):
-    """What a connection asks the append log (``node.persistence.Persistence``)."""
-
-    @property
-    def done_ticket(self) -> int: ...
-
-    def failure(self, ticket: int) -> str | None: ...
-
-
 class BusFlush(Protocol):
     def flush(self) -> None: ...
 
@@ -115,7 +107,7 @@ class Host(Protocol):
     def bus(self) -> BusFlush: ...
 
     @property
-    def persistence(self) -> Durability: ...
+    def persistence(self) -> LogCore: ...
 
     @property
     def reactor(self) -> ReactorCore: ...
@@ -146,6 +138,9 @@ class ConnCore:
         self.cmdstats = host.cmdstats
         self.monitors = host.monitors
         self.route = host.route
+        # The append log's compiled core (``Persistence`` subclasses it): the release reads
+        # its finished ticket and its failures as fields, not through Python calls.
+        self.log = host.persistence
         self.sock = sock
         self.fd = sock.fileno()
         self.client = client
@@ -394,16 +389,18 @@ def release_if_durable(conn: ConnCore) -> bool:
     everything) is written out here, with one ``send`` and no further calls."""
     logged = conn.logged
     if logged:
-        persistence = conn.host.persistence
-        done = persistence.done_ticket
+        log = conn.log
+        done = log.done_ticket
         for _, _, ticket in logged:
             if ticket > done:
                 return False
         failures: dict[int, str] = {}
-        for _, _, ticket in logged:
-            error = persistence.failure(ticket)
-            if error is not None:
-                failures[ticket] = error
+        failed = log.failed  # the recent failed batches: empty unless a write failed
+        if failed:
+            for _, _, ticket in logged:
+                error = failed.get(ticket)
+                if error is not None:
+                    failures[ticket] = error
         patch_failures(conn, failures)
     conn.holding = False
     out = conn.out
