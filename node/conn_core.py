@@ -192,10 +192,6 @@ class ConnCore:
 
     # -- the reactor's turn -----------------------------------------------------------------
 
-    def turn(self, budget: int) -> int:
-        """The reactor's turn (``turn``, the function compiled code calls)."""
-        return turn(self, budget)
-
     def _after_turn(self) -> None:
         """Close a connection whose last words have run."""
         if self.ending:

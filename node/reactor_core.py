@@ -21,7 +21,7 @@ import os
 import select
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -29,23 +29,23 @@ from broker.effects import Reply
 
 # Fairness bounds of one round (see node/reactor.py). A turn of an unpipelined client runs one
 # command; these only bite for pipelines and floods.
-MAX_TURNS_PER_ROUND = 512
-MAX_COMMANDS_PER_TURN = 256
-MAX_COMMANDS_PER_ROUND = 2048
+MAX_TURNS_PER_ROUND: Final = 512
+MAX_COMMANDS_PER_TURN: Final = 256
+MAX_COMMANDS_PER_ROUND: Final = 2048
 # ... and a round starts no new turn after this long: commands as slow as CLIENT LIST or INFO
 # with thousands of clients must not keep the timers, the bus and the log's worker-thread
 # completions (a rewrite, a slow disk's fdatasync) waiting for hundreds of milliseconds.
-MAX_ROUND_S = 0.01
+MAX_ROUND_S: Final = 0.01
 # The accept loop takes no new client while this many new connections with input wait for
 # their first turn (see node/reactor.py).
-MAX_NEW_WAITING = 64
+MAX_NEW_WAITING: Final = 64
 # Sockets reported per poll: more than one round serves, so the queue never runs dry early.
-MAX_EVENTS = 1024
+MAX_EVENTS: Final = 1024
 
 # Readable, and the peer's end of the stream (EPOLLRDHUP): a connection whose client hung up
 # is closed in the turn that ran its last commands, not one lap of the queue later.
 _EVENTS = select.EPOLLIN | select.EPOLLRDHUP
-HANGUP = select.EPOLLRDHUP | select.EPOLLHUP
+HANGUP: Final = select.EPOLLRDHUP | select.EPOLLHUP
 
 
 class Served(Protocol):
@@ -63,8 +63,6 @@ class Served(Protocol):
     blocked: bool
     holding: bool  # replies waiting for the log (or being built by its own task)
     last_active: float
-
-    def turn(self, budget: int) -> int: ...
 
     def release_if_durable(self) -> bool: ...
 

@@ -16,8 +16,8 @@ however hot, and reads their attributes through Python's getattr when it knows t
 ``Protocol``. A module function called with the compiled base types is a direct C call, and
 the attributes it reads are struct fields: measured as ``ConnCore.turn``,
 ``release_if_durable`` and ``ReactorCore._end_round`` called through ``PyObject_VectorcallMethod``
-once per request (or round) in ``perf``. The methods of the same names stay, for interpreted
-callers, and delegate here.
+once per request (or round) in ``perf``. ``ConnCore.release_if_durable`` stays as a method, for
+the interpreted task that releases connections after a late commit, and delegates here.
 
 The module imports ``node.conn_core`` and ``node.reactor_core`` (which do not import each other
 back at run time) and no trio; ``tools/build_core.py`` compiles it with them.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Final, cast
+from typing import cast
 
 from node.conn_core import ConnCore, release_if_durable, turn
 from node.reactor_core import (
@@ -41,21 +41,14 @@ from node.reactor_core import (
     Served,
 )
 
-_MAX_TURNS_PER_ROUND: Final = MAX_TURNS_PER_ROUND
-_MAX_COMMANDS_PER_ROUND: Final = MAX_COMMANDS_PER_ROUND
-_MAX_COMMANDS_PER_TURN: Final = MAX_COMMANDS_PER_TURN
-_MAX_EVENTS: Final = MAX_EVENTS
-_MAX_ROUND_S: Final = MAX_ROUND_S
-_HANGUP: Final = HANGUP
-
 
 def poll(reactor: ReactorCore) -> None:
     """Queue the connections the epoll reports ready (without waiting)."""
     runnable = reactor.runnable
-    if len(runnable) >= _MAX_TURNS_PER_ROUND:
+    if len(runnable) >= MAX_TURNS_PER_ROUND:
         return  # level-triggered: those not queued now are reported again later
     by_fd = reactor.by_fd
-    for fd, flags in reactor.epoll.poll(0, _MAX_EVENTS):
+    for fd, flags in reactor.epoll.poll(0, MAX_EVENTS):
         found = by_fd.get(fd)
         if found is None:
             if fd == reactor.wake_fd:
@@ -63,7 +56,7 @@ def poll(reactor: ReactorCore) -> None:
             continue
         conn = cast(ConnCore, found)
         conn.readable = True
-        if flags & _HANGUP:
+        if flags & HANGUP:
             conn.hup = True
         if not conn.queued:
             conn.queued = True
@@ -82,14 +75,14 @@ def run_round(reactor: ReactorCore) -> None:
     log = reactor.log
     log.round_open = True
     runnable = reactor.runnable
-    budget = _MAX_COMMANDS_PER_ROUND
+    budget = MAX_COMMANDS_PER_ROUND
     perf_counter = time.perf_counter
-    deadline = perf_counter() + _MAX_ROUND_S
+    deadline = perf_counter() + MAX_ROUND_S
     turns = 0
     try:
         # Those queued when the round starts: a connection re-queued by its budget waits for
         # the next round, behind the others.
-        for _ in range(min(len(runnable), _MAX_TURNS_PER_ROUND)):
+        for _ in range(min(len(runnable), MAX_TURNS_PER_ROUND)):
             conn = cast(ConnCore, runnable.popleft())
             if conn.fresh:
                 reactor.first_turn(conn)
@@ -98,8 +91,8 @@ def run_round(reactor: ReactorCore) -> None:
                 continue
             turns += 1
             try:
-                budget -= turn(conn, budget if budget < _MAX_COMMANDS_PER_TURN
-                               else _MAX_COMMANDS_PER_TURN)
+                budget -= turn(conn, budget if budget < MAX_COMMANDS_PER_TURN
+                               else MAX_COMMANDS_PER_TURN)
             except Exception:
                 conn.crashed()
             if budget <= 0 or perf_counter() > deadline:
