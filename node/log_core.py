@@ -15,11 +15,11 @@ for every command that logs, and the bookkeeping its readers consult per reply:
 ``LogCore`` is the compiled base of the interpreted ``Persistence``, which adds everything that
 waits or writes (the writer task, the fdatasync thread, the rewrite, trio's events). Compiled
 code calls a method of an object of an interpreted subclass through Python, so the hot code is
-in module functions (``route``, ``submit``, ``finish``) that read the declared attributes
-directly; the methods only forward to them for the interpreted callers. The one call out of
-this module on the hot path is ``wake_writer`` (the interpreted ``Persistence`` sets trio's
-event), and only for records made outside a reactor round: a round commits its own batch at
-its end (``Persistence.commit_now``).
+in module functions (``route``, ``submit``, ``commit_now``, ``take_open_batch``, ``finish``)
+that read the declared attributes directly; the methods only forward to them for the
+interpreted callers. The one call out of this module on the hot path is ``wake_writer`` (the
+interpreted ``Persistence`` sets trio's event), and only for records made outside a reactor
+round: a round commits its own batch at its end (``Persistence.commit_now``).
 
 A batch holds no ``trio.Event``: ``Persistence`` makes one only for a ticket someone awaits
 (``wait_durable``), so the common case (the reactor's round, which reads ``done_ticket`` right
@@ -146,11 +146,7 @@ class LogCore:
         return self.failed.get(ticket)
 
     def take_open_batch(self) -> Batch:
-        """The open batch, replaced by a new empty one."""
-        self.next_ticket += 1
-        taken = self.open_batch
-        self.open_batch = Batch(self.next_ticket)
-        return taken
+        return take_open_batch(self)
 
 
 def route(core: LogCore, effects: list[Effect], replies: list[Reply]) -> int:
@@ -183,11 +179,18 @@ def submit(core: LogCore, records: Sequence[Any]) -> int:
     # conns).
     if not core.round_open:
         core.wake_writer()
-    for record in records:
-        if record[0] not in _ADVISORY:
-            core.last_ticket = batch.ticket
-            return batch.ticket
-    return 0  # a GETJOB's dlv: its reply does not wait for the disk
+    if all_advisory(records):
+        return 0  # a GETJOB's dlv: its reply does not wait for the disk
+    core.last_ticket = batch.ticket
+    return batch.ticket
+
+
+def take_open_batch(core: LogCore) -> Batch:
+    """The open batch, replaced by a new empty one."""
+    core.next_ticket += 1
+    taken = core.open_batch
+    core.open_batch = Batch(core.next_ticket)
+    return taken
 
 
 def commit_now(core: LogCore) -> bool:
@@ -206,7 +209,7 @@ def commit_now(core: LogCore) -> bool:
             or (sync and core.last_fsync_usec > core.inline_fsync_max_usec)):
         core.wake_writer()
         return False
-    core.take_open_batch()
+    take_open_batch(core)
     # The taken batch's buffer is written as it is: nothing appends to it any more.
     data = batch.data
     core.inline_commits += 1
@@ -271,9 +274,10 @@ def auto_rewrite_due(core: LogCore) -> bool:
     return size >= core.config.auto_aof_rewrite_min_size and (size - base) * 100 // base >= pct
 
 
-def all_advisory(entries: list[Any]) -> bool:
-    """A batch of advisory records only (dlv): no one waits for it, so under ``always`` it is
-    written without its own fdatasync; the next batch's fdatasync covers it."""
+def all_advisory(entries: Sequence[Any]) -> bool:
+    """Advisory records only (dlv): no reply waits for them, so ``submit`` gives no ticket and,
+    under ``always``, a batch of them is written without its own fdatasync (the next batch's
+    fdatasync covers it)."""
     for entry in entries:
         if entry[0] not in _ADVISORY:
             return False
