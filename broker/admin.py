@@ -195,13 +195,13 @@ def client_command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         else:
             return errors.unrecognized_option(args[0].decode("utf-8", "replace"))
         return OK
-    if sub == b"kill" and args:
-        return _client_kill(args, client)
+    if sub == b"kill":
+        return _client_kill(args, client) if args else errors.SYNTAX
     if sub == b"list" and not args:
         lister = b.info_sources.get("__client_list__")
         lines = lister() if lister else []
         return "".join(f"{line}\n" for _, line in lines).encode()
-    return errors.client_unknown(cmd.args[0].decode("utf-8", "replace"))
+    return errors.CLIENT_SYNTAX
 
 def _client_kill(args: tuple[bytes, ...], client: Client) -> intents.KillClients | Error:
     """Redis's CLIENT KILL: ``addr:port``, or the filters ID, ADDR, TYPE and SKIPME."""

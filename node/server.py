@@ -85,7 +85,7 @@ from cluster.jobs import JobCore
 from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
-from node import config_file, nodes_store
+from node import client_info, config_file, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus
 from node.clock import Clock, WallClock
 from node.conn_core import NodeCounters
@@ -429,10 +429,7 @@ class Server:
             for name, (calls, ns) in sorted(self.cmdstats.items()) if calls
         ]
         b.info_sources["__client_list__"] = lambda: [
-            ("", f"id={c.client.id} addr={c.client.addr} name={c.client.name.decode('utf-8', 'replace')} "
-                 f"age={(self.clock.now_ms() - c.client.ctime_ms) // 1000} qbuf={c.parser.buffered} "
-                 f"cmd={c.client.last_cmd.decode('utf-8', 'replace')} lib-name={c.client.lib_name.decode('utf-8', 'replace')} "
-                 f"lib-ver={c.client.lib_ver.decode('utf-8', 'replace')}")
+            ("", client_info.line(c, self.clock.now_ms(), self.clock.monotonic(), c in self.monitors))
             for c in sorted(self.connections, key=lambda c: c.client.id)
         ]
 

@@ -685,6 +685,11 @@ def _timer(argv: list[bytes]) -> Timer | Error:
     return Timer(sub, (argv[2],), period, argv[4], argv[5], tuple(params), start_ms, replace)
 
 
+def _loadjob(argv: list[bytes]) -> Error:
+    # Disque's AOF replays jobs with LOADJOB; trisque's log has its own records (broker/aof.py).
+    return errors.LOADJOB_FROM_AOF
+
+
 def _generic(argv: list[bytes]) -> Generic:
     return Generic(argv[0].decode("latin-1").upper(), tuple(argv[1:]))
 
@@ -742,6 +747,7 @@ COMMANDS: Final[dict[bytes, Spec]] = {
     b"quit": Spec(-1, _generic, _NA | _RT),
     b"echo": Spec(2, _generic),
     b"monitor": Spec(1, _generic, _RT),
+    b"loadjob": Spec(2, _loadjob),
 }
 
 

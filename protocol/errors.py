@@ -55,6 +55,9 @@ BAD_CLIENT_NAME: Final = Error(
     "ERR Client names cannot contain spaces, newlines or special characters.")
 BAD_DB_INDEX: Final = Error("ERR DB index is out of range")
 NO_SUCH_CLIENT: Final = Error("ERR No such client")
+CLIENT_SYNTAX: Final = Error(
+    "ERR Syntax error, try CLIENT (LIST | KILL ip:port | GETNAME | SETNAME connection-name)")
+LOADJOB_FROM_AOF: Final = Error("ERR LOADJOB is a special command only processed from AOF")
 INVALID_NODE_ID: Final = Error("ERR Invalid node identifier")
 CANT_FORGET_MYSELF: Final = Error("ERR I tried hard but I can't forget myself...")
 
@@ -85,10 +88,6 @@ def debug_unknown(sub: str) -> Error:
 
 def unrecognized_option(option: str) -> Error:
     return Error(f"ERR Unrecognized option '{option}'")
-
-
-def client_unknown(sub: str) -> Error:
-    return Error(f"ERR Unknown subcommand or wrong number of arguments for '{sub}'")
 
 
 def unknown_client_type(name: str) -> Error:

@@ -146,6 +146,12 @@ class RequestParser:
         return len(self._buf) - self._pos
 
     @property
+    def free(self) -> int:
+        """Bytes the input buffer has room for before it grows (CLIENT LIST's qbuf-free)."""
+        buf = self._buf
+        return max(buf.__alloc__() - len(buf) - 1, 0)
+
+    @property
     def held(self) -> int:
         """Bytes this parser holds for its client: the unparsed input and the arguments of a
         command read in part (what ``client-query-buffer-limit`` is checked against)."""
