@@ -34,8 +34,10 @@ cluster: build
 	$(PY) -m tools.local_cluster
 
 # The whole suite on the compiled core (TRISQUE_CORE=compiled: a run on anything else fails),
-# then on the pure-Python core, without the Spark tests when they ran already (they test the
-# connector, not the core). With no compiled core here, the whole suite on the pure one.
+# then the in-process tests on the pure-Python core: the tests that start real processes
+# (marker process, set by tests/conftest.py) and the Spark ones test the node, the workers and
+# the connector as processes, which the compiled run has done. With no compiled core here, the
+# whole suite on the pure one.
 test: build
 	@set -e; compiled=0; \
 	if [ "$(CORE)" = compiled ] || { [ "$(CORE)" != pure ] && $(PY) -m tools.build_core --check; }; then \
@@ -45,9 +47,12 @@ test: build
 		echo "== make test: no compiled core here (see make build above): the pure core only"; \
 	fi; \
 	if [ "$(CORE)" != compiled ]; then \
-		echo "== make test: the suite on the pure-Python core (TRISQUE_CORE=pure)"; \
-		if [ $$compiled = 1 ]; then TRISQUE_CORE=pure $(PY) -m pytest -q -m "not spark"; \
-		else TRISQUE_CORE=pure $(PY) -m pytest -q; fi; \
+		if [ $$compiled = 1 ]; then \
+			echo "== make test: the in-process tests on the pure-Python core (TRISQUE_CORE=pure)"; \
+			TRISQUE_CORE=pure $(PY) -m pytest -q -m "not spark and not process"; \
+		else \
+			echo "== make test: the whole suite on the pure-Python core (TRISQUE_CORE=pure)"; \
+			TRISQUE_CORE=pure $(PY) -m pytest -q; fi; \
 	fi
 
 # The property tests of tests/property/ with 1,000,000 examples each (hours); Hypothesis
