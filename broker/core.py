@@ -45,6 +45,7 @@ from broker.timers import TimerWheel
 from broker.version import VERSION as _VERSION
 from protocol import errors
 from protocol.commands import (
+    DEFAULT_TTL,
     NO_AUTH,
     AddJob,
     GetJob,
@@ -70,7 +71,6 @@ _QUEUED: Final = JobState.QUEUED
 _ACKED: Final = JobState.ACKED
 
 
-DEFAULT_TTL: Final = 24 * 3600
 DEFAULT_RETRY: Final = 300
 # Re-queue times get a random error in [-250, 250) ms so nodes holding the same job do not
 # re-queue it in the same instant (Disque does the same).

@@ -184,10 +184,6 @@ class Job:
             raise ValueError(f"job {self.id!r}: {old.value} -> {new.value} is not allowed")
         self.state = new
 
-    def sort_key(self) -> tuple[int, bytes]:
-        """Queue order: creation time, then ID (the explicit tie-breaker)."""
-        return (self.ctime, self.id)
-
     def compute_awake(self) -> int:
         """The next time this job needs attention: requeue (a little early, see
         WILLQUEUE_ADVANCE_MS), the end of its delay, or expiry."""

@@ -15,7 +15,7 @@ its first run still goes on) never write into each other's record, and a token f
 node (a worker that failed over) is unknown here, so the worker learns it must start the run
 again on its new node. ``get(job_id)`` is the newest run of that job.
 
-States: ``running`` until ``END`` sets one of ``FINAL_STATES`` (the worker's verdict), or until
+States: ``running`` until ``END`` sets one of ``RUN_STATES`` (the worker's verdict), or until
 the node gives up on it: a running run not written for ``LEASE_MS`` becomes ``lost`` (the
 worker died or lost this node; a live worker writes at least every few seconds, an empty
 ``APPEND`` when the script is silent). A run that ended is never written again.
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from protocol import errors
-from protocol.commands import RUN_LINE_MAX, RUN_STATES, JobRun
+from protocol.commands import RUN_LINE_MAX, JobRun
 from protocol.resp import OK, Error
 
 LEASE_MS: Final = 30_000
@@ -55,8 +55,6 @@ MAX_OUTPUT_BYTES: Final = 64 * 1024 * 1024
 
 RUNNING: Final = "running"
 LOST: Final = "lost"
-#: States a worker may end a run in (``JOBRUN END``); ``lost`` is the node's own verdict.
-FINAL_STATES: Final = RUN_STATES
 
 NORUN: Final = Error("NORUN No such run running on this node (unknown, ended, lost or evicted)")
 TOO_MANY: Final = Error(f"ERR Too many runs running on this node (at most {MAX_RUNNING})")

@@ -38,7 +38,7 @@ from cluster.jobs import JobCore
 from node.log_core import LogCore
 from node.reactor_core import Clock, ReactorCore
 from protocol import errors
-from protocol.resp import ProtocolError, RequestParser, encode_into
+from protocol.resp import ProtocolError, RequestParser, encode, encode_into
 
 log = logging.getLogger("trisque")
 
@@ -559,9 +559,3 @@ def send_some(conn: ConnCore, data: bytes | memoryview) -> int | None:
         return None
     conn.counters.stats_out += sent
     return sent
-
-
-def encode(value: Any, protover: int) -> bytes:
-    parts: list[bytes] = []
-    encode_into(value, parts, protover)
-    return b"".join(parts)

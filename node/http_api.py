@@ -390,10 +390,10 @@ class Api:
             return await self._delete_message(target.encode("utf-8", "surrogateescape"), None)
         name = _name(target)
         if request.method == "POST":
-            return await self._publish(request, name, mq=False)
-        return await self._receive(request, name, mq=False)
+            return await self._publish(request, name)
+        return await self._receive(request, name)
 
-    async def _publish(self, request: Request, name: bytes, mq: bool) -> Response:
+    async def _publish(self, request: Request, name: bytes) -> Response:
         await self._require_queue(name)
         body = await _read_body(request)
         ctype = request.headers.get("content-type", OCTET)[:1024]
@@ -423,7 +423,7 @@ class Api:
         return JSONResponse({"id": job_id}, status_code=200 if duplicate else 201,
                             headers=headers)
 
-    async def _receive(self, request: Request, name: bytes, mq: bool) -> Response:
+    async def _receive(self, request: Request, name: bytes) -> Response:
         await self._require_queue(name)
         wait = _int_param(request, "wait", 0, 0, MAX_WAIT_S)
         batch = "count" in request.query_params
@@ -490,8 +490,8 @@ class Api:
     async def mq_messages(self, request: Request) -> Response:
         name = _name(request.path_params["queue"])
         if request.method == "POST":
-            return await self._publish(request, name, mq=True)
-        return await self._receive(request, name, mq=True)
+            return await self._publish(request, name)
+        return await self._receive(request, name)
 
     async def mq_message(self, request: Request) -> Response:
         name = _name(request.path_params["queue"])

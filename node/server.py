@@ -95,7 +95,7 @@ from node.persistence import Persistence, PersistenceError
 from node.reactor import Reactor
 from protocol import core_build, errors
 from protocol.commands import COMMANDS
-from protocol.resp import OK, Status, encode_into
+from protocol.resp import OK, Status, encode
 
 log = logging.getLogger("trisque")
 
@@ -124,12 +124,6 @@ def _repr_arg(arg: bytes) -> bytes:
             out += b"\\x%02x" % c
     out += b'"'
     return bytes(out)
-
-
-def _encode(value: Any, protover: int) -> bytes:
-    parts: list[bytes] = []
-    encode_into(value, parts, protover)
-    return b"".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +266,7 @@ class Server:
             conn = client.handle
             if conn is None or conn.closing:
                 continue
-            conn.send_nowait(_encode(reply, client.protover))
+            conn.send_nowait(encode(reply, client.protover))
             if client.waiter is None:
                 conn.blocked = False
             if type(conn) is Connection:

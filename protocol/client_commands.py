@@ -336,9 +336,6 @@ def jscan_jobs_page(cursor: str = "0", *, count: int | None = None, busyloop: bo
                      convert=convert, retry_safe=True)
 
 
-PAUSE_OPTIONS = ("in", "out", "all", "none", "state")
-
-
 def pause(queue: str, option: str = "state", *, bcast: bool = False) -> Call[str]:
     """Returns the queue's pause state after the command (``in``/``out``/``all``/``none``)."""
     args: list[bytes | str | int] = ["PAUSE", queue, option]
