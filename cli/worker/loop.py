@@ -59,7 +59,9 @@ class Worker:
         self._slot_wait: trio.CancelScope | None = None
         self._getjob: trio.CancelScope | None = None  # the GETJOB in flight (with its connect)
         self._backoff: trio.CancelScope | None = None  # the sleep after a failed GETJOB
+        self._waiting: set[trio.CancelScope] = set()  # failed jobs waiting for their retry
         self._grace_over = trio.Event()
+        self._taking_ended = trio.Event()  # no GETJOB in flight any more
         self._node: tuple[str, int] | None = None  # the node GETJOB went to last
 
     # -- stopping ----------------------------------------------------------------------------
@@ -73,6 +75,8 @@ class Worker:
             self._slot_wait.cancel()
         if self._backoff is not None:
             self._backoff.cancel()
+        for waiting in self._waiting:
+            waiting.cancel()  # a job waiting for its retry goes back now
         if self._getjob is not None:
             self._getjob.deadline = min(self._getjob.deadline,
                                         trio.current_time() + STOP_GETJOB_S)
@@ -115,6 +119,7 @@ class Worker:
             task_status.started()
             async with trio.open_nursery() as jobs:
                 await self._take_jobs(jobs)
+                self._taking_ended.set()
                 top.start_soon(self._grace_timer)
             top.cancel_scope.cancel()
         await self.client.aclose()
@@ -186,6 +191,29 @@ class Worker:
             self.running.discard(runner)
             self.counts[runner.state or "unknown"] = self.counts.get(runner.state, 0) + 1
             slots.release()
+        if runner.retry_after is not None:
+            await self._retry_later(runner, runner.retry_after)
+
+    async def _retry_later(self, runner: JobRunner, delay: float) -> None:
+        """The backoff of a failed job, without its slot: it stays delivered to this worker
+        (WORKING) and is NACKed when the delay is over, so its delivery counters count the
+        attempt and a worker that dies meanwhile leaves it to its RETRY."""
+        with trio.CancelScope() as scope:
+            self._waiting.add(scope)
+            if self.stopping:
+                scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(runner.keep_working)
+                    await trio.sleep(delay)
+                    nursery.cancel_scope.cancel()
+            finally:
+                self._waiting.discard(scope)
+        if self.stopping:
+            # A GETJOB still in flight would take the job back at once, and its NACK would
+            # count one failure twice.
+            await self._taking_ended.wait()
+        await runner.nack()
 
     async def _give_back(self, job: Job, slots: trio.Semaphore) -> None:
         try:
