@@ -6,7 +6,9 @@ Theory of operation
 for a free slot, takes every free slot at once and asks for that many jobs with one ``GETJOB
 TIMEOUT 1000 COUNT n WITHCOUNTERS FROM queues...``; each job gets a ``JobRunner`` task that
 gives its slot back when done. So at most ``concurrency`` scripts run, and the loop never
-holds a job it has no slot for. GETJOB goes through the cluster-aware client
+holds a job it has no slot for. A failed job to be retried (``--retries``) waits for its
+backoff after its slot was given back, kept from its RETRY by WORKING, and is then NACKed: a
+failing job never keeps a slot, nor the other jobs of its queue, waiting. GETJOB goes through the cluster-aware client
 (``protocol.aio_client``): when its node fails the client moves to another one, and errors
 while no node answers are retried with a backoff up to ``MAX_BACKOFF_S``, logged once per
 ``LOG_EVERY_S``.
@@ -20,7 +22,8 @@ cancelled at once. So a worker with no running job exits about a second after th
 however long its nodes have been gone. A GETJOB cut off this way may have been served by the
 node (its reply not read): such jobs come back after their RETRY. The running
 jobs have ``grace`` seconds to finish; then the worker stops each (SIGTERM, SIGKILL after
-``kill_after``) and NACKs it. A second signal skips the rest of the grace period.
+``kill_after``) and NACKs it. A second signal skips the rest of the grace period. Jobs waiting
+for a retry are NACKed at once, once no GETJOB is in flight (it could take one back).
 """
 
 from __future__ import annotations

@@ -19,7 +19,10 @@ directory, and in ``TRISQUE_BODY`` when it is text of at most 64 KB), spawns the
 
 When the script's process exits, whatever it left in its group is killed (a job's processes
 end with the job), the pipes are drained, and ``status.decide`` gives the verdict, which is
-carried out: ACKJOB, NACK (the queue's redrive policy may dead-letter the job), or for
+carried out: ACKJOB; for a failure (RQ's ``err``) ``QPOLICY PARK``, which moves the job out
+of its queue with why (``broker/parking.py``), unless ``--retries`` allows another run: then
+``retry_after`` is set and the worker NACKs the job after that backoff without holding a slot
+(``Worker._retry_later``); NACK at once when the worker's shutdown stopped the script; or for
 ``resend N``: ADDJOB of a copy with DELAY N (same body, RETRY, the remaining TTL plus N) and
 then ACKJOB of the original. Disque cannot delay a job that exists (NACK queues it at once), so
 the copy has a new ID; the run record of the original says which. If the worker dies between

@@ -4,9 +4,9 @@ the queue's error queue, with why (broker/parking.py); REDRIVE JOB runs one agai
 from __future__ import annotations
 
 from protocol.resp import Error
+from tests.aof.test_server_durability import Conn
 from tests.broker.harness import Node
 from tests.policies.test_policies_restart import _d
-from tests.aof.test_server_durability import Conn
 from tests.support.server import ServerProcess
 
 
