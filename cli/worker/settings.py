@@ -32,9 +32,10 @@ A failed job (err, a non-zero exit status, exit 0 without done, a time limit) is
 only with --retries, after a backoff, and otherwise leaves its queue for the queue's dead-letter
 queue (redrive policy) or <queue>.err, with why (QPOLICY ORIGIN, the dashboard). stdout and
 stderr go to a log file per job and to the node's run record (JOBRUN GET / OUTPUT). SIGTERM
-or Ctrl-C: stop taking jobs and wait for the running ones up to --grace seconds (a second signal stops them at once). If the worker is
-killed (kill -9) its scripts die with it (Linux), and what they left running is killed when a
-worker starts again with the same --log-dir (recorded in its .running/). See docs/worker.md."""
+or Ctrl-C: stop taking jobs and wait for the running ones up to --grace seconds (a second
+signal stops them at once). If the worker is killed (kill -9) its scripts die with it
+(Linux), and what they left running is killed when a worker starts again with the same
+--log-dir (recorded in its .running/). See docs/worker.md."""
 
 EPILOG = """\
 example:
