@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import admin, cluster_jobs, periodic, policies
+from broker import admin, cluster_jobs, parking, periodic, policies
 from broker.clients import BLOCKED as BLOCKED  # re-exported: node/server.py imports it here
 from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
@@ -204,6 +204,8 @@ class Broker:
         if t is Pause:
             return self._pause(cmd, now_ms)  # type: ignore[arg-type]
         if t is QPolicy:
+            if cmd.sub == "PARK":  # type: ignore[union-attr]
+                return parking.park(self, cmd, now_ms)  # type: ignore[arg-type]
             return policies.command(self, cmd, client, now_ms)  # type: ignore[arg-type]
         if t is JobRun:
             return self.runs.command(cmd, now_ms)  # type: ignore[arg-type]

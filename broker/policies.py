@@ -149,6 +149,15 @@ def validate_record(data: Any) -> str | None:
                 or not isinstance(data[2], str) or len(data[2]) > 1024:
             return "qpolicy ctype record malformed"
         return None
+    if data[0] == "note":
+        # ["note", dead_letter_id, reason, exit_code | None, log_file, parked_ms]
+        if (len(data) != 6 or not isinstance(data[1], bytes) or not is_valid(data[1])
+                or not isinstance(data[2], str) or len(data[2]) > 4096
+                or not (data[3] is None or type(data[3]) is int)
+                or not isinstance(data[4], str) or len(data[4]) > 4096
+                or type(data[5]) is not int):
+            return "qpolicy note record malformed"
+        return None
     if data[0] == "origin":
         if len(data) != 4 or not all(isinstance(x, bytes) for x in data[1:]):
             return "qpolicy origin record malformed"
@@ -191,6 +200,8 @@ class PolicyTable:
         self.redrive = 0  # live policies with a redrive policy
         self.origins: dict[bytes, tuple[bytes, bytes]] = {}
         self.content_types: dict[bytes, str] = {}  # job ID -> Content-Type (HTTP API)
+        # Dead letters parked by a script worker -> why (broker/parking.py's Note).
+        self.notes: dict[bytes, Any] = {}
         self._dedup: dict[tuple[bytes, bytes], bytes] = {}  # (queue, sha1(body)) -> job ID
         self._indexed: set[bytes] = set()
         self.last_duplicate = False  # the last ADDJOB returned an existing job (HTTP: 200)
@@ -268,6 +279,9 @@ class PolicyTable:
         for job_id, ctype in self.content_types.items():
             if job_id in live_jobs:
                 yield (RECORD_KIND, ["ctype", job_id, ctype])
+        for job_id, note in self.notes.items():
+            if job_id in live_jobs:
+                yield (RECORD_KIND, ["note", job_id, *note])
 
     def set_content_type(self, b: Broker, job_id: bytes, ctype: str) -> None:
         if len(self.content_types) > 2 * len(b.jobs) + 1024:
@@ -278,6 +292,8 @@ class PolicyTable:
     def load(self, data: list[Any]) -> None:
         if data[0] == "ctype":
             self.content_types[bytes(data[1])] = str(data[2])
+        elif data[0] == "note":
+            self.notes[bytes(data[1])] = tuple(data[2:])
         elif data[0] == "origin":
             self.origins[bytes(data[1])] = (bytes(data[2]), bytes(data[3]))
         else:
@@ -286,6 +302,9 @@ class PolicyTable:
     def undo(self, data: list[Any], prev: Any) -> None:
         if data[0] == "ctype":
             self.content_types.pop(bytes(data[1]), None)
+            return
+        if data[0] == "note":
+            self.notes.pop(bytes(data[1]), None)
             return
         if data[0] == "origin":
             self.origins.pop(bytes(data[1]), None)
@@ -340,14 +359,21 @@ def command(b: Broker, cmd: QPolicy, client: Client, now_ms: int) -> Any:
     table = b.policies
     sub = cmd.sub
     if sub == "REDRIVE":
-        return redrive_dead_letters(b, cmd.target, cmd.limit, client, now_ms)
+        return redrive_dead_letters(b, cmd.target, cmd.limit, client, now_ms,
+                                    dict(cmd.changes).get("job"))
     if sub == "LIST":
         items = table.policies()
         end = None if cmd.limit is None else cmd.offset + cmd.limit
         return [len(items), [p.reply() for p in items[cmd.offset:end]]]
     if sub == "ORIGIN":
         origin = table.origins.get(cmd.target)
-        return None if origin is None or cmd.target not in b.jobs else list(origin)
+        if origin is None or cmd.target not in b.jobs:
+            return None
+        note = table.notes.get(cmd.target)
+        if note is None:
+            return list(origin)
+        reason, exit_code, log_file, parked_ms = note
+        return [*origin, reason.encode(), exit_code, log_file.encode(), parked_ms]
     current = table.get(cmd.target)
     if sub == "GET":
         return None if current is None else current.reply()
@@ -450,13 +476,23 @@ def dead_letter(b: Broker, job: Job, now_ms: int, nack: bool) -> bool:
     dlq = table.get(dlq_name)
     if dlq is None:
         return False
+    move_to_dead_letters(b, job, dlq, nacks, deliveries, now_ms)
+    return True
+
+
+def move_to_dead_letters(b: Broker, job: Job, dlq: Policy, nacks: int, deliveries: int,
+                         now_ms: int) -> bytes:
+    """Acknowledge ``job`` and create its dead letter in ``dlq`` (with these counters and its
+    origin recorded); the dead letter's ID. Shared by the redrive policy and by a script
+    worker parking a failed job (broker/parking.py)."""
+    table = b.policies
     new_id = dead_letter_id(job.id, dlq.retention_timeout, dlq.visibility_timeout)
     original, queue, body, holders = job.id, job.queue, job.body, job.delivered
     # Acknowledge the original first: on a cluster its SETACK leaves before the dead letter's
     # WILLQUEUE, so a holder that learns of the dead letter already knows the original is acked.
     b._jobs_command(JobsCommand("ACKJOB", (original,)), now_ms)
     if new_id in b.jobs:
-        return True
+        return new_id
     # (The ACK of a job on one node unregisters it and empties its body: the copies above.)
     dl = Job(new_id, dlq.name, body, repl=job.repl, ttl=dlq.retention_timeout,
              retry=dlq.visibility_timeout, delay=0, ctime=b._new_ctime(now_ms),
@@ -477,13 +513,15 @@ def dead_letter(b: Broker, job: Job, now_ms: int, nack: bool) -> bool:
         # The holders that dead-lettered the same job at the same moment answer with QUEUED:
         # the one with the smaller node ID dequeues its copy.
         b.replication.will_queue(dl)
-    return True
+    return new_id
 
 
-def redrive_dead_letters(b: Broker, dlq: bytes, count: int | None, client: Client, now_ms: int) -> Any:
+def redrive_dead_letters(b: Broker, dlq: bytes, count: int | None, client: Client, now_ms: int,
+                         only: bytes | None = None) -> Any:
     """Move up to ``count`` (None: all) dead letters queued here in ``dlq`` back to their
-    original queues (see the module's docstring). The number moved; an ADDJOB's error when
-    the first one could not be moved (paused, out of memory, no replicas), as nothing moved."""
+    original queues (see the module's docstring); ``only``: just that one (JOB id). The number
+    moved; an ADDJOB's error when the first one could not be moved (paused, out of memory, no
+    replicas), as nothing moved."""
     table = b.policies
     if table.get(dlq) is None:
         return NO_POLICY
@@ -492,11 +530,13 @@ def redrive_dead_letters(b: Broker, dlq: bytes, count: int | None, client: Clien
         return 0
     limit = len(q) if count is None else count
     moved = 0
-    for job in list(q):
+    picked = [b.jobs[only]] if only is not None and only in b.jobs else [] if only else list(q)
+    for job in picked:
         if moved >= limit:
             break
         origin = table.origins.get(job.id)
-        if origin is None or b.jobs.get(job.id) is not job or job.state is not JobState.QUEUED:
+        if (origin is None or b.jobs.get(job.id) is not job or job.state is not JobState.QUEUED
+                or job.queue != dlq):
             continue
         # On a cluster the new job is replicated in the background (ASYNC): the command must
         # not block, and the dead letter is acknowledged only after its copy exists here.

@@ -20,11 +20,12 @@ from collections import deque
 from typing import Any, Final
 from urllib.parse import quote
 
+from broker.parking import ERROR_QUEUE_SUFFIX
 from broker.queue import PAUSE_NAMES
 from cluster.nodes_file import show_flags
 
 MAX_QUEUES_SHOWN: Final = 500
-MAX_DEAD_LETTERS_SHOWN: Final = 5
+MAX_DEAD_LETTERS_SHOWN: Final = 20
 RECENT_RUNS: Final = 20
 PREVIEW_CHARS: Final = 200
 RATE_WINDOW_MS: Final = 30_000
@@ -165,27 +166,42 @@ def _queues(broker: Any, rates: RateTracker, now: int) -> dict[str, Any]:
 
 
 def _dead_letter_queues(broker: Any) -> list[dict[str, Any]]:
+    """Dead-letter queues (named by a redrive policy) and the error queues script workers
+    park failed jobs in (``<queue>.err`` with a policy, broker/parking.py)."""
     policies = broker.policies
     sources: dict[bytes, list[bytes]] = {}
     for p in policies.policies():
         if p.redrive is not None and policies.get(p.redrive[1]) is not None:
             sources.setdefault(p.redrive[1], []).append(p.name)
+        if p.name.endswith(ERROR_QUEUE_SUFFIX) and len(p.name) > len(ERROR_QUEUE_SUFFIX):
+            froms = sources.setdefault(p.name, [])
+            source = p.name[:-len(ERROR_QUEUE_SUFFIX)]
+            if source not in froms:
+                froms.append(source)
     out = []
     for dlq, froms in sorted(sources.items()):
         q = broker.queues.get(dlq)
+        redrive_url = "/queues/" + quote(dlq, safe="") + "/redrive"
         letters = []
         for job in q.peek(MAX_DEAD_LETTERS_SHOWN) if q is not None else []:
             origin = policies.origins.get(job.id)
+            note = policies.notes.get(job.id)
+            job_id = job.id.decode("ascii", "replace")
             letters.append({
-                "id": job.id.decode("ascii", "replace"),
+                "id": job_id,
                 "from": text(origin[1]) if origin else "",
                 "original": origin[0].decode("ascii", "replace") if origin else "",
                 "body": text(job.body, PREVIEW_CHARS),
                 "nacks": job.nacks, "deliveries": job.deliveries,
+                # A failed run parked by a worker: why, its exit status and log file.
+                "reason": note[0] if note else "", "exit_code": note[1] if note else None,
+                "log_file": note[2] if note else "", "parked_ms": note[3] if note else 0,
+                "redrive_url": redrive_url + "?job=" + quote(job_id, safe=""),
+                "delete_url": "/messages/" + quote(job_id, safe=""),
             })
         out.append({
             "name": text(dlq), "length": len(q) if q is not None else 0,
-            "redrive_url": "/queues/" + quote(dlq, safe="") + "/redrive",
+            "redrive_url": redrive_url,
             "sources": [text(s) for s in sorted(froms)], "letters": letters,
         })
     return out

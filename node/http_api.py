@@ -367,6 +367,14 @@ class Api:
             raise HttpError(403, "cross-origin request refused")
         name = _name(request.path_params["name"])
         await self._require_queue(name)
+        job = request.query_params.get("job")
+        if job is not None:  # one dead letter (the dashboard's row button)
+            job_id = job.encode("utf-8", "surrogateescape")
+            if not is_valid(job_id):
+                raise HttpError(400, "not a valid message ID (a job ID: D-...)")
+            reply = await self.bridge.call("QPOLICY", "REDRIVE", name, "JOB", job_id)
+            _raise_for(reply)
+            return JSONResponse({"moved": reply})
         limit = _int_param(request, "count", 2**31 - 1, 1, 2**31 - 1)
         moved = 0
         while moved < limit:

@@ -102,9 +102,11 @@ OPENAPI: Final[dict[str, Any]] = {
             "post": {
                 "description": "Move the dead letters queued on this node in this "
                                "dead-letter queue back to their original queues (QPOLICY "
-                               "REDRIVE, docs/policies.md).",
+                               "REDRIVE, docs/policies.md); with job, only that one.",
                 "parameters": [{"name": "count", "in": "query", "schema": {
-                    "type": "integer", "minimum": 1, "maximum": 2**31 - 1}}],
+                    "type": "integer", "minimum": 1, "maximum": 2**31 - 1}},
+                    {"name": "job", "in": "query", "description": "A dead letter's ID",
+                     "schema": {"type": "string"}}],
                 "responses": {"200": {"description": "Moved", "content": {"application/json": {
                     "schema": {"type": "object", "required": ["moved"],
                                "properties": {"moved": {"type": "integer"}}}}}},

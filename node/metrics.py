@@ -81,7 +81,7 @@ QUEUE_METRICS: dict[str, tuple[str, str]] = {
     "trisque_queue_requeues": (
         "counter", "Jobs queued again after their RETRY elapsed or by ENQUEUE (redeliveries)"),
     "trisque_queue_dead_lettered": (
-        "counter", "Jobs of the queue moved to its dead-letter queue (by this node)"),
+        "counter", "Jobs of the queue moved to its dead-letter or error queue (by this node)"),
     "trisque_queue_blocked_clients": ("gauge", "Clients blocked in GETJOB on the queue"),
 }
 

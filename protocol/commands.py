@@ -175,12 +175,13 @@ class Generic(NamedTuple):
 
 
 class QPolicy(NamedTuple):
-    """QPOLICY CREATE|UPDATE|SET|GET|DEL|LIST|ORIGIN|REDRIVE (queue policies,
-    broker/policies.py).
+    """QPOLICY CREATE|UPDATE|SET|GET|DEL|LIST|ORIGIN|REDRIVE|PARK (queue policies,
+    broker/policies.py; PARK: broker/parking.py).
 
     ``changes`` holds only the fields given (name -> value; ``redrive`` is ``(max_receives,
-    dead_letter_queue)`` or None for NOREDRIVE); ``target`` is the queue name, or the job ID
-    for ORIGIN; ``limit`` is LIST's LIMIT and REDRIVE's COUNT (None: no limit)."""
+    dead_letter_queue)`` or None for NOREDRIVE; REDRIVE's ``job``; PARK's ``exit``, ``log``,
+    ``reason``); ``target`` is the queue name, or the job ID for ORIGIN and PARK; ``limit`` is
+    LIST's LIMIT and REDRIVE's COUNT (None: no limit)."""
 
     sub: str
     target: bytes
@@ -465,7 +466,7 @@ def _pause(argv: list[bytes]) -> Pause | Error:
 
 # mqs's bounds (INT32_MAX) for the policy numbers; each also fits Disque's uint32 job fields.
 INT32_MAX = (1 << 31) - 1
-_QPOLICY_SUBS = ("CREATE", "UPDATE", "SET", "GET", "DEL", "LIST", "ORIGIN", "REDRIVE")
+_QPOLICY_SUBS = ("CREATE", "UPDATE", "SET", "GET", "DEL", "LIST", "ORIGIN", "REDRIVE", "PARK")
 
 
 def _policy_number(raw: bytes, name: str, low: int) -> int | Error:
@@ -473,6 +474,24 @@ def _policy_number(raw: bytes, name: str, low: int) -> int | Error:
     if value is None or value < low or value > INT32_MAX:
         return errors.err(f"{name} must be an integer between {low} and {INT32_MAX}")
     return value
+
+
+def _qpolicy_park(argv: list[bytes]) -> QPolicy | Error:
+    """QPOLICY PARK job-id exit-code|none log-file reason (a script worker's failed job)."""
+    if len(argv) != 6:
+        return errors.wrong_arity("qpolicy")
+    if not is_valid(argv[2]):
+        return errors.BADID
+    exit_code: int | None = None
+    if argv[3].lower() != b"none":
+        exit_code = parse_int(argv[3])
+        if exit_code is None or not -INT32_MAX <= exit_code <= INT32_MAX:
+            return errors.err("exit code must be an integer or none")
+    if len(argv[4]) > 4096 or len(argv[5]) > 4096:
+        return errors.err("log file and reason are limited to 4096 bytes")
+    return QPolicy("PARK", argv[2], (("exit", exit_code),
+                                     ("log", argv[4].decode("utf-8", "replace")),
+                                     ("reason", argv[5].decode("utf-8", "replace"))))
 
 
 def _qpolicy(argv: list[bytes]) -> QPolicy | Error:
@@ -500,12 +519,18 @@ def _qpolicy(argv: list[bytes]) -> QPolicy | Error:
     if sub == "REDRIVE":
         if len(argv) == 3:
             return QPolicy(sub, target)
+        if len(argv) == 5 and argv[3].lower() == b"job":
+            if not is_valid(argv[4]):
+                return errors.BADID
+            return QPolicy(sub, target, (("job", argv[4]),))
         if len(argv) != 5 or argv[3].lower() != b"count":
             return errors.SYNTAX
         n = parse_int(argv[4])
         if n is None or n < 1:
             return errors.err("COUNT must be a positive integer")
         return QPolicy(sub, target, limit=n)
+    if sub == "PARK":
+        return _qpolicy_park(argv)
     if sub in ("GET", "DEL", "ORIGIN"):
         if len(argv) != 3:
             return errors.SYNTAX

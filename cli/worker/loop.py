@@ -6,7 +6,9 @@ Theory of operation
 for a free slot, takes every free slot at once and asks for that many jobs with one ``GETJOB
 TIMEOUT 1000 COUNT n WITHCOUNTERS FROM queues...``; each job gets a ``JobRunner`` task that
 gives its slot back when done. So at most ``concurrency`` scripts run, and the loop never
-holds a job it has no slot for. GETJOB goes through the cluster-aware client
+holds a job it has no slot for. A failed job to be retried (``--retries``) waits for its
+backoff after its slot was given back, kept from its RETRY by WORKING, and is then NACKed: a
+failing job never keeps a slot, nor the other jobs of its queue, waiting. GETJOB goes through the cluster-aware client
 (``protocol.aio_client``): when its node fails the client moves to another one, and errors
 while no node answers are retried with a backoff up to ``MAX_BACKOFF_S``, logged once per
 ``LOG_EVERY_S``.
@@ -20,7 +22,8 @@ cancelled at once. So a worker with no running job exits about a second after th
 however long its nodes have been gone. A GETJOB cut off this way may have been served by the
 node (its reply not read): such jobs come back after their RETRY. The running
 jobs have ``grace`` seconds to finish; then the worker stops each (SIGTERM, SIGKILL after
-``kill_after``) and NACKs it. A second signal skips the rest of the grace period.
+``kill_after``) and NACKs it. A second signal skips the rest of the grace period. Jobs waiting
+for a retry are NACKed at once, once no GETJOB is in flight (it could take one back).
 """
 
 from __future__ import annotations
@@ -59,7 +62,9 @@ class Worker:
         self._slot_wait: trio.CancelScope | None = None
         self._getjob: trio.CancelScope | None = None  # the GETJOB in flight (with its connect)
         self._backoff: trio.CancelScope | None = None  # the sleep after a failed GETJOB
+        self._waiting: set[trio.CancelScope] = set()  # failed jobs waiting for their retry
         self._grace_over = trio.Event()
+        self._taking_ended = trio.Event()  # no GETJOB in flight any more
         self._node: tuple[str, int] | None = None  # the node GETJOB went to last
 
     # -- stopping ----------------------------------------------------------------------------
@@ -73,6 +78,8 @@ class Worker:
             self._slot_wait.cancel()
         if self._backoff is not None:
             self._backoff.cancel()
+        for waiting in self._waiting:
+            waiting.cancel()  # a job waiting for its retry goes back now
         if self._getjob is not None:
             self._getjob.deadline = min(self._getjob.deadline,
                                         trio.current_time() + STOP_GETJOB_S)
@@ -115,6 +122,7 @@ class Worker:
             task_status.started()
             async with trio.open_nursery() as jobs:
                 await self._take_jobs(jobs)
+                self._taking_ended.set()
                 top.start_soon(self._grace_timer)
             top.cancel_scope.cancel()
         await self.client.aclose()
@@ -186,6 +194,29 @@ class Worker:
             self.running.discard(runner)
             self.counts[runner.state or "unknown"] = self.counts.get(runner.state, 0) + 1
             slots.release()
+        if runner.retry_after is not None:
+            await self._retry_later(runner, runner.retry_after)
+
+    async def _retry_later(self, runner: JobRunner, delay: float) -> None:
+        """The backoff of a failed job, without its slot: it stays delivered to this worker
+        (WORKING) and is NACKed when the delay is over, so its delivery counters count the
+        attempt and a worker that dies meanwhile leaves it to its RETRY."""
+        with trio.CancelScope() as scope:
+            self._waiting.add(scope)
+            if self.stopping:
+                scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(runner.keep_working)
+                    await trio.sleep(delay)
+                    nursery.cancel_scope.cancel()
+            finally:
+                self._waiting.discard(scope)
+        if self.stopping:
+            # A GETJOB still in flight would take the job back at once, and its NACK would
+            # count one failure twice.
+            await self._taking_ended.wait()
+        await runner.nack()
 
     async def _give_back(self, job: Job, slots: trio.Semaphore) -> None:
         try:

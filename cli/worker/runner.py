@@ -19,7 +19,10 @@ directory, and in ``TRISQUE_BODY`` when it is text of at most 64 KB), spawns the
 
 When the script's process exits, whatever it left in its group is killed (a job's processes
 end with the job), the pipes are drained, and ``status.decide`` gives the verdict, which is
-carried out: ACKJOB, NACK (the queue's redrive policy may dead-letter the job), or for
+carried out: ACKJOB; for a failure (RQ's ``err``) ``QPOLICY PARK``, which moves the job out
+of its queue with why (``broker/parking.py``), unless ``--retries`` allows another run: then
+``retry_after`` is set and the worker NACKs the job after that backoff without holding a slot
+(``Worker._retry_later``); NACK at once when the worker's shutdown stopped the script; or for
 ``resend N``: ADDJOB of a copy with DELAY N (same body, RETRY, the remaining TTL plus N) and
 then ACKJOB of the original. Disque cannot delay a job that exists (NACK queues it at once), so
 the copy has a new ID; the run record of the original says which. If the worker dies between
@@ -58,6 +61,7 @@ ADDJOB_TIMEOUT_MS: Final = 5000
 ANSWER_TIMEOUT_S: Final = 5.0
 EARLY_CLOSE_S: Final = 0.2
 READ_CHUNK: Final = 256 * 1024
+MAX_NOTE: Final = 4000  # QPOLICY PARK's reason (the node takes up to 4096 bytes)
 
 log = logging.getLogger("trisque.worker")
 T = TypeVar("T")
@@ -105,6 +109,11 @@ class JobRunner:
         self._exited = False  # the script's own process exited
         self._last_error = ""  # the last failed node call, for the reason
         self.state = ""
+        self.log_path = ""
+        self.info: JobInfo | None = None  # SHOW's answer, when the node gave one
+        # Set when a failed run is to be retried: seconds to wait before the NACK, which the
+        # worker does without holding a slot (Worker._retry_later).
+        self.retry_after: float | None = None
 
     # -- the worker's handle ---------------------------------------------------------------
 
@@ -119,7 +128,7 @@ class JobRunner:
 
     async def run(self) -> None:
         job = self.job
-        info = await self._call(self.client.show(job.id), quiet=True)
+        info = self.info = await self._call(self.client.show(job.id), quiet=True)
         workdir: Path | None = None
         joblog: JobLog | None = None
         try:
@@ -129,6 +138,7 @@ class JobRunner:
             body_file = workdir / "body"
             body_file.write_bytes(job.body)
             joblog = self.logs.open(job.id, self.attempt)
+            self.log_path = str(joblog.path)
             node = self.client.address
             env = job_environment(dict(os.environ), job, self.attempt, body_file,
                                   f"{node[0]}:{node[1]}" if node else "", self.settings.name,
@@ -309,12 +319,44 @@ class JobRunner:
                 return verdict.reason
             return (verdict.reason + f"; ACKJOB failed ({self._last_error}): the job comes "
                     "back after its RETRY")
+        if verdict.action == status.FAIL:
+            return await self._fail(verdict)
         if verdict.action == status.NACK:
             if await self._settle(lambda: self.client.nack(job_id)) is not None:
                 return verdict.reason
             return (verdict.reason + f"; NACK failed ({self._last_error}): the job comes back "
                     "after its RETRY")
         return await self._resend(verdict, info)
+
+    async def _fail(self, verdict: status.Verdict) -> str:
+        """Retry (``--retries``: the worker NACKs the job after a backoff) or park the job out
+        of its queue (QPOLICY PARK: its dead-letter queue, or <queue>.err), with why."""
+        retries = self.settings.retries_for(self.job.queue)
+        if self.attempt <= retries:
+            self.retry_after = self.settings.backoff_after(self.attempt)
+            return (verdict.reason + f"; run again in {self.retry_after:g} s (retry "
+                    f"{self.attempt} of {retries})")
+        reason = verdict.reason
+        if self.attempt > 1:
+            reason = f"run {self.attempt} times; the last: " + reason
+        code = self.outcome.exit_code
+        reply = await self._settle(lambda: self.client.execute(
+            "QPOLICY", "PARK", self.job.id, "none" if code is None else code, self.log_path,
+            reason[:MAX_NOTE]))
+        if not isinstance(reply, list):
+            return (reason + f"; QPOLICY PARK failed ({self._last_error}): the job comes "
+                    "back after its RETRY")
+        queue, parked = (x.decode("utf-8", "replace") for x in reply)
+        return reason + f"; parked in {queue} as {parked}"
+
+    async def keep_working(self) -> None:
+        """WORKING while the job waits for its retry, so it is not queued again meanwhile."""
+        await self._keep_working(self.info)
+
+    async def nack(self) -> None:
+        if await self._settle(lambda: self.client.nack(self.job.id)) is None:
+            log.warning("job %s: NACK failed (%s): it comes back after its RETRY", self.job.id,
+                        self._last_error)
 
     async def _resend(self, verdict: status.Verdict, info: JobInfo | None) -> str:
         if info is None:

@@ -16,6 +16,7 @@ DEFAULT_GRACE = 30.0
 DEFAULT_LOG_DIR = "trisque-worker-logs"
 DEFAULT_LOG_MAX_BYTES = 8 << 20
 DEFAULT_LOG_KEEP = 500
+DEFAULT_BACKOFF = (5.0, 300.0)  # seconds before the first retry, and at most
 
 USAGE = "trisque worker --queue QUEUE [--queue QUEUE ...] [options] -- COMMAND [ARGS ...]"
 
@@ -25,17 +26,21 @@ group, with the job in its environment (TRISQUE_JOB_ID, TRISQUE_QUEUE, TRISQUE_B
 TRISQUE_BODY when the body is text of at most 64 KB, TRISQUE_ATTEMPT, TRISQUE_NACKS,
 TRISQUE_ADDITIONAL_DELIVERIES, TRISQUE_NODE, TRISQUE_WORKER, TRISQUE_LOG_FILE). The script
 reports on fd 3 with one line per status: 'run TEXT', 'done TEXT' (with exit status 0: the job
-is acknowledged), 'err TEXT' (NACK), 'resend SECONDS-TEXT' (the job comes back after SECONDS),
+is acknowledged), 'err TEXT' (failed), 'resend SECONDS-TEXT' (the job comes back after SECONDS),
 'dup SECONDS-X-QUEUE' (a copy into QUEUE; the answer 'ok ID' or 'fail REASON' comes on fd 4).
-A non-zero exit status NACKs the job. stdout and stderr go to a log file per job and to the
-node's run record (JOBRUN GET / OUTPUT). SIGTERM or Ctrl-C: stop taking jobs and wait for the
-running ones up to --grace seconds (a second signal stops them at once). If the worker is
-killed (kill -9) its scripts die with it (Linux), and what they left running is killed when a
-worker starts again with the same --log-dir (recorded in its .running/). See docs/worker.md."""
+A failed job (err, a non-zero exit status, exit 0 without done, a time limit) is run again
+only with --retries, after a backoff, and otherwise leaves its queue for the queue's dead-letter
+queue (redrive policy) or <queue>.err, with why (QPOLICY ORIGIN, the dashboard). stdout and
+stderr go to a log file per job and to the node's run record (JOBRUN GET / OUTPUT). SIGTERM
+or Ctrl-C: stop taking jobs and wait for the running ones up to --grace seconds (a second
+signal stops them at once). If the worker is killed (kill -9) its scripts die with it
+(Linux), and what they left running is killed when a worker starts again with the same
+--log-dir (recorded in its .running/). See docs/worker.md."""
 
 EPILOG = """\
 example:
   trisque worker --queue thumbnails --concurrency 4 --time-limit 600 -- ./make-thumbnail.sh
+  trisque worker --queue mail --retries 3 --backoff 10:600 -- ./send.sh
   trisque worker --queue a --queue b --time-limit b=30 --nodes 10.0.0.1:7711,10.0.0.2:7711 \\
       -- python3 job.py"""
 
@@ -60,9 +65,21 @@ class Settings:
     log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
     log_keep: int = DEFAULT_LOG_KEEP
     quiet: bool = False
+    retries: int = 0
+    queue_retries: dict[str, int] = field(default_factory=dict)
+    backoff: tuple[float, float] = DEFAULT_BACKOFF
 
     def time_limit_for(self, queue: str) -> float | None:
         return self.queue_time_limits.get(queue, self.time_limit)
+
+    def retries_for(self, queue: str) -> int:
+        return self.queue_retries.get(queue, self.retries)
+
+    def backoff_after(self, attempt: int) -> float:
+        """Seconds before the run after failed run number ``attempt``: BASE doubled each
+        time, at most MAX."""
+        base, most = self.backoff
+        return min(base * 2.0 ** min(attempt - 1, 64), most)
 
 
 def _seconds(text: str, what: str) -> float:
@@ -103,6 +120,13 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"stop a script running longer (SIGTERM to its process group, then "
                         f"SIGKILL after --kill-after); QUEUE=SECONDS for one queue; 0: no "
                         f"limit (default {DEFAULT_TIME_LIMIT:g})")
+    p.add_argument("--retries", action="append", default=[], metavar="[QUEUE=]N",
+                   help="run a failed job again up to N times, after a backoff, before it "
+                        "leaves its queue; QUEUE=N for one queue (default 0: never, as RQ)")
+    p.add_argument("--backoff", default=f"{DEFAULT_BACKOFF[0]:g}:{DEFAULT_BACKOFF[1]:g}",
+                   metavar="BASE[:MAX]",
+                   help=f"seconds before the first retry, doubled for each next one, at most "
+                        f"MAX (default {DEFAULT_BACKOFF[0]:g}:{DEFAULT_BACKOFF[1]:g})")
     p.add_argument("--kill-after", default=str(DEFAULT_KILL_AFTER), metavar="SECONDS",
                    help=f"from SIGTERM to SIGKILL when a script is stopped "
                         f"(default {DEFAULT_KILL_AFTER:g})")
@@ -172,6 +196,23 @@ def parse(argv: list[str]) -> Settings:
             settings.queue_time_limits[queue] = limit
         else:
             settings.time_limit = limit
+    for item in ns.retries:
+        queue, eq, value = item.rpartition("=")
+        if not value.isdigit() or int(value) > 1_000_000:
+            raise UsageError(f"--retries {item}: the count must be a whole number "
+                             "(0 .. 1000000)")
+        if eq:
+            if queue not in settings.queues:
+                raise UsageError(f"--retries {item}: {queue!r} is not one of the --queue names")
+            settings.queue_retries[queue] = int(value)
+        else:
+            settings.retries = int(value)
+    base_text, _, most_text = ns.backoff.partition(":")
+    base = _seconds(base_text, "--backoff BASE")
+    most = _seconds(most_text, "--backoff MAX") if most_text else max(base, DEFAULT_BACKOFF[1])
+    if most < base:
+        raise UsageError(f"--backoff {ns.backoff}: MAX must not be less than BASE")
+    settings.backoff = (base, most)
     check_command(command[0])
     return settings
 

@@ -8,7 +8,7 @@ by a newline:
 
 * ``run TEXT`` - progress, shown in the run record;
 * ``done TEXT`` - success; with exit status 0 the job is acknowledged;
-* ``err TEXT`` - failure; the job is NACKed whatever the exit status;
+* ``err TEXT`` - failure, whatever the exit status: the job needs an operator (RQ's ``err``);
 * ``resend N-TEXT`` (or ``resend N``) - try again in N seconds;
 * ``dup N-X-QUEUE`` - add a copy of the job to QUEUE, due in N seconds; the worker answers
   ``ok <id>`` or ``fail <reason>`` on fd 4 (the only two-way exchange).
@@ -22,8 +22,9 @@ its newline at the end of the pipe still counts.
 ``decide`` gives the verdict of a run from what happened: the first final line (``done``,
 ``err``, ``resend``), the exit status, and whether the worker stopped the script (time limit,
 violation, worker shutdown) or could not start it. The verdict names the state recorded with
-the run (``broker.runs``'s states), the action on the job (ack, nack, resend) and a reason a
-human can act on.
+the run (``broker.runs``'s states), the action on the job and a reason a human can act on: ack
+(done), resend, nack (stopped by the worker's shutdown: it goes back at once) or fail (every
+failure, a time limit included: the runner retries it with ``--retries``, or parks it).
 """
 
 from __future__ import annotations
@@ -121,12 +122,13 @@ class StatusReader:
 ACK: Final = "ack"
 NACK: Final = "nack"
 RESEND: Final = "resend"
+FAIL: Final = "fail"
 
 
 @dataclass(frozen=True)
 class Verdict:
     state: str  # done, failed, resent, timeout, stopped (broker/runs.py)
-    action: str  # ack, nack, resend
+    action: str  # ack, nack, resend, fail
     reason: str
     seconds: int = 0  # resend: the delay
 
@@ -169,13 +171,13 @@ def _with(head: str, text: str) -> str:
 
 def _decide(o: Outcome) -> Verdict:
     if o.spawn_error:
-        return Verdict("failed", NACK, o.spawn_error)
+        return Verdict("failed", FAIL, o.spawn_error)
     ended = describe_exit(o.exit_code) if o.exit_code is not None else "no exit status"
     if o.violation:
         stopped = "; the script was stopped" if o.signalled else ""
-        return Verdict("failed", NACK, f"{o.violation}{stopped} ({ended})")
+        return Verdict("failed", FAIL, f"{o.violation}{stopped} ({ended})")
     if o.timed_out_after is not None:
-        return Verdict("timeout", NACK,
+        return Verdict("timeout", FAIL,
                        f"time limit of {o.timed_out_after:g} s reached; the script was "
                        f"stopped ({ended})")
     if o.stopped:
@@ -185,11 +187,11 @@ def _decide(o: Outcome) -> Verdict:
         return Verdict("resent", RESEND, _with(f"resend in {final.seconds} s", final.text),
                        final.seconds)
     if final is not None and final.verb == "err":
-        return Verdict("failed", NACK, f"err: {final.text} ({ended})")
+        return Verdict("failed", FAIL, f"err: {final.text} ({ended})")
     if final is not None and o.exit_code == 0:
         return Verdict("done", ACK, _with("done", final.text))
     if final is not None:
-        return Verdict("failed", NACK, f"{ended} after 'done: {final.text}'")
+        return Verdict("failed", FAIL, f"{ended} after 'done: {final.text}'")
     if o.exit_code == 0:
-        return Verdict("failed", NACK, "exit status 0 without a 'done' line on fd 3")
-    return Verdict("failed", NACK, ended)
+        return Verdict("failed", FAIL, "exit status 0 without a 'done' line on fd 3")
+    return Verdict("failed", FAIL, ended)

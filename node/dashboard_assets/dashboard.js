@@ -48,6 +48,21 @@
     }
     setInterval(refresh, REFRESH_MS);
 
+    // Delete buttons of dead letters and failed jobs (DELETE /messages/<id>: ACKJOB).
+    main.addEventListener("click", async (ev) => {
+      const button = ev.target.closest("button[data-delete]");
+      if (!button) return;
+      button.disabled = true;
+      try {
+        const r = await fetch(button.dataset.delete, { method: "DELETE" });
+        const body = r.status === 204 ? {} : await r.json().catch(() => ({}));
+        flash(r.ok ? "Deleted." : `Delete failed: ${body.error || r.status}`, !r.ok);
+      } catch (e) {
+        flash(`Delete failed: ${e}`, true);
+      }
+      await refresh();
+    });
+
     // Redrive buttons (delegated: the sections are replaced at every refresh).
     main.addEventListener("click", async (ev) => {
       const button = ev.target.closest("button[data-redrive]");

@@ -119,6 +119,29 @@ def test_redrive_button_moves_a_dead_letter_back(browser: object, node: tuple) -
     wait(browser, lambda d: queue_length(d, "failed") == "0", "the page shows the move")
 
 
+def test_a_failed_jobs_row_buttons_redrive_and_delete(browser: object, node: tuple) -> None:
+    from selenium.webdriver.common.by import By
+
+    srv, base = node
+    parked = []
+    for body in ("resize a.png", "resize b.png"):
+        job = srv.call("ADDJOB", "resize", body, 0)
+        assert srv.call("GETJOB", "FROM", "resize")[0][1] == job
+        parked.append(srv.call("QPOLICY", "PARK", job, 1, "/logs/x.log", "exit status 1")[1])
+    browser.get(base + "/")  # type: ignore[attr-defined]
+    rows = [browser.find_element(  # type: ignore[attr-defined]
+        By.CSS_SELECTOR, f'tr[data-letter="{p.decode()}"]') for p in parked]
+    assert "exit status 1" in rows[0].text and "/logs/x.log" in rows[0].text
+    flash = browser.find_element(By.ID, "flash")  # type: ignore[attr-defined]
+    rows[0].find_element(By.CSS_SELECTOR, "button[data-redrive]").click()
+    wait(browser, lambda d: "Moved 1 dead letter" in flash.text, "the redrive's answer")
+    assert srv.call("QLEN", "resize") == 1 and srv.call("QLEN", "resize.err") == 1
+    browser.find_element(  # type: ignore[attr-defined]
+        By.CSS_SELECTOR, f'tr[data-letter="{parked[1].decode()}"] button[data-delete]').click()
+    wait(browser, lambda d: "Deleted." in flash.text, "the delete's answer")
+    assert srv.call("QLEN", "resize.err") == 0 and srv.call("SHOW", parked[1]) is None
+
+
 def test_a_running_jobs_output_streams_live_with_colours(browser: object, node: tuple) -> None:
     from selenium.webdriver.common.by import By
 

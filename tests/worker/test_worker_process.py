@@ -34,14 +34,18 @@ def node() -> Iterator[ServerProcess]:
 
 
 def _dead_letter_nacks(node: ServerProcess, queue: str) -> str:
-    """A redrive policy that moves a NACKed job of ``queue`` to ``<queue>-dead`` at once:
-    what a queue's redrive policy does with the worker's NACKs, and no job loops back to the
-    worker during a test."""
+    """A redrive policy whose dead-letter queue, ``<queue>-dead``, is where the worker parks
+    a failed job of ``queue`` (docs/worker.md)."""
     dlq = f"{queue}-dead"
     assert isinstance(node.call("QPOLICY", "CREATE", dlq), list)
     assert isinstance(node.call("QPOLICY", "CREATE", queue, "REDRIVE", "1", dlq), list)
     return dlq
 
+
+
+def _why(run: dict) -> str:
+    """A failed run's reason without where the job was parked."""
+    return run["reason"].split("; parked in ", 1)[0]
 
 
 def _worker(node: ServerProcess, tmp_path: Path, queues: list[str], command: list[str | Path],
@@ -96,10 +100,10 @@ def test_each_status_command_decides_the_jobs_fate(node: ServerProcess, tmp_path
     assert node.call("SHOW", ids["done"]) is None  # acknowledged
 
     assert runs["err"]["state"] == "failed"
-    assert runs["err"]["reason"] == "err: by design (exit status 0)"
-    assert (runs["exit3"]["exit-code"], runs["exit3"]["reason"]) == (3, "exit status 3")
-    assert runs["silent"]["reason"] == "exit status 0 without a 'done' line on fd 3"
-    # The three failures were NACKed, and the redrive policy moved each to the dead letters.
+    assert _why(runs["err"]) == "err: by design (exit status 0)"
+    assert (runs["exit3"]["exit-code"], _why(runs["exit3"])) == (3, "exit status 3")
+    assert _why(runs["silent"]) == "exit status 0 without a 'done' line on fd 3"
+    # The three failures were parked in the queue's dead-letter queue.
     dead = [j[2] for j in node.call("QPEEK", dlq, "10")]
     assert sorted(dead) == [b"err", b"exit3", b"silent"]
 
@@ -185,11 +189,11 @@ def test_a_script_that_hangs_is_stopped_at_its_queues_time_limit(node: ServerPro
                  "--kill-after", "0.5"):
         run = wait_state(node.port, job)
     assert run["state"] == "timeout" and run["exit-code"] == -signal.SIGKILL
-    assert run["reason"] == ("time limit of 1 s reached; the script was stopped (killed by "
-                             "SIGKILL)")
+    assert _why(run) == ("time limit of 1 s reached; the script was stopped (killed by "
+                         "SIGKILL)")
     assert 1400 <= run["ended-ms"] - run["started-ms"] < 6000
     assert b"got TERM, ignoring it" in run_output(node.port, job)[2]
-    assert [j[2] for j in node.call("QPEEK", dlq, "10")] == [b"x"]  # NACKed once
+    assert [j[2] for j in node.call("QPEEK", dlq, "10")] == [b"x"]  # parked
 
 
 def test_working_keeps_a_long_job_from_being_delivered_again(node: ServerProcess,
@@ -304,10 +308,10 @@ def test_bad_scripts_end_in_a_defined_state_and_the_worker_goes_on(
         assert w.proc is not None and w.proc.poll() is None
 
     assert runs["malformed"]["state"] == "failed"
-    assert runs["malformed"]["reason"] == (
+    assert _why(runs["malformed"]) == (
         "unknown status line 'progress 50%' (the verbs are run, done, err, resend, dup); the "
         "script was stopped (killed by SIGTERM)")
-    assert runs["huge"]["reason"].startswith("status line longer than 1024 bytes; the script "
+    assert _why(runs["huge"]).startswith("status line longer than 1024 bytes; the script "
                                              "was stopped")
 
     flood = runs["flood"]
@@ -325,7 +329,7 @@ def test_bad_scripts_end_in_a_defined_state_and_the_worker_goes_on(
     child = int(run_output(node.port, ids["forks"])[2].split()[1])
     assert process_gone(child)
 
-    assert runs["closes3"]["reason"] == ("exit status 0 without a 'done' line on fd 3; it "
+    assert _why(runs["closes3"]) == ("exit status 0 without a 'done' line on fd 3; it "
                                          "closed its status pipe (fd 3) and went on running")
     assert runs["closes4"]["state"] == "done"
     assert runs["closes4"]["reason"] == ("done: anyway; it did not read the answer to dup on "
@@ -334,7 +338,7 @@ def test_bad_scripts_end_in_a_defined_state_and_the_worker_goes_on(
     assert sorted(j[2] for j in node.call("QPEEK", dlq, "10")) == [
         b"closes3", b"fine", b"huge", b"malformed"]
     assert not_exec["state"] == "failed" and not_exec["exit-code"] is None
-    assert not_exec["reason"] == "cannot execute the command: Permission denied (EACCES)"
+    assert _why(not_exec) == "cannot execute the command: Permission denied (EACCES)"
     assert last["state"] == "done"
 
 
