@@ -82,6 +82,12 @@ class Membership(Table):
         if node is None or node is self.myself:
             return  # a link for an entry renamed or deleted since; Disconnect was sent
         node.link, node.link_since = link, now_ms
+        if node.fresh_ping_on_next_link:
+            # The PING pending (or the clock started when the link died) was never answered
+            # by whatever listens now; Disque keeps it, which fails a peer killed right after
+            # its restart as soon as a PING from before its restart is node_timeout old.
+            node.fresh_ping_on_next_link = False
+            node.ping_sent = 0
         # The meet flag stays until the handshake completes: a MEET lost with its link is
         # said again on the next one, and a repeated MEET is harmless.
         self.send_ping(node, Meet if "meet" in node.flags else Ping, now_ms)
@@ -92,6 +98,9 @@ class Membership(Table):
             return
         if node.link == link:
             node.link = None
+            # Only a link that answered: a peer that accepts links and drops them unanswered
+            # gets no fresh clock per link, so it is still flagged after one node_timeout.
+            node.fresh_ping_on_next_link = node.pong_received >= node.link_since
         if node.link is None and node.ping_sent == 0:
             # Nothing can answer now: count from here so an unreachable node goes pfail.
             node.ping_sent = now_ms
