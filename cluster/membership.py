@@ -20,7 +20,9 @@ Flags of an entry (any combination):
     meet        while in handshake, say MEET (not PING) on the outbound link, so that the
                 peer adds us although it does not know us.
     pfail       my own view: a PING has gone unanswered for more than node_timeout (a node
-                we cannot connect to counts as pinged since its link went down).
+                we cannot connect to counts as pinged since its link went down). A PING
+                still pending when a link that had answered dies is void on the next
+                link, whose own first PING starts the clock: a new process listens there.
     fail        agreed: pfail here, and failure reports (pfail/fail in gossip) from other
                 nodes, each valid node_timeout * FAIL_REPORT_VALIDITY_MULT, plus myself,
                 reach size // 2 + 1, where size counts every entry not in handshake, failed
