@@ -506,7 +506,7 @@ class Bus:
                 started = trio.current_time()
                 try:
                     with trio.fail_after(self.connect_timeout):
-                        stream = await trio.open_tcp_stream(ob.ip, ob.port)
+                        stream = await _connect(ob.ip, ob.port)
                 except (OSError, trio.TooSlowError) as exc:
                     self.counters["connect_failures"] += 1
                     self._next_link += 1
@@ -687,6 +687,19 @@ class Bus:
         self.outbound[want.node_id] = ob
         if self._nursery is not None:  # else run() starts it
             self._nursery.start_soon(self._keep, ob)
+
+
+async def _connect(ip: str, port: int) -> trio.SocketStream:
+    """A TCP connection to a node's numeric address. Not ``trio.open_tcp_stream``: its
+    happy-eyeballs nursery tripled the CPU of an attempt, and a node that is down is tried
+    ten times a second."""
+    sock = trio.socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
+    try:
+        await sock.connect((ip, port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)  # which sets TCP_NODELAY
 
 
 def _nodelay(sock: Any) -> None:
