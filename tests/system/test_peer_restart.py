@@ -5,7 +5,8 @@ not flagged failing early.
   after "Replicating job expires before reaching the replication level" (seven nodes,
   ``cluster-node-timeout 3000``): node 1 is killed, restarted and at once killed again; an
   ADDJOB REPLICATE 7 sent then (and another one a second later) waits, and once node 1 is
-  back two seconds later it is answered with a job ID that all seven nodes hold.
+  back two seconds later it is answered with a job ID that all seven nodes hold. Killed once
+  more, node 1 is failing on node 0 after the node timeout, neither sooner nor later.
 * A restarted peer's bus port is reconnected within 200 ms of listening, restart after
   restart: the peer here is a plain socket that listens where node 1's bus listened, so
   the test sees the instant node 0's connection arrives.
@@ -90,9 +91,19 @@ def test_addjob_waits_for_a_peer_killed_right_after_its_restart(
         assert sorted(n.decode() for n in fields[b"nodes-delivered"]) == sorted(ids)
         holders = [i for i in range(7) if c.call(i, "SHOW", job_id) is not None]
         assert holders == list(range(7)), holders
+    # Really down, it is still flagged after the node timeout: not sooner, not later (the
+    # slack is this loop's polling and a CLUSTER NODES round trip on two busy cores).
+    c.kill(1)
+    killed = time.monotonic()
+    # fail? (pfail) or at once fail, when the others' reports came before node 0's own pfail
+    wait_until(lambda: c.nodes_of(0)[ids[1]].flags & {"fail?", "fail"}, 10,
+               "node 1 failing on node 0", interval=0.02)
+    pfail_s = time.monotonic() - killed
     print(f"\nevery node linked to the restarted node 1 {linked_s * 1000:.0f} ms after it "
           f"answered PING; both ADDJOB REPLICATE 7 answered {answered_s:.2f} s after the "
-          f"first was sent (node 1 restarted 2 s after)")
+          f"first was sent (node 1 restarted 2 s after); killed again, failing on node 0 "
+          f"after {pfail_s:.2f} s")
+    assert 2.9 <= pfail_s <= 3.5, pfail_s
 
 
 def test_a_restarted_peer_is_reconnected_within_200_ms_of_listening(
