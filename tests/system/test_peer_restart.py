@@ -3,7 +3,8 @@ not flagged failing early.
 
 * Disque's replication test "Sync REPLJOB messages are retried against old nodes", right
   after "Replicating job expires before reaching the replication level" (seven nodes,
-  ``cluster-node-timeout 3000``): node 1 is killed, restarted and at once killed again; an
+  ``cluster-node-timeout 3000``): node 1 is killed, restarted and killed again as soon as
+  every peer has linked to it (a reconnect period or two after it answers PING); an
   ADDJOB REPLICATE 7 sent then (and another one a second later) waits, and once node 1 is
   back two seconds later it is answered with a job ID that all seven nodes hold. Killed once
   more, node 1 is failing on node 0 after the node timeout, neither sooner nor later.
