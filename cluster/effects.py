@@ -10,8 +10,8 @@ time, and takes effects from its ``outbox`` after every call, in order.
 Links. Every link is bidirectional and the transport numbers each one with a ``LinkId`` (an
 int, never reused within a process). A node keeps one *outbound* link to every node of its
 table that has an address (handshake entries included), opened when the core asks for it with
-``Connect`` and kept up by the transport (reconnect with backoff) until ``Disconnect``. It also
-accepts *inbound* links from anyone. Frames arriving on either kind of link go to the core with
+``Connect`` and kept up by the transport (reconnecting every 100 ms) until ``Disconnect``. It
+also accepts *inbound* links from anyone. Frames arriving on either kind of link go to the core with
 the link's ID; an answer to a frame (PONG to PING or MEET) goes back on the link it came from
 (``Answer``), which is what lets a node answer a sender it does not know yet, as Redis and
 Disque do. Messages a node starts itself go on its outbound link to that node (``Send``): if

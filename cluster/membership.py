@@ -20,7 +20,9 @@ Flags of an entry (any combination):
     meet        while in handshake, say MEET (not PING) on the outbound link, so that the
                 peer adds us although it does not know us.
     pfail       my own view: a PING has gone unanswered for more than node_timeout (a node
-                we cannot connect to counts as pinged since its link went down).
+                we cannot connect to counts as pinged since its link went down). A PING
+                still pending when a link that had answered dies is void on the next
+                link, whose own first PING starts the clock: a new process listens there.
     fail        agreed: pfail here, and failure reports (pfail/fail in gossip) from other
                 nodes, each valid node_timeout * FAIL_REPORT_VALIDITY_MULT, plus myself,
                 reach size // 2 + 1, where size counts every entry not in handshake, failed
@@ -82,6 +84,12 @@ class Membership(Table):
         if node is None or node is self.myself:
             return  # a link for an entry renamed or deleted since; Disconnect was sent
         node.link, node.link_since = link, now_ms
+        if node.fresh_ping_on_next_link:
+            # The PING pending (or the clock started when the link died) was never answered
+            # by whatever listens now; Disque keeps it, which fails a peer killed right after
+            # its restart as soon as a PING from before its restart is node_timeout old.
+            node.fresh_ping_on_next_link = False
+            node.ping_sent = 0
         # The meet flag stays until the handshake completes: a MEET lost with its link is
         # said again on the next one, and a repeated MEET is harmless.
         self.send_ping(node, Meet if "meet" in node.flags else Ping, now_ms)
@@ -92,6 +100,9 @@ class Membership(Table):
             return
         if node.link == link:
             node.link = None
+            # Only a link that answered: a peer that accepts links and drops them unanswered
+            # gets no fresh clock per link, so it is still flagged after one node_timeout.
+            node.fresh_ping_on_next_link = node.pong_received >= node.link_since
         if node.link is None and node.ping_sent == 0:
             # Nothing can answer now: count from here so an unreachable node goes pfail.
             node.ping_sent = now_ms

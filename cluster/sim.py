@@ -11,7 +11,7 @@ Theory of operation
 * Links. ``Connect`` makes a node *want* an outbound link to an address; the harness opens it
   if a live node listens there (bus port = port + 10000) and no partition separates them,
   then calls ``link_up``; otherwise it calls ``link_down`` (connect failed) and tries again
-  ``reconnect_ms`` later, as the transport's backoff would. ``Disconnect`` closes it and stops
+  ``reconnect_ms`` (100) later, as the transport does. ``Disconnect`` closes it and stops
   wanting it (no ``link_down``: the core asked). ``CloseLink`` and a peer's death close a link
   and report ``link_down`` to the side that opened it, which then reconnects.
 * Frames travel as bytes: ``cluster.wire.encode`` with the sender's secret, then the
@@ -127,7 +127,7 @@ class SimNode:
 
 class Sim:
     def __init__(self, seed: int = 0, *, start_ms: int = 1_795_315_000_000, tick_ms: int = 100,
-                 reconnect_ms: int = 500,
+                 reconnect_ms: int = 100,
                  core_factories: tuple[Callable[[SimNode, int], Any], ...] = ()) -> None:
         self.rng = random.Random(seed)
         self.now = start_ms

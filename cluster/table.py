@@ -57,6 +57,9 @@ class Node:
     fail_time: int = 0
     link: LinkId | None = None  # the outbound link, while it is up
     link_since: int = 0
+    # The last link answered a PING, then died: the node now listening there (if any) is
+    # a new process, so the next link's first PING starts the pfail clock afresh.
+    fresh_ping_on_next_link: bool = False
     fail_reports: dict[str, int] = field(default_factory=dict)  # reporter ID -> last time
 
     def failing(self) -> bool:

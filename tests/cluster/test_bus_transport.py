@@ -216,7 +216,8 @@ async def test_inbound_links_are_limited(autojump_clock: trio.abc.Clock,
         await until(lambda: a.bus.inbound == 0)
 
 
-async def test_reconnects_after_the_peer_restarts(autojump_clock: trio.abc.Clock) -> None:
+async def test_a_restarted_peer_is_reconnected_within_100_ms_every_time(
+        autojump_clock: trio.abc.Clock) -> None:
     async with bus_node() as a:
         b_id = os.urandom(20).hex()
         async with bus_node(b_id) as b:
@@ -224,16 +225,23 @@ async def test_reconnects_after_the_peer_restarts(autojump_clock: trio.abc.Clock
             a.core.meet("127.0.0.1", b.port)
             a.bus.flush()
             await until(lambda: b_id in a.core.up)
-            first = a.core.up[b_id]
+            last = a.core.up[b_id]
         await until(lambda: b_id not in a.core.up)
-        await trio.sleep(5)  # down for a while: the keeper keeps trying, with backoff
+        await trio.sleep(5)  # down for a while: the keeper tries every 80-100 ms, no backoff
         failures = a.bus.counters["connect_failures"]
-        assert 3 <= failures <= 5 / busmod.RECONNECT_MIN_S
-        async with bus_node(b_id, port=b_port):
-            start = trio.current_time()
-            await until(lambda: b_id in a.core.up)
-            assert trio.current_time() - start <= a.bus.reconnect_max * 1.2 + 0.1
-            assert a.core.up[b_id] > first  # a new link ID, never reused
+        every = busmod.RECONNECT_EVERY_S
+        assert 5 / every - 2 <= failures <= 5 / (0.8 * every) + 2, failures
+        # Quick restarts in a row (as many as the old doubling backoff needed to reach its
+        # ceiling): each one is linked within one attempt period of listening.
+        for down_s in (0.05, 0.3, 2.0, 0.15, 0.5):
+            async with bus_node(b_id, port=b_port):
+                listening = trio.current_time()
+                await until(lambda: b_id in a.core.up)
+                assert trio.current_time() - listening <= every
+                assert a.core.up[b_id] > last  # a new link ID, never reused
+                last = a.core.up[b_id]
+            await until(lambda: b_id not in a.core.up)
+            await trio.sleep(down_s)
         downs = [e for e in a.core.events if e[0] == "down" and e[1] == b_id]
         assert len(downs) >= failures
 

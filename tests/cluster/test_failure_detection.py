@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from broker.config import Config
-from cluster.effects import Send
+from cluster.effects import CloseLink, Send
 from cluster.membership import Membership
 from cluster.messages import Gossip, Ping, Pong
 from cluster.nodes_file import parse
@@ -31,10 +31,10 @@ def core() -> Membership:
     return m
 
 
-def pong(m: Membership, node_id: str, now: int) -> None:
+def pong(m: Membership, node_id: str, now: int, link: int | None = None) -> None:
     body = Pong(7712, frozenset()).to_body()
-    m.receive(Frame(MessageType.PONG, node_id, body), LINK[node_id], "10.0.0.9", "10.0.0.1",
-              node_id, now)
+    m.receive(Frame(MessageType.PONG, node_id, body), link or LINK[node_id], "10.0.0.9",
+              "10.0.0.1", node_id, now)
 
 
 def drive(m: Membership, start: int, end: int, answering: set[str]) -> None:
@@ -105,3 +105,89 @@ def test_an_unreachable_node_goes_pfail_without_any_link() -> None:
     drive(m, T0 + 10, T0 + 10 + TIMEOUT + 200, answering={B})
     assert m.nodes[C].flags == {"pfail"} and m.nodes[B].flags == set()
     assert m.reachable_nodes() == 1
+
+
+# -- a link that dies ------------------------------------------------------------------------
+# B answered on its link, then its process died (the link closed). The transport tries again
+# every 100 ms: refused while nothing listens (link_down with a new link ID each time).
+
+def answered_then_killed(m: Membership, killed_at: int) -> None:
+    drive(m, T0, killed_at, answering={B, C})
+    m.link_down(B, LINK[B], killed_at)
+
+
+def refused(m: Membership, start: int, end: int) -> None:
+    for n, now in enumerate(range(start, end, 100)):
+        m.link_down(B, 100 + n, now)
+        drive(m, now, now + 100, answering={C})
+
+
+def test_a_node_killed_is_pfail_after_the_node_timeout_not_sooner_nor_later() -> None:
+    m = core()
+    answered_then_killed(m, T0 + 500)
+    refused(m, T0 + 500, T0 + 500 + TIMEOUT)
+    assert m.nodes[B].flags == set()
+    refused(m, T0 + 500 + TIMEOUT, T0 + 500 + TIMEOUT + 200)
+    assert m.nodes[B].flags == {"pfail"}
+
+
+def test_a_peer_killed_before_answering_after_its_restart_gets_a_fresh_node_timeout() -> None:
+    m = core()
+    answered_then_killed(m, T0 + 500)
+    refused(m, T0 + 500, T0 + 1800)
+    m.link_up(B, 200, T0 + 1800)  # it listens again: our PING goes out on the new link...
+    m.link_down(B, 200, T0 + 1850)  # ...and it is killed before it answers
+    refused(m, T0 + 1850, T0 + 1800 + TIMEOUT)
+    # A PING from before the restart alone (sent 2 s before the restart, here) is no reason:
+    # nothing has failed to answer on the new link for node_timeout yet.
+    assert m.nodes[B].flags == set()
+    refused(m, T0 + 1800 + TIMEOUT, T0 + 1800 + TIMEOUT + 200)
+    assert m.nodes[B].flags == {"pfail"}
+
+
+def test_a_new_link_that_answers_clears_the_pending_ping_at_once() -> None:
+    m = core()
+    answered_then_killed(m, T0 + 500)
+    refused(m, T0 + 500, T0 + 1800)
+    assert m.nodes[B].ping_sent == T0 + 500
+    m.link_up(B, 200, T0 + 1800)
+    pong(m, B, T0 + 1801, link=200)
+    assert m.nodes[B].ping_sent == 0 and m.nodes[B].pong_received == T0 + 1801
+
+
+def test_a_peer_that_accepts_links_but_never_answers_gets_no_fresh_clock_per_link() -> None:
+    m = core()
+    answered_then_killed(m, T0 + 500)
+    first_link_at = T0 + 600
+    for n, now in enumerate(range(first_link_at, first_link_at + 2 * TIMEOUT, 100)):
+        m.link_up(B, 300 + n, now)
+        m.link_down(B, 300 + n, now + 10)
+        drive(m, now + 10, now + 100, answering={C})
+        if now < first_link_at + TIMEOUT:
+            assert m.nodes[B].flags == set(), now - first_link_at
+    assert m.nodes[B].flags == {"pfail"}  # one node_timeout after the first new link's PING
+
+
+def test_a_hung_peer_is_pfail_after_the_node_timeout_though_its_link_is_replaced() -> None:
+    """B stops answering but its kernel still accepts links: the core closes the silent link
+    (Disque's "reconnect the link" rule), the transport opens another at once."""
+    m = core()
+    drive(m, T0, T0 + 3 * TIMEOUT, answering={B, C})  # links older than node_timeout
+    pinged = None
+    next_link = 400
+    for now in range(T0 + 3 * TIMEOUT, T0 + 6 * TIMEOUT, 100):
+        m.tick(now)
+        for effect in m.take_effects():
+            if isinstance(effect, Send) and effect.type is MessageType.PING:
+                if effect.node_id == C:
+                    pong(m, C, now)
+                elif pinged is None:
+                    pinged = now
+            if isinstance(effect, CloseLink):
+                m.link_down(B, effect.link, now)
+                next_link += 1
+                m.link_up(B, next_link, now)
+        if "pfail" in m.nodes[B].flags:
+            break
+    assert pinged is not None and m.nodes[B].flags == {"pfail"}
+    assert pinged + TIMEOUT < now <= pinged + TIMEOUT + 100
