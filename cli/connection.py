@@ -1,7 +1,9 @@
 """One socket from `trisque` to one node, and the one-line messages a broken one gives.
 
 Every reply is read with ``protocol.typed_reply.TypedReplyParser`` so status, bulk and error
-replies stay apart for the formatters (``cli.reply_format``).
+replies stay apart for the formatters (``cli.reply_format``). The protocol modules are imported
+when the first command is sent, not with this module: ``--pipe`` only opens the socket, and
+Python's start-up is most of what a ``--pipe`` run costs beyond redis-cli's.
 """
 
 from __future__ import annotations
@@ -9,9 +11,6 @@ from __future__ import annotations
 import socket
 import sys
 from typing import Any
-
-from protocol.resp import NEED_DATA, Error, ProtocolError, encode_command
-from protocol.typed_reply import TypedReplyParser
 
 CONNECT_TIMEOUT = 5.0
 
@@ -33,21 +32,19 @@ class NodeConnection:
                  user: str | None = None) -> None:
         self.host, self.port, self.password, self.user = host, port, password, user
         self.sock: socket.socket | None = None
-        self.parser = TypedReplyParser()
+        self.parser: Any = None  # a TypedReplyParser once connected
 
     @property
     def name(self) -> str:
         return f"{self.host}:{self.port}"
 
     def connect(self) -> None:
-        """Raises ``NodeGone`` with the redis-cli style message."""
-        try:
-            self.sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT)
-        except OSError as exc:
-            raise NodeGone(f"Could not connect to trisque at {self.name}: {reason(exc)}") from None
-        # Replies to blocking commands (GETJOB) may take as long as the user asked for.
-        self.sock.settimeout(None)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        """Open the socket and authenticate; raises ``NodeGone`` with the redis-cli style
+        message."""
+        self.open_socket()
+        from protocol.resp import Error
+        from protocol.typed_reply import TypedReplyParser
+
         self.parser = TypedReplyParser()
         if self.password is not None:
             auth = [b"AUTH"] + ([self.user.encode()] if self.user else []) + [self.password.encode()]
@@ -55,9 +52,20 @@ class NodeConnection:
             if isinstance(reply, Error):
                 sys.stderr.write(f"AUTH failed: {reply}\n")
 
+    def open_socket(self) -> None:
+        try:
+            self.sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT)
+        except OSError as exc:
+            raise NodeGone(f"Could not connect to trisque at {self.name}: {reason(exc)}") from None
+        # Replies to blocking commands (GETJOB) may take as long as the user asked for.
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def call(self, args: list[bytes], timeout: float | None = None) -> Any:
         """Send one command and read its reply. With ``timeout``, a reply that takes longer
         closes the connection (its late reply must not answer the next command)."""
+        from protocol.resp import NEED_DATA, ProtocolError, encode_command
+
         if self.sock is None:
             self.connect()
         assert self.sock is not None

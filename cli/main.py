@@ -2,14 +2,16 @@
 
 Theory of operation
 -------------------
-Three ways in, one loop: a command given on the command line (run once, or ``-r`` times every
-``-i`` seconds; ``-x``/``-X`` read an argument from stdin), commands read line by line from
-stdin when it is not a terminal, or the interactive prompt (``cli.prompt``: completion, hints,
-history). Every command goes over one plain socket to one node (``cli.connection``; no cluster
-hopping: an operator talks to the node they named), and every reply prints the way redis-cli
-prints it (``cli.reply_format``). The modes that replace that loop have modules of their own:
-``--pipe`` (``cli.pipe_mode``), ``--stat``, ``--latency`` and ``--latency-history``
-(``cli.watch_modes``). Options and the help text are in ``cli.options``.
+Three ways in, one loop (``cli.command_loop``): a command given on the command line (run once,
+or ``-r`` times every ``-i`` seconds; ``-x``/``-X`` read an argument from stdin), commands read
+line by line from stdin when it is not a terminal, or the interactive prompt (``cli.prompt``:
+completion, hints, history). Every command goes over one plain socket to one node
+(``cli.connection``; no cluster hopping: an operator talks to the node they named), and every
+reply prints the way redis-cli prints it (``cli.reply_format``). The modes that replace that
+loop have modules of their own: ``--pipe`` (``cli.pipe_mode``), ``--stat``, ``--latency`` and
+``--latency-history`` (``cli.watch_modes``). Options and the help text are in
+``cli.options``. This module only dispatches, and imports each part when it is used: Python's
+start-up is the largest fixed cost of a short run.
 
 Local tools never share the command namespace with the server: their names are lowercase
 words no Disque or Redis command has (``check-log``: a hyphen, which no command name contains;
@@ -26,82 +28,9 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import time
-from typing import Any, TextIO
 
 from cli.connection import NodeConnection, NodeGone
-from cli.options import USAGE, Options, UsageError, parse_argv
-from cli.reply_format import format_json, format_raw, format_tty
-from protocol.resp import Error, ProtocolError, split_args
-
-#: Local tools: name -> (module, function taking argv and returning an exit status).
-TOOLS = {"check-log": ("cli.check_log", "main"), "worker": ("cli.worker", "main")}
-
-
-class Printer:
-    def __init__(self, mode: str, out: TextIO) -> None:
-        self.mode = mode
-        self.out = out
-
-    def reply(self, reply: Any) -> None:
-        if self.mode == "raw":
-            data = format_raw(reply)
-        elif self.mode == "json":
-            data = format_json(reply).encode("utf-8", "surrogateescape")
-        else:
-            data = format_tty(reply).encode("utf-8", "surrogateescape")
-        self.out.flush()
-        self.out.buffer.write(data)
-        self.out.buffer.flush()
-
-
-def _hint_for_tool(args: list[bytes], reply: Any) -> None:
-    if isinstance(reply, Error) and args and args[0].decode("utf-8", "replace").lower() in TOOLS:
-        name = args[0].decode().lower()
-        sys.stderr.write(f"hint: local tools are run as: trisque --tool {name} ...\n")
-
-
-def run_commands(conn: NodeConnection, commands: list[list[bytes]], printer: Printer,
-                 repeat: int = 1, interval: float = 0.0) -> int:
-    """Send each command (``repeat`` times), print each reply; 1 if any reply was an error."""
-    status = 0
-    n = 0
-    while repeat < 0 or n < repeat:
-        if n and interval:
-            time.sleep(interval)
-        n += 1
-        for args in commands:
-            reply = conn.call(args)
-            printer.reply(reply)
-            if isinstance(reply, Error):
-                status = 1
-                _hint_for_tool(args, reply)
-    return status
-
-
-def run_stdin(conn: NodeConnection, stream: Any, printer: Printer) -> int:
-    status = 0
-    for raw_line in stream:
-        line = raw_line.rstrip(b"\r\n")
-        try:
-            args = split_args(line)
-        except ProtocolError:
-            sys.stderr.write("Invalid argument(s)\n")
-            status = 1
-            continue
-        if args:
-            status |= run_commands(conn, [args], printer)
-    return status
-
-
-def command_from(opts: Options) -> list[bytes]:
-    """The command line's command, with the argument -x or -X reads from stdin."""
-    command = [a.encode("utf-8", "surrogateescape") for a in opts.command]
-    if opts.stdin_last_arg:
-        command.append(sys.stdin.buffer.read())
-    elif opts.stdin_tag is not None:
-        command[opts.command.index(opts.stdin_tag)] = sys.stdin.buffer.read()
-    return command
+from cli.options import TOOLS, USAGE, Options, UsageError, parse_argv
 
 
 def run_tool(name: str, argv: list[str]) -> int:
@@ -154,9 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     output = opts.output
     if output == "auto":
         output = "tty" if (interactive or sys.stdout.isatty()) else "raw"
-    printer = Printer(output, sys.stdout)
     conn = NodeConnection(opts.host, opts.port, opts.password, opts.user)
     try:
+        if opts.mode is not None:
+            return run_mode(conn, opts, output)
+        # Imported here, not above: --pipe runs without the reply formatters (start-up time).
+        from cli.command_loop import Printer, command_from, run_commands, run_stdin
+
+        printer = Printer(output, sys.stdout)
         if interactive:
             from cli.prompt import run_prompt
 
@@ -164,8 +98,6 @@ def main(argv: list[str] | None = None) -> int:
                 run_commands(conn, [command], printer)
 
             return run_prompt(conn, send)
-        if opts.mode is not None:
-            return run_mode(conn, opts, output)
         conn.connect()
         if opts.command:
             return run_commands(conn, [command_from(opts)], printer, opts.repeat,

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from urllib.parse import unquote, urlsplit
-
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7711
 
@@ -82,6 +79,10 @@ Examples:
 """
 
 
+#: Local tools: name -> (module, function taking argv and returning an exit status).
+TOOLS = {"check-log": ("cli.check_log", "main"), "worker": ("cli.worker", "main")}
+
+
 class UsageError(Exception):
     pass
 
@@ -90,27 +91,32 @@ class UsageError(Exception):
 MODES = ("pipe", "stat", "latency", "latency-history")
 
 
-@dataclass
 class Options:
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    user: str | None = None
-    password: str | None = None
-    output: str = "auto"  # auto | tty | raw | json
-    repeat: int = 1
-    interval: float | None = None  # None: the mode's default
-    stdin_last_arg: bool = False
-    stdin_tag: str | None = None  # -X: the argument to replace with stdin
-    mode: str | None = None  # one of MODES
-    pipe_timeout: float = 30.0
-    command: list[str] = field(default_factory=list)
-    tool: str | None = None
-    show_help: bool = False
+    """What the command line asked for. A plain class: this module is imported on every run,
+    and the dataclasses module would add to the start-up (see cli.connection)."""
+
+    def __init__(self) -> None:
+        self.host = DEFAULT_HOST
+        self.port = DEFAULT_PORT
+        self.user: str | None = None
+        self.password: str | None = None
+        self.output = "auto"  # auto | tty | raw | json
+        self.repeat = 1
+        self.interval: float | None = None  # None: the mode's default
+        self.stdin_last_arg = False
+        self.stdin_tag: str | None = None  # -X: the argument to replace with stdin
+        self.mode: str | None = None  # one of MODES
+        self.pipe_timeout = 30.0
+        self.command: list[str] = []
+        self.tool: str | None = None
+        self.show_help = False
 
 
 def parse_uri(uri: str, opts: Options) -> None:
     """``trisque://[[user]:password@]host[:port]`` (or ``redis://``, as redis-cli users type
     it); what the URI names replaces the defaults and earlier -h/-p/-a."""
+    from urllib.parse import unquote, urlsplit
+
     parts = urlsplit(uri)
     if parts.scheme.lower() not in ("trisque", "redis"):
         raise UsageError(f"invalid URI scheme in '{uri}' (trisque:// or redis://)")

@@ -35,7 +35,10 @@ class PipeFailed(Exception):
 
 def run_pipe(conn: NodeConnection, stdin: BinaryIO, out: TextIO, err: TextIO,
              timeout: float) -> int:
-    conn.connect()
+    if conn.password is None:
+        conn.open_socket()
+    else:
+        conn.connect()
     sock = conn.sock
     assert sock is not None
     try:

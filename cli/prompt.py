@@ -75,7 +75,8 @@ def completions(line: str, queue_names: Callable[[], list[str]]) -> list[tuple[s
     words = line.split()
     partial = "" if not words or line[-1:].isspace() else words[-1]
     if len(words) <= 1 and partial == line.lstrip():
-        names = syntax.command_names() + list(help_table.PROMPT_WORDS)
+        names = syntax.command_names()
+        names += [w for w in help_table.PROMPT_WORDS if w.upper() not in names]
         return [(n, partial) for n in names if n.upper().startswith(partial.upper())]
     if words[0].lower() == "help" and len(words) - (1 if partial else 0) == 1:
         return [(n, partial) for n in syntax.command_names()
