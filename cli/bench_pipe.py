@@ -5,7 +5,10 @@ off, emptied with DEBUG FLUSHALL before every run), runs interleaved and the ord
 Each run is the wall time of the whole command as a user runs it (start-up included), and
 counts only if it printed ``errors: 0, replies: 100000`` and the queue then holds every job.
 The row gives the medians and trisque's speed as a multiple of redis-cli's (the target:
-at least 1.00x, as fast). ``python -m cli.bench_pipe`` runs it alone.
+at least 1.00x, as fast). Under each client, its start-up: the median of runs with nothing on
+stdin (process start, connect, the closing ECHO), the part of a run that does not depend on
+the commands (a Python interpreter's start-up against a C program's), and the rest, the
+transfer. ``python -m cli.bench_pipe`` runs it alone.
 """
 
 from __future__ import annotations
@@ -59,6 +62,17 @@ def one_run(argv: list[str], port: int, data: Path, n: int, timeout: float) -> f
     return elapsed
 
 
+def startup(argv: list[str], port: int, runs: int = 5) -> float:
+    """Median seconds of ``--pipe`` with nothing on stdin."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(argv + ["-p", str(port), "--pipe"], stdin=subprocess.DEVNULL, cwd=REPO,
+                       capture_output=True, timeout=60)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def run(runs: int, n: int = COMMANDS, timeout: float = 300.0) -> dict[str, object]:
     tools = clients()
     times: dict[str, list[float]] = {name: [] for name in tools}
@@ -76,18 +90,23 @@ def run(runs: int, n: int = COMMANDS, timeout: float = 300.0) -> dict[str, objec
                 took = one_run(tools[name], server.port, data, n, timeout)
                 if i:
                     times[name].append(took)
+        starts = {name: startup(argv, server.port) for name, argv in tools.items()}
     return {"commands": n, "runs": runs, "load": load, "load_after": os.getloadavg()[0],
             "seconds": {name: statistics.median(t) for name, t in times.items()},
-            "all_seconds": times}
+            "startup_seconds": starts, "all_seconds": times}
 
 
 def render(res: dict[str, object]) -> str:
     n = int(res["commands"])  # type: ignore[call-overload]
     seconds: dict[str, float] = res["seconds"]  # type: ignore[assignment]
+    starts: dict[str, float] = res.get("startup_seconds", {})  # type: ignore[assignment]
     lines = [f"(p) --pipe, {n:,} ADDJOB into one trisque node: medians of {res['runs']} "
              f"run(s), load {res['load']:.2f} -> {res['load_after']:.2f}"]
     for name, s in seconds.items():
         lines.append(f"    {name + ' --pipe':<18}{s:6.2f} s  {n / s:>9,.0f} commands/s")
+        if name in starts:
+            lines.append(f"      of which start-up {starts[name] * 1000:5.0f} ms, transfer "
+                         f"{(s - starts[name]) * 1000:5.0f} ms")
     if "redis-cli" in seconds:
         ratio = seconds["redis-cli"] / seconds["trisque"]
         verdict = "PASS" if ratio >= 1.0 else "MISS"

@@ -54,7 +54,10 @@ class NodeConnection:
 
     def open_socket(self) -> None:
         try:
-            self.sock = socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT)
+            # An ASCII name goes as bytes: a str is IDNA-encoded first, which imports the
+            # IDNA codec (a few ms of start-up).
+            host = self.host.encode() if self.host.isascii() else self.host
+            self.sock = socket.create_connection((host, self.port), timeout=CONNECT_TIMEOUT)
         except OSError as exc:
             raise NodeGone(f"Could not connect to trisque at {self.name}: {reason(exc)}") from None
         # Replies to blocking commands (GETJOB) may take as long as the user asked for.
