@@ -72,8 +72,8 @@ class QueueNames:
 
 def completions(line: str, queue_names: Callable[[], list[str]]) -> list[tuple[str, str]]:
     """(word, prefix it replaces) pairs for Tab on ``line``, the text before the cursor."""
-    words = line.split()
-    partial = "" if not words or line[-1:].isspace() else words[-1]
+    words, between = syntax.split_words(line)
+    partial = "" if not words or between else words[-1]
     if len(words) <= 1 and partial == line.lstrip():
         names = syntax.command_names()
         names += [w for w in help_table.PROMPT_WORDS if w.upper() not in names]

@@ -162,11 +162,40 @@ def _state_for(entry: help_table.CommandHelp, words: list[str]) -> _State | list
     return state
 
 
+def split_words(line: str) -> tuple[list[str], bool]:
+    """The words of a line being typed, quotes kept (``"a b"`` is one word, an unclosed quote
+    runs to the end), and whether the line ends between words."""
+    words: list[str] = []
+    current: list[str] = []
+    quote: str | None = None
+    escaped = in_word = False
+    for ch in line:
+        if quote is not None:
+            current.append(ch)
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote == '"':
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch.isspace():
+            if in_word:
+                words.append("".join(current))
+                current, in_word = [], False
+        else:
+            in_word = True
+            current.append(ch)
+            if ch in "\"'":
+                quote = ch
+    if in_word:
+        words.append("".join(current))
+    return words, not in_word
+
+
 def analyse(line: str) -> Analysis | None:
     """Hint and completions for a prompt line whose cursor is at its end; None when the line
     names no known command (or only part of its name)."""
-    words = line.split()
-    ends_with_space = line[-1:].isspace()
+    words, ends_with_space = split_words(line)
     entry = help_table.lookup(words[0]) if words else None
     if entry is None:
         return None

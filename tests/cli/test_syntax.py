@@ -22,6 +22,10 @@ def test_every_node_command_has_help_hints_and_completion() -> None:
     ("getjob TIMEOUT 10 ", "[NOHANG] [COUNT count] [WITHCOUNTERS] FROM queue [queue ...]"),
     ("GETJOB FROM q1 ", "[queue ...]"),
     ("QPEEK q", " count"),
+    ('ADDJOB q "a body with spaces" ', "ms-timeout [REPLICATE count] [DELAY sec] [RETRY sec] "
+                                       "[TTL sec] [MAXLEN count] [ASYNC]"),
+    ('ADDJOB q "an open quote ', " ms-timeout [REPLICATE count] [DELAY sec] [RETRY sec] "
+                                 "[TTL sec] [MAXLEN count] [ASYNC]"),
     ("QPEEK q 1 ", ""),
     ("CLUSTER MEET", " ip port"),
     ("CLUSTER MEET 127.0.0.1 ", "port"),
