@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import socket
 import sys
-from typing import Any
+
+# The typing module is for type checkers only here (annotations are not evaluated): importing
+# it costs start-up too.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 CONNECT_TIMEOUT = 5.0
 

@@ -19,11 +19,13 @@ import os
 import select
 import socket
 import time
-from typing import BinaryIO, TextIO
 
 import hiredis
 
-from cli.connection import NodeConnection, reason
+from cli.connection import TYPE_CHECKING, NodeConnection, reason
+
+if TYPE_CHECKING:  # not imported at run time: see cli.connection
+    from typing import BinaryIO, TextIO
 
 CHUNK = 256 * 1024
 RECV = 256 * 1024
