@@ -9,8 +9,8 @@ received from server.``, ``errors: N, replies: M``, each error reply on stderr, 
 when there was any error.
 
 Replies are only counted, so hiredis's C reader parses them (the Python reply parser would
-cost more than the node's work per command). Reads from stdin and sends are 256 KiB at a time:
-a node that reads a larger pipelined batch per turn spends less per command.
+cost more than the node's work per command). Reads from stdin and from the socket are 256 KiB at
+a time, so few system calls keep the node's input full and its replies drained.
 """
 
 from __future__ import annotations
