@@ -187,3 +187,17 @@ def test_help_lists_every_mode() -> None:
     for option in ("--pipe", "--pipe-timeout", "--stat", "--latency ", "--latency-history",
                    "-x ", "-X <tag>", "-u <uri>", "-i <interval>", "--raw", "--json"):
         assert option in r.stdout.decode(), option
+
+
+@pytest.mark.parametrize(("uri", "expected"), [
+    ("trisque://10.0.0.5:7000", ("10.0.0.5", 7000, None, None)),
+    ("redis://:p%40ss@node-a", ("node-a", 7711, None, "p@ss")),
+    ("redis://default:pw@[::1]:7712", ("::1", 7712, "default", "pw")),
+    ("trisque://justpass@h:1", ("h", 1, None, "justpass")),  # redis-cli: a password alone
+])
+def test_u_uri_forms(uri: str, expected: tuple[str, int, str | None, str | None]) -> None:
+    from cli.options import parse_argv
+
+    opts = parse_argv(["-a", "earlier", "-u", uri, "PING"])
+    password = expected[3] if expected[3] is not None else "earlier"
+    assert (opts.host, opts.port, opts.user, opts.password) == expected[:3] + (password,)
