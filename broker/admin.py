@@ -112,6 +112,9 @@ def info(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     if fed is not None:
         sources["federation"] = fed.info
     sources["queues"] = lambda: [("registered_queues", len(b.queues))]
+    # trisque's too (`trisque --stat`): the jobs ready in a queue, a sum over the queues
+    # rather than over the jobs, so asking every second stays cheap.
+    sources["jobstats"] = lambda: [("queued_jobs", sum(len(q) for q in b.queues.values()))]
     return render(sources, section).encode()
 
 def cluster(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:

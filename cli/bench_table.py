@@ -14,7 +14,8 @@ https://github.com/antirez/disque); redis-server, the yardstick, always. 50 conn
   (e) ADDJOB with appendonly yes, appendfsync always: against Disque and redis-server with
       the same settings, and (e1) against trisque without the log
 
-Then, after the table: (k) the HTTP API next to RESP (``cli/bench_http.py``) and (f) the
+Then, after the table: (k) the HTTP API next to RESP (``cli/bench_http.py``), (p) ``trisque
+--pipe`` next to ``redis-cli --pipe`` into the same node (``cli/bench_pipe.py``) and (f) the
 Spark data source (``python -m pipeline.bench``). ``python -m cli.bench_cluster`` has the
 cluster cases (g)-(j).
 
@@ -75,7 +76,7 @@ from cli.bench_servers import (
 
 BODY = 16
 QUEUE = "rbq"
-CASES = "a,b,c,d,e,k,f"
+CASES = "a,b,c,d,e,k,p,f"
 C_GENERATOR = "redis-benchmark"
 PY_GENERATOR = "trisque-benchmark"
 
@@ -470,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         table(s, disque, only, c_gen, Path(opts.out))
     if "k" in only:
         http_case(s, opts.quick)
+    if "p" in only:
+        pipe_case(s, opts.quick)
     if "f" in only:
         spark_case(opts.quick)
     return 0
@@ -484,6 +487,22 @@ def http_case(s: Settings, quick: bool) -> None:
                          preload_jobs=20_000 if quick else 60_000)
     print("\n" + bench_http.render(res), flush=True)
     out = REPO / "bench-results" / "http.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+
+
+def pipe_case(s: Settings, quick: bool) -> None:
+    """(p): trisque --pipe against redis-cli --pipe, 100,000 ADDJOB (cli/bench_pipe.py)."""
+    from cli import bench_pipe
+
+    log("(p) --pipe ...")
+    try:
+        res = bench_pipe.run(runs=1 if quick else s.runs)
+    except BenchError as exc:
+        print(f"\n(p) --pipe: n/a: {exc}", flush=True)
+        return
+    print("\n" + bench_pipe.render(res), flush=True)
+    out = REPO / "bench-results" / "pipe.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
 

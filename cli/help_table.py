@@ -70,19 +70,32 @@ COMMANDS: tuple[CommandHelp, ...] = (
                 "RESUME name | FIRE name | HELP",
                 "Periodic timers: add a job to a queue every period seconds, once per due "
                 "time across the cluster (docs/timers.md)", "timers"),
-    CommandHelp("HELLO", "", "This node's ID and every known node with its priority",
-                "cluster"),
-    CommandHelp("CLUSTER", "MEET ip port | NODES | INFO | LEAVING [yes|no] | FORGET id | "
-                "RESET hard|soft", "Join nodes, list them, or mark this node as leaving",
-                "cluster"),
+    CommandHelp("HELLO", "[protover] [AUTH username password] [SETNAME clientname]",
+                "This node's ID and every known node with its priority (with protover: "
+                "the Redis 6 handshake)", "cluster"),
+    CommandHelp("CLUSTER", "MEET ip port | NODES | MYID | INFO | SAVECONFIG | LEAVING [yes|no] | "
+                "FORGET id | RESET [hard|soft]",
+                "Join nodes, list them, or mark this node as leaving", "cluster"),
     CommandHelp("INFO", "[section]", "Node information and statistics", "server"),
     CommandHelp("PING", "[message]", "Check that the node answers", "server"),
-    CommandHelp("CONFIG", "GET pattern | SET name value | REWRITE",
+    CommandHelp("CONFIG", "GET pattern | SET name value | REWRITE | RESETSTAT",
                 "Read or change the configuration at run time", "server"),
     CommandHelp("AUTH", "password", "Authenticate the connection", "server"),
     CommandHelp("BGREWRITEAOF", "", "Rewrite the append log in the background", "server"),
-    CommandHelp("SHUTDOWN", "[NOSAVE|SAVE] [REWRITE]", "Stop the node", "server"),
+    CommandHelp("SHUTDOWN", "[REWRITE-AOF]", "Stop the node (first rewriting the append log)",
+                "server"),
     CommandHelp("DEBUG", "FLUSHALL | ...", "Testing and debugging commands", "server"),
+    CommandHelp("CLIENT", "SETNAME name | GETNAME | ID | LIST | SETINFO LIB-NAME|LIB-VER value | "
+                "KILL [ID id] [ADDR ip:port] [TYPE type] [SKIPME yes|no] | KILL ip:port",
+                "Name this connection, list the connections, or close some", "server"),
+    CommandHelp("MONITOR", "", "Stream every command the node receives", "server"),
+    CommandHelp("TIME", "", "The node's clock: seconds and microseconds", "server"),
+    CommandHelp("ECHO", "message", "Reply with the message", "server"),
+    CommandHelp("SELECT", "index", "Accepted for Redis clients: only database 0 exists",
+                "server"),
+    CommandHelp("COMMAND", "[COUNT|DOCS]", "The command table: names, arities, flags",
+                "server"),
+    CommandHelp("QUIT", "", "Close the connection", "server"),
 )
 
 _BY_NAME = {c.name: c for c in COMMANDS}

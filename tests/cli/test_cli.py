@@ -8,7 +8,6 @@ also compared byte for byte with redis-cli's on the same replies.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,11 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pexpect
 import pytest
 
 from protocol.resp import Error, Status
 from tests.client.fake_node import CLOSE, FakeNode
-from tests.support.server import REPO, free_port
+from tests.support.server import REPO, free_port, repo_env
+from tests.support.terminal import Terminal
 
 NESTED = [
     [b"q1", Status("D-80c616e9-j2Mn-05a1"), b"body-1", b"nacks", 0],
@@ -206,38 +207,25 @@ def test_check_log_tool_is_dispatched(tmp_path: Path) -> None:
 
 
 def test_interactive_prompt_help_and_quit(node: FakeNode, tmp_path: Path) -> None:
-    import pty
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: run the prompt on a terminal
-        os.environ["TRISQUE_HISTFILE"] = str(tmp_path / "hist")
-        os.execv(sys.executable, [sys.executable, "-m", "cli.main", "-p", str(node.port)])
-    out = b""
-
-    def read_until(marker: bytes, limit: float = 10.0) -> None:
-        nonlocal out
-        deadline = time.monotonic() + limit
-        while marker not in out and time.monotonic() < deadline:
-            try:
-                out += os.read(fd, 4096)
-            except OSError:
-                break
-        assert marker in out, out
-
+    env = repo_env()
+    env.update(TRISQUE_HISTFILE=str(tmp_path / "hist"), TERM="xterm-256color")
+    term = Terminal([sys.executable, "-m", "cli.main", "-p", str(node.port)], env, str(REPO))
     try:
-        prompt = f"127.0.0.1:{node.port}> ".encode()
-        read_until(prompt)
-        os.write(fd, b"NESTED\r")
-        read_until(b"12) (integer) 8")
-        os.write(fd, b"help qpeek\r")
-        read_until(b"QPEEK queue count")
-        os.write(fd, b"FOO\r")
-        read_until(b"(error) ERR unknown command 'FOO'")
-        os.write(fd, b"quit\r")
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        term.wait_text(f"127.0.0.1:{node.port}>")
+        term.type("NESTED\r")
+        term.wait_text("12) (integer) 8")
+        assert TTY_NESTED in term.text() + "\n"
+        term.type("help qpeek\r")
+        term.wait_text("QPEEK queue count")
+        term.type("FOO\r")
+        term.wait_text("(error) ERR unknown command 'FOO'")
+        term.type("quit\r")
+        term.child.expect(pexpect.EOF, timeout=10)
+        term.child.close()
+        assert term.child.exitstatus == 0
     finally:
-        os.close(fd)
-    assert b"Traceback" not in out
+        term.close()
+    assert "Traceback" not in term.text()
     assert (tmp_path / "hist").read_text().splitlines()[-1] == "quit"
 
 

@@ -1,0 +1,105 @@
+"""One socket from `trisque` to one node, and the one-line messages a broken one gives.
+
+Every reply is read with ``protocol.typed_reply.TypedReplyParser`` so status, bulk and error
+replies stay apart for the formatters (``cli.reply_format``). The protocol modules are imported
+when the first command is sent, not with this module: ``--pipe`` only opens the socket, and
+Python's start-up is most of what a ``--pipe`` run costs beyond redis-cli's.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+# The typing module is for type checkers only here (annotations are not evaluated): importing
+# it costs start-up too.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+CONNECT_TIMEOUT = 5.0
+
+
+class NodeGone(Exception):
+    """The connection broke; ``str()`` is the one-line message for the user."""
+
+
+def reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+class NodeConnection:
+    """One socket to the node, opened lazily and reopened after a break (prompt mode)."""
+
+    def __init__(self, host: str, port: int, password: str | None,
+                 user: str | None = None) -> None:
+        self.host, self.port, self.password, self.user = host, port, password, user
+        self.sock: socket.socket | None = None
+        self.parser: Any = None  # a TypedReplyParser once connected
+
+    @property
+    def name(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def connect(self) -> None:
+        """Open the socket and authenticate; raises ``NodeGone`` with the redis-cli style
+        message."""
+        self.open_socket()
+        from protocol.resp import Error
+        from protocol.typed_reply import TypedReplyParser
+
+        self.parser = TypedReplyParser()
+        if self.password is not None:
+            auth = [b"AUTH"] + ([self.user.encode()] if self.user else []) + [self.password.encode()]
+            reply = self.call(auth)
+            if isinstance(reply, Error):
+                sys.stderr.write(f"AUTH failed: {reply}\n")
+
+    def open_socket(self) -> None:
+        try:
+            # An ASCII name goes as bytes: a str is IDNA-encoded first, which imports the
+            # IDNA codec (a few ms of start-up).
+            host = self.host.encode() if self.host.isascii() else self.host
+            self.sock = socket.create_connection((host, self.port), timeout=CONNECT_TIMEOUT)
+        except OSError as exc:
+            raise NodeGone(f"Could not connect to trisque at {self.name}: {reason(exc)}") from None
+        # Replies to blocking commands (GETJOB) may take as long as the user asked for.
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def call(self, args: list[bytes], timeout: float | None = None) -> Any:
+        """Send one command and read its reply. With ``timeout``, a reply that takes longer
+        closes the connection (its late reply must not answer the next command)."""
+        from protocol.resp import NEED_DATA, ProtocolError, encode_command
+
+        if self.sock is None:
+            self.connect()
+        assert self.sock is not None
+        try:
+            self.sock.settimeout(timeout)
+            self.sock.sendall(encode_command(*args))
+            while True:
+                reply = self.parser.next()
+                if reply is not NEED_DATA:
+                    return reply
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    raise ConnectionResetError("Server closed the connection")
+                self.parser.feed(data)
+        except (OSError, ProtocolError) as exc:
+            self.close()
+            raise NodeGone(f"Error: connection to trisque at {self.name} lost: "
+                           f"{reason(exc)}") from None
+        finally:
+            if self.sock is not None:
+                self.sock.settimeout(None)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+            self.sock = None

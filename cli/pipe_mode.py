@@ -1,0 +1,121 @@
+"""``trisque --pipe``: mass insertion, as ``redis-cli --pipe`` does it.
+
+stdin goes to the node byte for byte (RESP, or one command per line: the node reads inline
+commands with the prompt's quoting), while replies are read as they come, on one non-blocking
+socket: nothing waits for a reply before sending more. At the end of stdin an ``ECHO`` of 20
+random bytes follows; its reply is the last one, so when it is back every reply is. The
+output is redis-cli's: ``All data transferred. Waiting for the last reply...``, ``Last reply
+received from server.``, ``errors: N, replies: M``, each error reply on stderr, exit status 1
+when there was any error.
+
+Replies are only counted, so hiredis's C reader parses them (the Python reply parser would
+cost more than the node's work per command). Reads from stdin and from the socket are 256 KiB at
+a time, so few system calls keep the node's input full and its replies drained.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+
+import hiredis
+
+from cli.connection import TYPE_CHECKING, NodeConnection, reason
+
+if TYPE_CHECKING:  # not imported at run time: see cli.connection
+    from typing import BinaryIO, TextIO
+
+CHUNK = 256 * 1024
+RECV = 256 * 1024
+
+
+class PipeFailed(Exception):
+    """The node or stdin failed mid-way; ``str()`` is the message for stderr."""
+
+
+def run_pipe(conn: NodeConnection, stdin: BinaryIO, out: TextIO, err: TextIO,
+             timeout: float) -> int:
+    if conn.password is None:
+        conn.open_socket()
+    else:
+        conn.connect()
+    sock = conn.sock
+    assert sock is not None
+    try:
+        errors, replies = _transfer(sock, stdin.fileno(), out, err, timeout, conn.name)
+    except PipeFailed as exc:
+        out.flush()
+        err.write(f"{exc}\n")
+        return 1
+    out.write(f"errors: {errors}, replies: {replies}\n")
+    return 1 if errors else 0
+
+
+def _transfer(sock: socket.socket, stdin_fd: int, out: TextIO, err: TextIO, timeout: float,
+              name: str) -> tuple[int, int]:
+    magic = os.urandom(20)
+    # The leading CRLF is an empty inline command (skipped): if stdin ended mid-line, the
+    # ECHO still starts a command of its own.
+    final = b"\r\n*2\r\n$4\r\nECHO\r\n$20\r\n" + magic + b"\r\n"
+    reader = hiredis.Reader()
+    error_type = hiredis.ReplyError
+    sock.setblocking(False)
+    poller = select.poll()
+    fd = sock.fileno()
+    pending = b""  # read from stdin, not yet sent
+    sent = 0
+    eof = done = False
+    errors = replies = 0
+    last_read = time.monotonic()
+    while not done:
+        want_write = not eof or sent < len(pending)
+        poller.register(fd, select.POLLIN | (select.POLLOUT if want_write else 0))
+        events = poller.poll(1000)
+        mask = events[0][1] if events else 0
+        if mask & (select.POLLIN | select.POLLHUP | select.POLLERR):
+            try:
+                data = sock.recv(RECV)
+            except BlockingIOError:
+                data = None
+            except OSError as exc:
+                raise PipeFailed(f"Error reading replies from server: {reason(exc)}") from None
+            if data is not None:
+                if data:
+                    last_read = time.monotonic()
+                    reader.feed(data)
+                while True:
+                    reply = reader.gets()
+                    if reply is False:
+                        break
+                    if isinstance(reply, error_type):
+                        err.write(f"{reply}\n")
+                        errors += 1
+                    elif eof and reply == magic:
+                        out.write("Last reply received from server.\n")
+                        done = True
+                        break
+                    replies += 1
+                if not data and not done:
+                    raise PipeFailed(f"Error: connection to trisque at {name} lost: "
+                                     "Server closed the connection")
+        if mask & select.POLLOUT and not done:
+            if sent == len(pending) and not eof:
+                pending, sent = os.read(stdin_fd, CHUNK), 0
+                if not pending:
+                    eof = True
+                    pending = final
+                    out.write("All data transferred. Waiting for the last reply...\n")
+                    out.flush()
+            try:
+                sent += sock.send(memoryview(pending)[sent:])
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise PipeFailed(f"Error writing to the server: {reason(exc)}") from None
+        if eof and timeout > 0 and time.monotonic() - last_read > timeout and not done:
+            err.write(f"No replies for {timeout:g} seconds: exiting.\n")
+            errors += 1
+            break
+    return errors, replies
