@@ -96,6 +96,8 @@ COMMANDS: tuple[CommandHelp, ...] = (
     CommandHelp("COMMAND", "[COUNT|DOCS]", "The command table: names, arities, flags",
                 "server"),
     CommandHelp("QUIT", "", "Close the connection", "server"),
+    CommandHelp("LOADJOB", "serialized-job",
+                "Disque's append-log record: a client gets an error, as from Disque", "server"),
 )
 
 _BY_NAME = {c.name: c for c in COMMANDS}
