@@ -60,7 +60,7 @@ def test_willqueue_to_a_node_that_has_the_job_queued_is_answered_with_queued() -
     n = len(c.messages(M.QUEUED, job_id))
     c.deliver(0, 1, M.WILLQUEUE, {"id": job_id})
     c.run_for(10)
-    # QUEUED to every node in job.delivered (the README's step 3), so 1 postpones.
+    # QUEUED to every node in job.delivered (docs/cluster.md, replication), so 1 postpones.
     assert len(c.messages(M.QUEUED, job_id)) == n + 2
     assert c.job(1, job_id).qtime > c.sim.now + 59_000
 

@@ -179,7 +179,7 @@ def test_a_worker_running_a_shell_script_streams_live(browser: object, node: tup
                                                       tmp_path: Path) -> None:
     """A real ``trisque worker`` runs tests/dashboard/scripts/build-site.sh for a job; its
     page shows the output while the script runs. The screenshot taken meanwhile is the
-    README's docs/dashboard.png (written there with TRISQUE_UPDATE_SCREENSHOT=1)."""
+    docs/dashboard.png (shown by docs/dashboard.md) (written there with TRISQUE_UPDATE_SCREENSHOT=1)."""
     from selenium.webdriver.common.by import By
 
     srv, base = node

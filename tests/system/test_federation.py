@@ -122,7 +122,7 @@ def test_ten_thousand_jobs_added_on_one_node_are_consumed_on_two_others_once_eac
 
 def test_a_consumer_blocked_on_another_node_receives_a_job_added_on_the_first(
         local_cluster: Factory) -> None:
-    """The README's example: a worker on node1 waits on an empty queue; a job added on
+    """The federation example of docs/cluster.md: a worker on node1 waits on an empty queue; a job added on
     node0 reaches it by the next broadcast NEEDJOBS (at most 4 s after it blocked)."""
     c, ids = joined(local_cluster)
     got: dict[str, Any] = {}
