@@ -1,4 +1,4 @@
-"""Periodic timers: a durable, cluster-wide table of jobs to add every period (issue 14).
+"""Periodic timers: a durable, cluster-wide table of jobs to add every period.
 
 Theory of operation
 -------------------

@@ -1,5 +1,5 @@
 """``make bench`` case (k): the HTTP API's throughput with 16 concurrent clients, next to RESP's
-on the same node in the same run (issue 13; no target yet: measured and recorded).
+on the same node in the same run (no target yet: measured and recorded).
 
 One trisque node (no append log, as cases a-c) with ``http-port``; then, each for ``duration``
 seconds, run ``runs`` times and the median reported:

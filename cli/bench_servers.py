@@ -192,7 +192,7 @@ def disque_binary(given: str | None = None) -> str | None:
 
 
 class DisqueServer(BenchServer):
-    """antirez's Disque server binary, the reference of issue 12's targets: same interface as
+    """antirez's Disque server binary, the reference of the single-node targets: same interface as
     the other servers, its own command line (the log off unless ``settings`` say otherwise)."""
 
     def __init__(self, binary: str, label: str, **settings: str) -> None:

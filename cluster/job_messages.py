@@ -21,7 +21,7 @@ wrong raises ``cluster.wire.MalformedBody``, so the job core only sees well-form
     WORKING   id
     PAUSE     queue (bytes), flags (int 0..3: in=1, out=2)
 
-Federation (issue 10; handled by ``cluster.federation.FederationCore``, ``FED_TYPES``):
+Federation (handled by ``cluster.federation.FederationCore``, ``FED_TYPES``):
 
     NEEDJOBS  queue (bytes), count (int 1..NEEDJOBS_MAX_REQUEST: how many jobs the sender
               would like; a hint)

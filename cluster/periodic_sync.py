@@ -1,4 +1,4 @@
-"""Periodic timers across the cluster (issue 14): the table replicated to every node, and which
+"""Periodic timers across the cluster: the table replicated to every node, and which
 node fires each due time (sans-IO).
 
 Theory of operation

@@ -1,4 +1,4 @@
-"""Queue policies replicated to every node (issue 13): a small core beside the job core.
+"""Queue policies replicated to every node: a small core beside the job core.
 
 Theory of operation
 -------------------

@@ -1,4 +1,4 @@
-"""The dashboard (issue 14): server-rendered pages on the HTTP port, a job's log streamed live.
+"""The dashboard: server-rendered pages on the HTTP port, a job's log streamed live.
 
 Theory of operation
 -------------------

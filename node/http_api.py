@@ -1,4 +1,4 @@
-"""The HTTP API (issue 13): mqs's and MQ's routes on Starlette, served by hypercorn's trio worker
+"""The HTTP API: mqs's and MQ's routes on Starlette, served by hypercorn's trio worker
 inside the node's nursery (``serve``). docs/http.md is the user's reference; ``OPENAPI``
 (node/http_openapi.py) is the document served at ``/openapi.json``.
 
@@ -577,7 +577,7 @@ def make_app(server: Any) -> ASGIApp:
     dashboard = Dashboard(server)
     routes = [
         Route("/openapi.json", _wrap(api.openapi), methods=["GET"]),
-        # Issue 14: Prometheus metrics, and the dashboard's /, /jobs/... and /static/...
+        # Prometheus metrics, and the dashboard's /, /jobs/... and /static/...
         Route("/metrics", metrics.endpoint(server, dashboard), methods=["GET"]),
         *dashboard.routes(),
         Route("/queues", _wrap(api.queues), methods=["GET"]),

@@ -189,7 +189,7 @@ def test_checker_accepts_right_way_imports(relpath: str, source: str) -> None:
 
 
 def test_no_import_cycles_between_modules() -> None:
-    """Modules import each other in one direction only, typing imports included (issue 7: the
+    """Modules import each other in one direction only, typing imports included (the
     admin/core circle). A cycle is reported as the modules it runs through."""
     graph: dict[str, set[str]] = {}
     for path in project_files():

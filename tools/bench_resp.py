@@ -1,4 +1,4 @@
-"""What parsing one request costs, with and without the RESP fast path (issue 12, item 4).
+"""What parsing one request costs, with and without the RESP fast path.
 
 Usage: python -m tools.bench_resp [--rounds 2000] [--repeat 25]
 

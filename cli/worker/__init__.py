@@ -1,4 +1,4 @@
-"""`trisque worker`: run a command once per job taken from trisque queues (issue 14).
+"""`trisque worker`: run a command once per job taken from trisque queues.
 
 The package: ``settings`` (the command line), ``loop`` (taking jobs, concurrency, stopping),
 ``runner`` (one job's life), ``process`` (spawning the script with its pipes), ``status`` (the

@@ -83,7 +83,7 @@ def test_runs_as_a_module(tmp_path):
 
 def test_record_a_node_could_not_have_written_is_damage(tmp_path, capsys):
     """A well-framed record with a RETRY past what ADDJOB accepts (the value that killed a
-    node in issue 15) is reported at its offset, not applied."""
+    node) is reported at its offset, not applied."""
     path = str(tmp_path / "a.aof")
     _log(path, n=2)
     bad = _record(5)

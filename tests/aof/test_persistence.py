@@ -341,7 +341,7 @@ async def test_config_set_appendonly_switches_the_log_on_and_off(tmp_path):
 @pytest.mark.parametrize("failure", [OverflowError("int too big to convert"),
                                      OSError(28, "No space left on device")])
 async def test_switching_the_log_on_is_all_or_nothing(tmp_path, failure):
-    """Issue 15 case 3: before, a failure other than OSError while switching on left INFO
+    """A failure other than OSError while switching on left INFO
     saying ``aof_state:on`` with no writer, and every later write waited forever."""
     config = Config(str(tmp_path), appendonly=False)
     broker = FakeBroker()

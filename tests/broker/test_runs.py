@@ -1,4 +1,4 @@
-"""Run records (issue 14, item 1): the JOBRUN command and the RunTable the dashboard reads, on
+"""Run records: the JOBRUN command and the RunTable the dashboard reads, on
 a broker driven by a fake clock."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ and ``appendfsync always`` would.
 ``JobCluster(n)`` meets the nodes and waits for the full mesh; ``cmd(i, *argv)`` runs a
 client command on node ``i`` (its effects carried out at once) and returns the reply;
 ``replies(i)`` are the replies to blocked clients (``Reply`` effects) in order.
-``JobCluster(n, federation=True)`` adds the federation core (issue 10) to every node: its
+``JobCluster(n, federation=True)`` adds the federation core to every node: its
 frames are routed to it, and it is ticked at its own ``next_deadline``.
 """
 

@@ -1,4 +1,4 @@
-"""Acknowledgements and their garbage collection (issue 9): Disque's "Acknowledged jobs
+"""Acknowledgements and their garbage collection: Disque's "Acknowledged jobs
 garbage collection state machine" — SETACK, GOTACK into job.confirmed, DELJOB when every
 copy confirmed, dummy ACKs, FASTACK, and the GC schedule."""
 

@@ -1,4 +1,4 @@
-"""Federation (issue 10) on the in-process harness: NEEDJOBS backoff with exact delays, ad hoc
+"""Federation on the in-process harness: NEEDJOBS backoff with exact delays, ad hoc
 versus broadcast requests, the unthrottled cases, a lost YOURJOBS, competing consumers,
 leaving nodes, malformed and duplicated frames."""
 

@@ -1,4 +1,4 @@
-"""A bounded random run (issue 9): five nodes, REPLICATE 3, producers and consumers on any
+"""A bounded random run: five nodes, REPLICATE 3, producers and consumers on any
 node, frames dropped, duplicated and reordered, partitions that heal, kill -9 and restart
 from the append log. Nothing raises; every job whose ADDJOB was answered and that nobody
 acked still exists somewhere; every acked job is gone everywhere once the cluster heals."""

@@ -1,4 +1,4 @@
-"""Replicated jobs across kill -9 and restart (issue 9): a node replays its append log
+"""Replicated jobs across kill -9 and restart: a node replays its append log
 (``tests/cluster/jobsim.py`` keeps each node's records as appendfsync always would) and keeps
 every job it acknowledged to a client or GOTJOB'd to a peer, then takes part in requeue and
 ack GC again."""

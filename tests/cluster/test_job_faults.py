@@ -1,4 +1,4 @@
-"""Bad input and faults for the job messages (issue 9): nothing raises, no acknowledged job
+"""Bad input and faults for the job messages: nothing raises, no acknowledged job
 is lost, duplicates stay within Disque's design."""
 
 from __future__ import annotations

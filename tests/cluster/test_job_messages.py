@@ -1,5 +1,5 @@
 """The job messages' bodies (cluster/job_messages.py): every message survives the codec, and
-every malformed field is refused with MalformedBody (issue 9)."""
+every malformed field is refused with MalformedBody."""
 
 from __future__ import annotations
 

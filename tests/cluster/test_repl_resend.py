@@ -1,4 +1,4 @@
-"""Regression (found on real processes, issue 9's runtime): while a synchronous ADDJOB waits
+"""Regression (found on real processes): while a synchronous ADDJOB waits
 with no node left to add, the origin re-sent REPLJOB to every node asked on every timer
 pass (about 1,000 frames a second per waiting job: 698 counted on a real replica in 1 s).
 Disque tries one more node at most every 50 ms per blocked client, and re-sends to a node

@@ -1,4 +1,4 @@
-"""Requeue coordination (issue 9): Disque's "Job re-queueing state machine" — WILLQUEUE 500
+"""Requeue coordination: Disque's "Job re-queueing state machine" — WILLQUEUE 500
 ms before, QUEUED to every holder, the greater node ID keeps its queued copy; WORKING, NACK,
 ENQUEUE/DEQUEUE and PAUSE ... BCAST."""
 

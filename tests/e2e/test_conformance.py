@@ -1,4 +1,4 @@
-"""Issue 7, point 6: replies found to differ from Disque 1.0-rc1, each now as Disque (or Redis,
+"""Replies found to differ from Disque 1.0-rc1, each now as Disque (or Redis,
 whose code Disque shares for these commands) gives it."""
 
 from __future__ import annotations

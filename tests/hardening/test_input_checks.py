@@ -1,4 +1,4 @@
-"""Issue 15, cases 4, 5 and 11's ``*01``, on a real node: an error reply never carries a CR or
+"""Input checks on a real node (``*01`` among them): an error reply never carries a CR or
 LF from the client (a forged reply), every CONFIG SET value is checked against its range before
 it is applied, and a multibulk count with a leading zero is refused as Redis refuses it."""
 

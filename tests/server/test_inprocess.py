@@ -1,4 +1,4 @@
-"""A whole node in-process on trio's mock clock (issue 7, point 4): the runtime reads time only
+"""A whole node in-process on trio's mock clock: the runtime reads time only
 through node.clock, so minutes of retries and idle timeouts pass in milliseconds, with loopback
 sockets and no sleeping for synchronisation."""
 

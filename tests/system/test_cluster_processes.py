@@ -1,4 +1,4 @@
-"""Issue 8 with real ``trisque-server`` processes: what only separate processes can show.
+"""Cluster membership with real ``trisque-server`` processes: what only separate processes can show.
 
 The in-process tests (``tests/cluster/``) prove the membership rules on a fake clock. These
 prove that the real bus, the real files and the real command line carry them: a chain of

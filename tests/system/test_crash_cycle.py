@@ -1,4 +1,4 @@
-"""Issue 15: twenty kill -9 and restart rounds under a producer/consumer load with
+"""Twenty kill -9 and restart rounds under a producer/consumer load with
 ``appendfsync always``. After every restart, each ADDJOB the node acknowledged is there or was
 acknowledged (ACKJOB) by a consumer, and no acknowledged job comes back: an ACKJOB reply, like
 an ADDJOB reply, leaves only after its record is durable (docs/persistence.md)."""

@@ -1,4 +1,4 @@
-"""Issue 10 with real ``trisque-server`` processes: jobs flow to the nodes where consumers wait.
+"""Federation with real ``trisque-server`` processes: jobs flow to the nodes where consumers wait.
 
 ``tests/cluster/test_federation.py`` proves NEEDJOBS/YOURJOBS message by message on a fake
 clock (exact backoff delays, lost and duplicated frames). These prove what only separate

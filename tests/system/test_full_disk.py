@@ -1,4 +1,4 @@
-"""Issue 15: a full disk under ``appendfsync always``. ADDJOB gets a clear error, the node stays
+"""A full disk under ``appendfsync always``. ADDJOB gets a clear error, the node stays
 up, nothing acknowledged is lost, and writes work again once space is freed. Runs on a small
 tmpfs, which needs root and mount(8); skipped with the reason when those are not there."""
 

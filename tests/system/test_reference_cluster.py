@@ -1,7 +1,7 @@
-"""Replay the reference Disque's three-node session (issues 9 and 10) against a real cluster.
+"""Replay the reference Disque's three-node session against a real cluster.
 
 The fixture's "Three nodes joined with CLUSTER MEET" section was recorded on three Disque
-1.0-rc1 nodes. What issues 9 and 10 make meaningful is replayed on three ``trisque-server``
+1.0-rc1 nodes. What replication and federation make meaningful is replayed on three ``trisque-server``
 processes, in order, and each reply compared with the recorded one after masking what
 differs from run to run (as ``tests/e2e/test_reference_replies.py`` does for one node):
 
@@ -18,10 +18,10 @@ differs from run to run (as ``tests/e2e/test_reference_replies.py`` does for one
   copy, SHOW None after ACKJOB, the PAUSE state, HELLO's priority 100) is polled for a few
   seconds until it matches, then compared.
 
-Left out: the first HELLO, CLUSTER NODES and CLUSTER INFO (issue 8's, with counters that
+Left out: the first HELLO, CLUSTER NODES and CLUSTER INFO (membership's, with counters that
 differ by nature; tests/system/test_cluster_processes.py covers them). The federation lines
 (``fedq`` with nothing to import anywhere, ``fedq2`` added on one node and taken by a GETJOB
-TIMEOUT on another, QSTAT's ``import-from``/``import-rate``) are issue 10's, replayed too.
+TIMEOUT on another, QSTAT's ``import-from``/``import-rate``) are federation's, replayed too.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ ISSUE_8 = {("HELLO",), ("CLUSTER", "NODES"), ("CLUSTER", "INFO")}
 
 
 def replayed() -> list[Exchange]:
-    """The exchanges issues 9 and 10 make meaningful, in the recorded order."""
+    """The exchanges replication and federation make meaningful, in the recorded order."""
     out = []
     first_hello = True
     for e in EXCHANGES:

@@ -1,4 +1,4 @@
-"""Issue 9 with real ``trisque-server`` processes: replicated jobs on a real 3-node cluster.
+"""Replication with real ``trisque-server`` processes: replicated jobs on a real 3-node cluster.
 
 ``tests/cluster/test_replication.py`` proves the state machine message by message on a fake
 clock and an in-memory bus. These prove what only separate processes can: that the node
@@ -154,7 +154,7 @@ def test_a_consumed_job_not_acked_is_requeued_by_exactly_one_holder(
     assert all(sum(s) == 1 for s in samples[3:]), samples
     holder = samples[-1].index(1)
     # The holder first: a GETJOB on a node with an empty queue asks the others for jobs
-    # (federation, issue 10), which could move the job there before the holder is asked.
+    # (federation), which could move the job there before the holder is asked.
     order = [holder] + [i for i in range(3) if i != holder]
     taken = dict((i, c.call(i, "GETJOB", "NOHANG", "FROM", "rq")) for i in order)
     assert [taken[i] is not None for i in range(3)] == [i == holder for i in range(3)], taken

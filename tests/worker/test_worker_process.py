@@ -1,4 +1,4 @@
-"""`trisque worker` end to end (issue 14, item 1): real bash and Python scripts run by real
+"""`trisque worker` end to end: real bash and Python scripts run by real
 worker processes against a real ``trisque-server``; what is checked is what a user sees - the
 job's fate on the node, its run record (JOBRUN), its log file and the worker's exit."""
 
