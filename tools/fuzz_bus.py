@@ -89,6 +89,12 @@ def messages_received(port: int) -> int:
     return int(text.split("cluster_stats_messages_received:")[1].split("\r\n")[0])
 
 
+def unexpected_errors(port: int) -> int:
+    """INFO's cluster_unexpected_errors: exceptions the node's bus caught from a core."""
+    text = call(port, "INFO", "stats").decode()
+    return int(text.split("cluster_unexpected_errors:")[1].split("\r\n")[0])
+
+
 def replicates(nodes: list[ServerProcess], origin: int, tag: str) -> bool:
     """ADDJOB REPLICATE <all> on ``origin``; True if it was answered with an ID that every
     other node then shows."""
@@ -272,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             if recovered is None:
                 problems.append(f"the cluster does not replicate {RECOVER_S:.0f} s after")
             stats["recovered_s"] = recovered
+            stats["unexpected"] = sum(unexpected_errors(n.port) for n in nodes)
             for node in nodes:
                 problems += node.audit()
         finally:
@@ -282,12 +289,14 @@ def main(argv: list[str] | None = None) -> int:
             secret_dir.mkdir()
             secret_port = ports[3] if len(ports) > 3 else free_port()
             problems += secret_storm(secret_dir, secret_port, args.secret_frames, seed)
+    recovered = f"{stats['recovered_s']:.1f}" if stats["recovered_s"] is not None else "-"
     print(f"{stats['frames']} frames ({stats['bytes'] / 1e6:.0f} MB) in "
           f"{stats['seconds']:.0f} s over {stats['links']} links "
           f"({stats['closed_by_node']} closed early; node 1 counted {stats['received']} "
           f"messages received), {stats['pings']} PINGs answered in at "
           f"most {stats['max_ping_s']:.2f} s, replicating again after "
-          f"{stats['recovered_s'] if stats['recovered_s'] is not None else '-'} s, "
+          f"{recovered} s, "
+          f"{stats['unexpected']} unexpected errors counted by the nodes, "
           f"{args.secret_frames} frames to a node with a secret; {len(problems)} problems",
           flush=True)
     for p in problems:

@@ -18,3 +18,18 @@ def test_a_node_survives_20000_fuzzed_bus_frames(capsys) -> None:
     assert code == 0, out[-5000:]
     last = out.strip().splitlines()[-1]
     assert last.startswith("20000 frames") and last.endswith("0 problems"), last
+
+
+def test_the_suite_finds_an_unexpected_error_a_node_logged(server) -> None:
+    """The audit every stopped node goes through (tests/support/server.py), on a log line
+    written as node/bus.py writes it; cleared here so that this test itself passes."""
+    from tests.support import server as support
+
+    with open(server.log_path, "a") as log:
+        log.write("1:M 26 Nov 2026 14:00:00.000 # Cluster bus: unexpected error in the "
+                  "cluster core\nTraceback (most recent call last):\n")
+    found = server.audit()
+    assert len(found) == 1 and "unexpected error in the cluster core" in found[0]
+    assert support.FINDINGS[-1] == found[0]
+    del support.FINDINGS[-1]
+    assert server.audit() == []  # each line is reported once
