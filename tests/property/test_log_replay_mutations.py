@@ -21,6 +21,8 @@ from broker.clients import Client
 from broker.config import Config
 from broker.core import Broker
 from broker.effects import LogRecord
+from cluster.jobs import JobCore
+from cluster.membership import Membership
 from node import logfile
 
 NOW = 1_795_315_000_000
@@ -107,6 +109,10 @@ def _replay(frames: list[bytes]) -> tuple[Broker, aof.ReadEnd | aof.LogCorrupt, 
     with os.fdopen(fd, "wb") as f:
         f.write(aof.encode_header() + b"".join(frames))
     b = Broker(Config(), NODE, b"replayed", now_ms=NOW + 1000, rng=random.Random(1))
+    # As a node replays: its cluster view and job core set first (an acked replica goes
+    # back to ack GC through them).
+    b.cluster = Membership(b.config, NODE, random.Random(2), NOW)
+    JobCore(b, b.cluster, random.Random(3))
     counted = _Counting(b)
     try:
         outcome: aof.ReadEnd | aof.LogCorrupt = logfile.load_into(path, counted, NOW + 1000)
@@ -145,9 +151,9 @@ def test_the_workload_writes_every_kind_of_record() -> None:
     assert loaded == len(RECORDS)
 
 
-@given(mutated(), st.booleans())
+@given(mutated(), st.booleans(), st.booleans())
 def test_replay_applies_a_mutated_record_or_reports_damage_at_its_offset(
-        change: tuple[int, str, Any], at_tail: bool) -> None:
+        change: tuple[int, str, Any], at_tail: bool, enqueue_once: bool) -> None:
     index, kind, data = change
     bad = _frame(kind, data)
     if bad is None:
@@ -166,7 +172,7 @@ def test_replay_applies_a_mutated_record_or_reports_damage_at_its_offset(
         assert isinstance(outcome, aof.ReadEnd) and outcome.state == "clean", outcome
         assert loaded == len(frames)
         # Applied for good: scheduled, its timers run, and a rewrite writes it back.
-        b.finish_load(NOW + 1000, False)
+        b.finish_load(NOW + 1000, enqueue_once)  # once: a SHUTDOWN REWRITE-AOF log
         for later in (NOW + 2000, NOW + 10**7, NOW + 10**10):
             b.tick(later)
         aof.encode_records(list(b.snapshot()))
