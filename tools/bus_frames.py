@@ -130,8 +130,9 @@ def sample_bodies(node_ids: list[str], ports: list[int],
 
 @dataclass
 class Fuzzed:
-    """One fuzzed frame: its bytes, and whether the receiver will close the link for it (a
-    header it refuses, or a malformed membership message)."""
+    """One fuzzed frame: its bytes, and whether the receiver may close the link for it (a
+    header or a body that is not a map: always; a membership message: when malformed), so
+    that a sender ends the link after it rather than lose the frames behind it."""
 
     data: bytes
     closes_link: bool
@@ -245,8 +246,8 @@ class Mutator:
             what += f" as {mtype.name}"
         if rng.random() < 0.9:
             body = self.mutate_body(body)
-        membership = mtype in (MessageType.PING, MessageType.PONG, MessageType.MEET,
-                               MessageType.FAIL)
+        closes = not isinstance(body, dict) or mtype in (
+            MessageType.PING, MessageType.PONG, MessageType.MEET, MessageType.FAIL)
         try:
             data = encode_message(mtype, sender, body)  # type: ignore[arg-type]
         except Exception:  # noqa: BLE001 - a value msgpack cannot hold: send the sample
@@ -254,13 +255,14 @@ class Mutator:
         if not data or (len(data) > 1 << 20 and rng.random() < 0.9):  # big frames: a few
             mtype, body = self.pick_sample()
             data = encode_message(mtype, sender, body)
+            closes = True
         if rng.random() < 0.06:
             return self._bad_header(data, what)
         if rng.random() < 0.03:  # another sender: unknown, the receiver itself, a third node
             other = rng.choice([f"{rng.getrandbits(160):040x}", *self.node_ids])
             data = data[:8] + other.encode() + data[48:]
             what += " from another sender"
-        return Fuzzed(data, membership, what)
+        return Fuzzed(data, closes, what)
 
     def _bad_header(self, data: bytes, what: str) -> Fuzzed:
         rng = self.rng
