@@ -57,10 +57,12 @@ test: build
 
 # The property tests of tests/property/ with 1,000,000 examples each (hours); Hypothesis
 # prints any failing example with the decorator that replays it. FUZZ_ARGS narrows it, e.g.
-# make fuzz FUZZ_ARGS="-k resp".
+# make fuzz FUZZ_ARGS="-k resp". Then 1,000,000 fuzzed frames on a real cluster's bus
+# (tools/fuzz_bus.py; BUS_FUZZ_ARGS="--count N --seed S" changes them).
 fuzz: $(STAMP)
 	TRISQUE_HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider --timeout 0 \
 		-o addopts="" tests/property $(FUZZ_ARGS) --hypothesis-show-statistics
+	$(PY) -m tools.fuzz_bus --count 1000000 $(BUS_FUZZ_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check protocol broker cluster node cli pipeline tests tools setup.py

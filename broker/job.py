@@ -79,6 +79,16 @@ RECORD_FIELDS: Final = 16
 OLD_RECORD_FIELDS: Final = 15
 
 
+def shown(value: Any) -> str:
+    """A value for an error text: short, and cheap whatever a peer or a damaged log sent (the
+    repr of a 100,000-element list is neither)."""
+    if isinstance(value, (bytes, str)) and len(value) > 60:
+        return f"{value[:60]!r}..."
+    if isinstance(value, (list, dict)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return repr(value)
+
+
 def record_problem(rec: Any) -> str | None:
     """Why ``rec`` is not a job record this node could have written, or None if it is one.
 
@@ -97,13 +107,14 @@ def record_problem(rec: Any) -> str | None:
     if not isinstance(rec[1], bytes) or not isinstance(rec[2], bytes):
         return "job record whose queue or body is not bytes"
     state = rec[3]
-    if state not in STATE_BY_NAME:
-        return f"job record with an unknown state {state!r}"
+    # A str first: a map or a list from a peer or a damaged log is unhashable.
+    if not isinstance(state, str) or state not in STATE_BY_NAME:
+        return f"job record with an unknown state {shown(state)}"
     for index, name, low, high in _RECORD_INT_FIELDS:
         if index < size:  # dtime is absent from a 15-field record
             value = rec[index]
             if type(value) is not int or not low <= value <= high:
-                return f"job record with {name} {value!r} outside [{low}, {high}]"
+                return f"job record with {name} {shown(value)} outside [{low}, {high}]"
     for nodes in (rec[12], rec[13]):
         if not isinstance(nodes, list):
             return "job record whose node lists are not lists of node IDs"
@@ -119,14 +130,14 @@ def validate_record(kind: str, data: Any) -> str | None:
     if kind == "job":
         return record_problem(data)
     if kind in ("ack", "del") and not (isinstance(data, bytes) and is_valid(data)):
-        return f"{kind} record with an invalid job ID {data!r:.60}"
+        return f"{kind} record with an invalid job ID {shown(data)}"
     if kind == "dlv":
         # [job_id, dtime]: the first delivery of a job, unix ms (never 0: 0 means "none").
         if not (isinstance(data, list) and len(data) == 2 and isinstance(data[0], bytes)
                 and is_valid(data[0])):
-            return f"dlv record that is not [job ID, time] {data!r:.60}"
+            return f"dlv record that is not [job ID, time] {shown(data)}"
         if type(data[1]) is not int or not 0 < data[1] <= _INT64_MAX:
-            return f"dlv record with dtime {data[1]!r:.30} outside [1, {_INT64_MAX}]"
+            return f"dlv record with dtime {shown(data[1])} outside [1, {_INT64_MAX}]"
     return None
 
 

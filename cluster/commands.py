@@ -12,12 +12,11 @@ by admin too (the table knows no jobs).
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
-from cluster.messages import BUS_PORT_OFFSET, is_node_id
+from cluster.messages import is_node_id
 from cluster.nodes_file import node_line
-from cluster.table import Table
+from cluster.table import Table, dialable
 from protocol import errors
 from protocol.commands import parse_int
 from protocol.resp import OK
@@ -66,11 +65,8 @@ def _meet(t: Table, ip_arg: bytes, port_arg: bytes, now_ms: int) -> Any:
     port = parse_int(port_arg)
     if port is None:
         return errors.invalid_port(_text(port_arg))
-    try:
-        ip = str(ipaddress.ip_address(_text(ip_arg)))  # the normal form, as inet_ntop gives
-    except ValueError:
-        ip = ""
-    if not ip or not 0 < port <= 65535 - BUS_PORT_OFFSET:
+    ip = dialable(_text(ip_arg), port)
+    if ip is None:
         return errors.invalid_node_address(_text(ip_arg), _text(port_arg))
     t.start_handshake(ip, port, now_ms, meet=True)  # one already under way: still OK
     return OK

@@ -14,6 +14,7 @@ table. ``cluster.membership.Membership`` adds the events (frames, links, ticks) 
 
 from __future__ import annotations
 
+import ipaddress
 import random
 from dataclasses import dataclass, field
 from typing import Final
@@ -77,6 +78,18 @@ def hello_priority(node: Node, is_myself: bool) -> int:
     if node.link is None and not is_myself:
         return 5
     return 1
+
+
+def dialable(ip: str, port: int) -> str | None:
+    """``ip`` in its normal form (as inet_ntop gives it) if ``ip:port`` may be dialled, else
+    None: Disque's checks before any handshake. An IP literal only, so a name in a peer's
+    gossip is never resolved, and a port whose bus port (port + 10000) exists."""
+    if not 0 < port <= 65535 - BUS_PORT_OFFSET:
+        return None
+    try:
+        return str(ipaddress.ip_address(ip))
+    except ValueError:
+        return None
 
 
 def random_node_id(rng: random.Random) -> str:
@@ -224,7 +237,12 @@ class Table:
     # Table changes
 
     def start_handshake(self, ip: str, port: int, now_ms: int, *, meet: bool) -> bool:
-        """Add a handshake entry for ip:port; False if one is already under way."""
+        """Add a handshake entry for ip:port; False if one is already under way or the
+        address cannot be dialled (``dialable``: gossip and MEETs come from peers)."""
+        normal = dialable(ip, port)
+        if normal is None:
+            return False
+        ip = normal
         if any("handshake" in n.flags and n.ip == ip and n.port == port
                for n in self.nodes.values()):
             return False

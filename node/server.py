@@ -415,6 +415,9 @@ class Server:
             ("instantaneous_output_kbps", "0.00"),
             ("rejected_connections", self.rejected),
             ("latest_fork_usec", 0),
+            # trisque's own: exceptions a cluster core raised on a frame or an event, which
+            # the bus caught and logged; anything but 0 is a bug (tests fail on it).
+            ("cluster_unexpected_errors", self.bus.counters["core_errors"]),
         ]
         b.info_sources["cpu"] = self._info_cpu
         b.info_sources["commandstats"] = lambda: [

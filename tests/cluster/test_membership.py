@@ -226,6 +226,34 @@ def test_a_meet_from_an_unknown_node_starts_a_handshake_with_it() -> None:
     assert "10.7.7.7" not in sim.command(0, "NODES").decode()
 
 
+def _gossip(node_id: str, ip: str, port: int) -> dict[str, object]:
+    return {"id": node_id, "ip": ip, "port": port, "flags": [], "ping_sent": 0,
+            "pong_received": 0}
+
+
+def test_gossip_and_meets_start_no_handshake_with_an_address_disque_would_not_dial() -> None:
+    """Disque's clusterStartHandshake checks: an IP literal (a name is never resolved) and a
+    port whose bus port exists. Also for a failing node said to have moved."""
+    sim = joined(3)
+    a, b, c = sim.nodes
+    sim.kill(2)
+    sim.run_for(3 * TIMEOUT)
+    assert flags(sim, 0, c) is not None and "fail" in flags(sim, 0, c)  # type: ignore[operator]
+    gossip = [_gossip("1" * 40, "evil.example", 7000), _gossip("2" * 40, "10.1.1.1", 60000),
+              _gossip("3" * 40, "10.1.1.1", 7000),  # a good address: the control
+              _gossip(c.node_id, "127.0.0.1", 0), _gossip(c.node_id, "localhost", 7100)]
+    for g in gossip:  # one entry per PING: the same node twice in one would be odd
+        sim.inject(0, Frame(MessageType.PING, b.node_id,
+                            {"port": b.port, "flags": [], "gossip": [g]}), peer_ip=b.ip)
+    meet = Frame(MessageType.MEET, "e" * 40, {"port": 60000, "flags": [], "gossip": []})
+    sim.inject(0, meet, peer_ip="10.7.7.7")
+    handshakes = [line.split()[1] for line in sim.command(0, "NODES").decode().splitlines()
+                  if "handshake" in line.split()[2]]
+    assert handshakes == ["10.1.1.1:7000"]
+    assert not [addr for addr in a.wanted.values()
+                if addr[0] in ("evil.example", "localhost") or addr[1] in (10000, 70000)]
+
+
 def test_malformed_bodies_and_garbage_are_dropped_with_a_log_line() -> None:
     sim = joined(2)
     bad = [

@@ -79,3 +79,42 @@ def test_a_poisoned_log_stops_the_start_with_one_clear_line(tmp_path) -> None:
     for text in (lines[0], logfile.read_text()):
         assert f"offset {offset}" in text and "trisque.aof" in text
         assert "trisque check-log" in text and "retry" in text
+
+
+def _log_with_state(directory: str, state: object, at: int) -> int:
+    """Three job records, record ``at`` with ``state`` in its state field (a map or a list
+    once raised TypeError out of the record check); returns that record's offset."""
+    path = os.path.join(directory, "trisque.aof")
+    with open(path, "wb") as f:
+        f.write(aof.encode_header())
+        for i in range(3):
+            rec = Job(b"D-00000000-%024d-05a1" % i, b"q", b"x", repl=1, ttl=3600, retry=60,
+                      delay=0, ctime=int(time.time() * 1000) * 1_000_000,
+                      delivered=()).to_record()
+            if i == at:
+                rec[3] = state
+                offset = f.tell()
+            f.write(aof.encode_frame("job", rec))
+    return offset
+
+
+def test_a_job_state_of_another_type_in_the_middle_stops_the_start_cleanly(tmp_path) -> None:
+    offset = _log_with_state(str(tmp_path), {"queued": 1}, at=1)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.server", "--port", str(free_port()), "--bind", "127.0.0.1",
+         "--dir", str(tmp_path), "--appendonly", "yes"],
+        cwd=REPO, capture_output=True, text=True, timeout=30,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"offset {offset}" in lines[0], proc.stderr
+    assert "unknown state a dict of 1" in lines[0], lines[0]
+
+
+def test_a_job_state_of_another_type_at_the_tail_is_cut_and_the_node_starts(tmp_path) -> None:
+    _log_with_state(str(tmp_path), ["active"], at=2)
+    with ServerProcess(directory=str(tmp_path), appendonly="yes") as srv:
+        assert srv.call("QLEN", "q") == 0  # after a crash, queued again only after RETRY
+        assert srv.call("INFO", "jobs").count(b"registered_jobs:2") == 1
+        assert "truncated" in srv.log() and "unknown state a list of 1" in srv.log()

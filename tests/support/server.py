@@ -4,6 +4,10 @@
 arguments, on a free port of 127.0.0.1, with its ``dir`` in a temporary folder, and waits until
 the node answers PING. It is a context manager; ``kill()`` sends SIGKILL (crash tests),
 ``stop()`` SIGTERM, ``restart()`` starts it again on the same port and directory.
+
+Every stop and kill first audits the node: INFO's ``cluster_unexpected_errors`` (while it
+runs) and its log's new lines (an exception a cluster core raised, which the bus caught). What
+it finds goes to ``FINDINGS``; ``tests/conftest.py`` fails the test that started the node.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+
+#: The line node/bus.py logs when it catches an exception out of a cluster core.
+UNEXPECTED_ERROR_LINE = "Cluster bus: unexpected error"
+#: What the audits found: one text per node and stop (read and cleared by tests/conftest.py).
+FINDINGS: list[str] = []
 
 
 def repo_env() -> dict[str, str]:
@@ -55,6 +64,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = os.path.join(self.dir, "server.log")
         self.open_files = open_files  # RLIMIT_NOFILE (soft and hard) for the process
+        self._audited_to = 0  # how much of the log the audits have read
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "cli.server"]
@@ -102,12 +112,44 @@ class ServerProcess:
     def call(self, *args: bytes | str) -> Any:
         return send_command(self.port, *args)
 
+    def audit(self) -> list[str]:
+        """What is wrong with the node since the last audit: a non-zero
+        ``cluster_unexpected_errors``, "unexpected error" lines in its log. Also appended to
+        ``FINDINGS``."""
+        found = []
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                info = send_command(self.port, "INFO", "stats", timeout=2.0)
+            except OSError:
+                info = None
+            if isinstance(info, bytes):
+                for line in info.decode().split("\r\n"):
+                    if line.startswith("cluster_unexpected_errors:") and line != \
+                            "cluster_unexpected_errors:0":
+                        found.append(f"node on port {self.port}: INFO {line}")
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._audited_to)
+                new = fh.read().decode(errors="replace")
+                self._audited_to = fh.tell()
+        except OSError:
+            new = ""
+        if UNEXPECTED_ERROR_LINE in new:
+            at = new.index(UNEXPECTED_ERROR_LINE)
+            found.append(f"node on port {self.port} logged:\n{new[at:at + 3000]}")
+        FINDINGS.extend(found)
+        return found
+
     def kill(self) -> None:
+        if self.proc:
+            self.audit()
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
     def stop(self, timeout: float = 10.0) -> int | None:
+        if self.proc:
+            self.audit()
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -1,0 +1,57 @@
+"""``tests/cluster/jobsim.JobCluster`` with every core a node runs: membership, jobs,
+federation, queue policies and periodic timers, routed by ``HANDLES`` as the runtime does
+(the bus fuzzer's simulator side). ``recorded`` holds every frame the nodes sent each other,
+as ``(type, body)``: the real bodies of a workload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.periodic_sync import PeriodicSync
+from cluster.policy_sync import PolicySync
+from cluster.sim import Sim, SimNode, _Link
+from cluster.wire import MessageType
+from tests.cluster.jobsim import JobCluster, SimJobNode
+
+
+class RecordingSim(Sim):
+    """A ``Sim`` that keeps what every node sends."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.recorded: list[tuple[MessageType, dict[str, Any]]] = []
+
+    def _transmit(self, node: SimNode, link: _Link, to_dst: bool, kind: MessageType,
+                  body: dict[str, Any]) -> None:
+        self.recorded.append((kind, body))
+        super()._transmit(node, link, to_dst, kind, body)
+
+
+class AllCoresCluster(JobCluster):
+    def __init__(self, n: int = 3, seed: int = 1, tick_ms: int = 20,
+                 node_timeout: int = 2000, secret: bytes | None = None) -> None:
+        self.federation = True
+        self.logs = {}
+        self.blocked_replies = {}
+        self.trace = []
+        self.sends = []
+        self._client_ids = 0
+        made: dict[int, SimJobNode] = {}
+
+        def job_core(node: SimNode, now: int) -> Any:
+            node.config.set("timer-min-period", ["1"])
+            made[node.index] = SimJobNode(self, node, now)
+            return made[node.index]
+
+        def policy_core(node: SimNode, now: int) -> Any:
+            return PolicySync(made[node.index].broker, node.membership, node.rng, now)
+
+        def timer_core(node: SimNode, now: int) -> Any:
+            return PeriodicSync(made[node.index].broker, node.membership, node.rng, now)
+
+        self.sim = RecordingSim(seed, tick_ms=tick_ms,
+                                core_factories=(job_core, policy_core, timer_core))
+        for _ in range(n):
+            self.sim.add_node(node_timeout=node_timeout, secret=secret)
+        self.sim.meet_all()
+        assert self.sim.run_until(self.meshed, 20_000), "the cluster did not form"
