@@ -16,12 +16,31 @@ Every bus frame is a fixed 56-byte header followed by a msgpack body and, when a
 ``FrameDecoder`` is incremental: ``feed(bytes)`` and then ``next()`` returns a
 ``Frame`` or ``None`` ("not yet": the input is short). Every way a frame can be
 wrong raises its own subclass of ``WireError`` so the transport can log why it
-dropped a link. The trio transport (later, in node/) only moves bytes.
+dropped a link. The trio transport (node/bus.py) only moves bytes.
+
+Size. A body may be as large as the largest job a node accepts (the
+``job-max-body-len`` directive) plus ``FRAME_OVERHEAD`` for the rest of its record,
+and never less than ``MAX_BODY`` (``max_body_for``): both ends apply the same rule, the
+sender before encoding and the receiver from the header, before buffering anything.
+Messages that carry many records (YOURJOBS, the tables) are cut by the cores into
+frames of about ``BATCH_BYTES``, so only one big job makes a big frame. A big frame
+is made and read without copying its body more than msgpack does: ``encode_parts``
+returns the header and the body as separate buffers, and the decoder checks the MAC
+and unpacks the body through views of its buffer.
+
+How a body is packed without copying its big values: ``encode_parts`` first replaces every
+``bytes`` of at least ``BIG_VALUE`` bytes inside the body (a job's body, in the maps and lists
+of a message, a few levels deep) by a 16-byte token unique to this process, packs what is
+left (small), and then splits the packed bytes at each token's encoding, putting back a
+msgpack bin32 header and the value itself as a buffer of its own. The bytes on the wire are
+exactly what packing the body whole gives (msgpack encodes every bytes of 64 KiB or more as
+bin32), so the receiver decodes it as any frame.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import struct
 from typing import Any, NamedTuple
 
@@ -36,8 +55,29 @@ HEADER = struct.Struct(">4sBBH40sI")
 HEADER_SIZE = HEADER.size
 MAC_SIZE = 32
 FLAG_MAC = 0x01
-#: Largest body accepted; larger frames are refused before buffering them.
+#: The least a node accepts as a body (and all it accepts from a message that carries no
+#: job); larger frames are refused before buffering them.
 MAX_BODY = 16 * 1024 * 1024
+#: Room in a frame for what a job's record holds besides its body: the queue name (at most
+#: 64 KiB), up to 10,000 holders' node IDs, the numbers.
+FRAME_OVERHEAD = 1024 * 1024
+#: What a core packs into one frame of many records (YOURJOBS, the tables) before starting
+#: the next one: many frames of a few MiB rather than one too large to send.
+BATCH_BYTES = 4 * 1024 * 1024
+#: Bodies at least this large are handed to the transport as a buffer of their own, not
+#: copied behind their header.
+_JOIN_BELOW = 64 * 1024
+#: A ``bytes`` value at least this large inside a body is never copied into the packed body
+#: (its msgpack header is always bin32, 5 bytes).
+BIG_VALUE = 64 * 1024
+_LIFT_DEPTH = 3  # body map -> list of records -> record fields
+_TOKEN_PREFIX = os.urandom(12)
+_BIN32 = struct.Struct(">BI")
+
+
+def max_body_for(job_max_body_len: int) -> int:
+    """The largest body of a frame on a node whose ``job-max-body-len`` is this."""
+    return max(MAX_BODY, job_max_body_len + FRAME_OVERHEAD)
 
 
 class MessageType(enum.IntEnum):
@@ -133,27 +173,118 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 
 def encode_message(mtype: MessageType, sender: str, body: dict[str, Any],
-                   secret: bytes | None = None) -> bytes:
-    """``encode`` without building a ``Frame`` (the bus's send path)."""
+                   secret: bytes | None = None, max_body: int = MAX_BODY) -> bytes:
+    """``encode`` without building a ``Frame`` (one buffer; see ``encode_parts``)."""
+    parts = encode_parts(mtype, sender, body, secret, max_body)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def encode_parts(mtype: MessageType, sender: str, body: dict[str, Any],
+                 secret: bytes | None = None, max_body: int = MAX_BODY) -> list[bytes]:
+    """The frame as buffers to write in order: one for a small body (the bus's send path);
+    for a large one, the header, then the packed body cut around its big values, each value a
+    buffer of its own (never copied), then the MAC. ``Oversized`` if the body is over
+    ``max_body``."""
     if len(sender) != 40:
         raise ValueError("sender must be a 40-hex node ID")
-    packed: bytes = _packer.pack(body)
-    if len(packed) > MAX_BODY:
-        raise Oversized(f"body of {len(packed)} bytes exceeds {MAX_BODY}")
+    big: list[bytes] = []
+    lifted = _lift(body, _LIFT_DEPTH, big)
+    packed: bytes = _packer.pack(lifted)
     flags = FLAG_MAC if secret is not None else 0
-    data = HEADER.pack(MAGIC, WIRE_VERSION, flags, mtype, sender.encode(), len(packed)) + packed
-    return data + _mac(secret, data) if secret is not None else data
+    if not big:
+        if len(packed) > max_body:
+            raise Oversized(f"body of {len(packed)} bytes exceeds {max_body}")
+        header = HEADER.pack(MAGIC, WIRE_VERSION, flags, mtype, sender.encode(), len(packed))
+        if len(packed) < _JOIN_BELOW:
+            data = header + packed
+            return [data + _mac(secret, data) if secret is not None else data]
+        parts = [header, packed]
+    else:
+        parts = [b""]
+        pos = 0
+        for i, value in enumerate(big):
+            mark = packed.index(b"\xc4\x10" + _token(i), pos)
+            parts += [packed[pos:mark], _BIN32.pack(0xC6, len(value)), value]
+            pos = mark + 18
+        parts.append(packed[pos:])
+        length = sum(len(p) for p in parts)
+        if length > max_body:
+            raise Oversized(f"body of {length} bytes exceeds {max_body}")
+        parts[0] = HEADER.pack(MAGIC, WIRE_VERSION, flags, mtype, sender.encode(), length)
+    if secret is not None:
+        h = HMAC(secret, hashes.SHA256())
+        for part in parts:
+            h.update(part)
+        parts.append(h.finalize())
+    return parts
+
+
+def _token(i: int) -> bytes:
+    return _TOKEN_PREFIX + i.to_bytes(4, "big")
+
+
+def _lift(value: Any, depth: int, big: list[bytes]) -> Any:
+    """``value`` with each ``bytes`` of at least ``BIG_VALUE`` bytes in it (``depth`` levels
+    of lists and maps deep) replaced by the next token, in packing order, the bytes appended
+    to ``big``. The lists and maps on the way are copied, never changed: a core may send the
+    same record to several nodes."""
+    t = type(value)
+    if t is bytes:
+        if len(value) < BIG_VALUE:
+            return value
+        big.append(value)
+        return _token(len(big) - 1)
+    if depth == 0:
+        return value
+    if t is list:
+        out: list[Any] | None = None
+        for i, item in enumerate(value):
+            new = _lift(item, depth - 1, big)
+            if new is not item:
+                if out is None:
+                    out = list(value)
+                out[i] = new
+        return value if out is None else out
+    if t is dict:
+        copied: dict[Any, Any] | None = None
+        for key, item in value.items():
+            new = _lift(item, depth - 1, big)
+            if new is not item:
+                if copied is None:
+                    copied = dict(value)
+                copied[key] = new
+        return value if copied is None else copied
+    return value
+
+
+def _unpack(packed: memoryview) -> tuple[Any, str]:
+    """The msgpack value of ``packed`` and "", or None and why it is not msgpack."""
+    try:
+        return msgpack.unpackb(packed, raw=False, strict_map_key=True), ""
+    except Exception as exc:  # msgpack raises several unrelated types
+        return None, f"body is not msgpack: {exc}"
+    finally:
+        packed.release()
 
 
 class FrameDecoder:
-    def __init__(self, secret: bytes | None = None) -> None:
+    def __init__(self, secret: bytes | None = None, max_body: int = MAX_BODY) -> None:
         self._buf = bytearray()
         self._secret = secret
+        # The largest body accepted (``max_body_for``); the transport may change it between
+        # reads (CONFIG SET job-max-body-len).
+        self.max_body = max_body
+        self._need = 0  # bytes of the frame being read, once its header is known
         # Sender fields already checked (a link carries one or a few): bytes -> str.
         self._senders: dict[bytes, str] = {}
 
     def feed(self, data: bytes) -> None:
         self._buf += data
+
+    def missing(self) -> int:
+        """Bytes still to come for the frame being read (0 when none is known): the transport
+        reads that much at once rather than in small reads."""
+        return max(self._need - len(self._buf), 0)
 
     def next(self) -> Frame | None:
         buf = self._buf
@@ -168,8 +299,8 @@ class FrameDecoder:
         kind = _TYPES.get(mtype)
         if kind is None:
             raise UnknownType(f"message type {mtype}")
-        if length > MAX_BODY:
-            raise Oversized(f"body of {length} bytes exceeds {MAX_BODY}")
+        if length > self.max_body:
+            raise Oversized(f"body of {length} bytes exceeds {self.max_body}")
         sender_id = self._senders.get(sender)
         if sender_id is None:
             # int(x, 16) would also accept spaces, "_" and "+": check the digits themselves
@@ -183,25 +314,31 @@ class FrameDecoder:
         has_mac = bool(flags & FLAG_MAC)
         total = HEADER_SIZE + length + (MAC_SIZE if has_mac else 0)
         if len(buf) < total:
+            self._need = total
             return None
+        self._need = 0
         end = HEADER_SIZE + length
-        if self._secret is not None:
-            if not has_mac:
-                raise BadMac("frame has no MAC but a cluster secret is set")
-            h = HMAC(self._secret, hashes.SHA256())
-            h.update(bytes(buf[:end]))
-            try:
-                h.verify(bytes(buf[end:total]))
-            except InvalidSignature:
-                raise BadMac("wrong MAC") from None
-        elif has_mac:
-            raise BadMac("frame carries a MAC but no cluster secret is set")
-        packed = buf[HEADER_SIZE:end]
-        del buf[:total]
+        # Views, not slices: a large frame's body is not copied before msgpack reads it. The
+        # view is released before the buffer is cut (a bytearray with views cannot resize).
+        whole = memoryview(buf)
         try:
-            body = msgpack.unpackb(packed, raw=False, strict_map_key=True)
-        except Exception as exc:  # msgpack raises several unrelated types
-            raise MalformedBody(f"body is not msgpack: {exc}") from None
+            if self._secret is not None:
+                if not has_mac:
+                    raise BadMac("frame has no MAC but a cluster secret is set")
+                h = HMAC(self._secret, hashes.SHA256())
+                h.update(whole[:end])
+                try:
+                    h.verify(bytes(whole[end:total]))
+                except InvalidSignature:
+                    raise BadMac("wrong MAC") from None
+            elif has_mac:
+                raise BadMac("frame carries a MAC but no cluster secret is set")
+            body, problem = _unpack(whole[HEADER_SIZE:end])
+        finally:
+            whole.release()
+        del buf[:total]  # an authentic frame is consumed even if its body is refused
+        if problem:
+            raise MalformedBody(problem)
         if not isinstance(body, dict):
             raise MalformedBody("body is not a map")
         return Frame(kind, sender_id, body)

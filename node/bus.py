@@ -92,7 +92,15 @@ from cluster.effects import (
     SaveNodes,
     Send,
 )
-from cluster.wire import Frame, FrameDecoder, MessageType, WireError, encode_message
+from cluster.wire import (
+    Frame,
+    FrameDecoder,
+    MessageType,
+    Oversized,
+    WireError,
+    encode_parts,
+    max_body_for,
+)
 from node.clock import Clock
 
 log = logging.getLogger("trisque.bus")
@@ -100,6 +108,8 @@ log = logging.getLogger("trisque.bus")
 BUS_PORT_OFFSET = 10000
 TICK_S = 0.1
 READ_SIZE = 65536
+# The most one read takes while a large frame arrives (the decoder says how much is missing).
+BIG_READ_SIZE = 1024 * 1024
 MAX_INBOUND = 256
 FIRST_FRAME_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_MIN_S = 10.0
@@ -107,9 +117,16 @@ CONNECT_TIMEOUT_S = 5.0
 RECONNECT_MIN_S = 0.1
 RECONNECT_MAX_S = 1.0
 RECONNECT_RESET_S = 5.0
-# A frame may be 16 MiB (cluster.wire.MAX_BODY): room for a few, not for an unbounded backlog.
+# Unsent bytes a link may hold beyond one frame of the largest size (``Bus.max_body``): room
+# for a few ordinary frames behind a big one, not for an unbounded backlog.
 SEND_QUEUE_LIMIT = 64 * 1024 * 1024
 SEND_CHUNK = 256 * 1024
+# Small frames queued together are joined into one write up to this size; a larger buffer
+# (a big job's body) is written from itself, never copied.
+COALESCE_BYTES = 256 * 1024
+# The writer lets the other tasks (the reactor's clients) run after this many bytes even
+# while the kernel takes more: a big frame must not hold the loop for its whole length.
+WRITE_SLICE = 1024 * 1024
 LOG_EVERY_S = 10.0
 
 # Sends that promise a state only the log keeps after kill -9: a replica's copy (GOTJOB), the
@@ -196,18 +213,21 @@ class Link:
         way = f"to {self.outbound_to[:8]}" if self.outbound_to else "inbound"
         return f"<bus link {self.id} {way} {self.peer_ip}>"
 
-    def enqueue(self, data: bytes) -> bool:
+    def enqueue(self, parts: list[bytes]) -> bool:
+        """Queue one frame's buffers (``cluster.wire.encode_parts``)."""
         if self.closed:
             return False
-        if self.unsent + len(data) > SEND_QUEUE_LIMIT:
+        size = sum(len(p) for p in parts) if len(parts) > 1 else len(parts[0])
+        limit = SEND_QUEUE_LIMIT + self.bus.max_body
+        if self.unsent + size > limit:
             self.bus.counters["links_closed_slow"] += 1
             self.bus.limiter.emit(f"slow:{self.peer_ip}", logging.WARNING,
                                   f"Cluster bus: closing link to {self.peer_ip}: more than "
-                                  f"{SEND_QUEUE_LIMIT} bytes unsent (peer not reading)")
+                                  f"{limit} bytes unsent (peer not reading)")
             self.close()
             return False
-        self.queue.append(data)
-        self.unsent += len(data)
+        self.queue.extend(parts)
+        self.unsent += size
         self._wakeup.set()
         return True
 
@@ -263,7 +283,7 @@ class Link:
                     self._timed_out(spoke, last_frame)
                     return
             try:
-                data = os.read(fd, READ_SIZE)
+                data = os.read(fd, min(max(decoder.missing(), READ_SIZE), BIG_READ_SIZE))
             except BlockingIOError:
                 if inbound:
                     with trio.move_on_at(deadline):
@@ -274,6 +294,7 @@ class Link:
             if not data:
                 decoder.truncated_at_eof()
                 return
+            decoder.max_body = bus.max_body  # read live: CONFIG SET job-max-body-len
             decoder.feed(data)
             frames: list[Frame] = []
             try:
@@ -300,19 +321,30 @@ class Link:
                          f"in {waited_s:.1f} s")
 
     async def _write(self) -> None:
-        """Drain the queue: everything queued since the last wake-up in one write (the
-        frames of every event handled meanwhile share it), straight to the socket; trio
-        waits only when the kernel takes nothing, and a peer that takes no byte for
-        ``send_stall_timeout`` gets its link closed."""
+        """Drain the queue: the small frames queued since the last wake-up joined into one
+        write (the frames of every event handled meanwhile share it), a large buffer written
+        from itself; straight to the socket, trio waiting only when the kernel takes nothing.
+        After every ``WRITE_SLICE`` bytes the other tasks run, so a big frame never holds
+        the loop for long; a peer that takes no byte for ``send_stall_timeout`` gets its
+        link closed."""
         bus = self.bus
         fd = self.stream.socket.fileno()
+        queue = self.queue
+        since_yield = 0
         while True:
-            if not self.queue:
+            if not queue:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
-            data = b"".join(self.queue) if len(self.queue) > 1 else self.queue[0]
-            self.queue.clear()
+            data = queue.popleft()
+            if queue and len(data) < COALESCE_BYTES and len(queue[0]) < COALESCE_BYTES:
+                parts = [data]
+                size = len(data)
+                while queue and size < COALESCE_BYTES and len(queue[0]) < COALESCE_BYTES:
+                    part = queue.popleft()
+                    parts.append(part)
+                    size += len(part)
+                data = b"".join(parts)
             view = memoryview(data)
             progress = trio.current_time()
             while view:
@@ -323,8 +355,13 @@ class Link:
                 if sent:
                     self.unsent -= sent
                     view = view[sent:]
+                    since_yield += sent
+                    if since_yield >= WRITE_SLICE:
+                        since_yield = 0
+                        await trio.lowlevel.checkpoint()
                     progress = trio.current_time() if view else progress
                     continue
+                since_yield = 0
                 with trio.move_on_at(progress + bus.send_stall_timeout) as waited:
                     await trio.lowlevel.wait_writable(fd)
                 if waited.cancelled_caught:
@@ -386,7 +423,7 @@ class Bus:
         self.counters: dict[str, int] = dict.fromkeys((
             "frames_received", "frames_sent", "sends_dropped", "links_refused",
             "links_dropped_bad_frame", "links_closed_silent", "links_closed_idle",
-            "links_closed_slow", "connect_failures", "core_errors"), 0)
+            "links_closed_slow", "connect_failures", "core_errors", "sends_oversized"), 0)
         # Frames by message type, for /metrics (node/metrics.py).
         self.received_by_type: dict[MessageType, int] = {}
         self.sent_by_type: dict[MessageType, int] = {}
@@ -417,6 +454,11 @@ class Bus:
     @property
     def send_stall_timeout(self) -> float:
         return max(1.0, self.node_timeout)
+
+    @property
+    def max_body(self) -> int:
+        """The largest frame body sent or accepted (``cluster.wire.max_body_for``)."""
+        return max_body_for(int(self.config.job_max_body_len))
 
     @property
     def connect_timeout(self) -> float:
@@ -673,13 +715,22 @@ class Bus:
             self.counters["sends_dropped"] += 1
             return
         try:
-            data = encode_message(mtype, self.node_id, body, self.secret)
+            parts = encode_parts(mtype, self.node_id, body, self.secret, self.max_body)
+        except Oversized as exc:
+            # The cores cut their batches and ADDJOB refuses a body over job-max-body-len, so
+            # this is a job kept from before the limit was lowered: never silently.
+            self.counters["sends_dropped"] += 1
+            self.counters["sends_oversized"] += 1
+            self.limiter.emit(f"oversized:{mtype.name}", logging.WARNING,
+                              f"Cluster bus: not sending a {mtype.name} message to "
+                              f"{link.peer_ip}: its {exc}, over what job-max-body-len allows")
+            return
         except (WireError, ValueError, TypeError) as exc:
             self.counters["sends_dropped"] += 1
             self.limiter.emit(f"encode:{mtype.name}", logging.WARNING,
                               f"Cluster bus: cannot encode a {mtype.name} message: {exc}")
             return
-        if link.enqueue(data):
+        if link.enqueue(parts):
             self.counters["frames_sent"] += 1
             self.sent_by_type[mtype] = self.sent_by_type.get(mtype, 0) + 1
         else:
