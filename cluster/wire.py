@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every bus frame is a fixed 56-byte header followed by a msgpack body and, when a
+Every bus frame is a fixed 52-byte header followed by a msgpack body and, when a
 ``cluster-secret`` is configured, a 32-byte HMAC-SHA256 trailer over header+body:
 
     magic   4 bytes  b"TQCB"
@@ -30,8 +30,8 @@ and unpacks the body through views of its buffer.
 
 How a body is packed without copying its big values: ``encode_parts`` first replaces every
 ``bytes`` of at least ``BIG_VALUE`` bytes inside the body (a job's body, in the maps and lists
-of a message, a few levels deep) by a 16-byte token unique to this process, packs what is
-left (small), and then splits the packed bytes at each token's encoding, putting back a
+of a message, a few levels deep) by a 16-byte token, packs what is left (small; should a
+small value equal a token, the body is packed whole instead), and then splits the packed bytes at each token's encoding, putting back a
 msgpack bin32 header and the value itself as a buffer of its own. The bytes on the wire are
 exactly what packing the body whole gives (msgpack encodes every bytes of 64 KiB or more as
 bin32), so the receiver decodes it as any frame.
@@ -40,7 +40,6 @@ bin32), so the receiver decodes it as any frame.
 from __future__ import annotations
 
 import enum
-import os
 import struct
 from typing import Any, NamedTuple
 
@@ -71,7 +70,9 @@ _JOIN_BELOW = 64 * 1024
 #: (its msgpack header is always bin32, 5 bytes).
 BIG_VALUE = 64 * 1024
 _LIFT_DEPTH = 3  # body map -> list of records -> record fields
-_TOKEN_PREFIX = os.urandom(12)
+# Tokens stand for the big values while the rest of a body is packed. A small value of the
+# body equal to one would make its place ambiguous: then the body is packed whole.
+_TOKEN_PREFIX = b"\x00TQCB:value:"
 _BIN32 = struct.Struct(">BI")
 
 
@@ -190,6 +191,9 @@ def encode_parts(mtype: MessageType, sender: str, body: dict[str, Any],
     big: list[bytes] = []
     lifted = _lift(body, _LIFT_DEPTH, big)
     packed: bytes = _packer.pack(lifted)
+    if big and any(packed.count(_marker(i)) != 1 for i in range(len(big))):
+        big = []
+        packed = _packer.pack(body)
     flags = FLAG_MAC if secret is not None else 0
     if not big:
         if len(packed) > max_body:
@@ -203,7 +207,7 @@ def encode_parts(mtype: MessageType, sender: str, body: dict[str, Any],
         parts = [b""]
         pos = 0
         for i, value in enumerate(big):
-            mark = packed.index(b"\xc4\x10" + _token(i), pos)
+            mark = packed.index(_marker(i), pos)
             parts += [packed[pos:mark], _BIN32.pack(0xC6, len(value)), value]
             pos = mark + 18
         parts.append(packed[pos:])
@@ -221,6 +225,11 @@ def encode_parts(mtype: MessageType, sender: str, body: dict[str, Any],
 
 def _token(i: int) -> bytes:
     return _TOKEN_PREFIX + i.to_bytes(4, "big")
+
+
+def _marker(i: int) -> bytes:
+    """How msgpack packs ``_token(i)`` (bin8 of 16 bytes)."""
+    return b"\xc4\x10" + _token(i)
 
 
 def _lift(value: Any, depth: int, big: list[bytes]) -> Any:
