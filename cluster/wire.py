@@ -29,8 +29,8 @@ returns the header and the body as separate buffers, and the decoder checks the 
 and unpacks the body through views of its buffer.
 
 How a body is packed without copying its big values: ``encode_parts`` first replaces every
-``bytes`` of at least ``BIG_VALUE`` bytes inside the body (a job's body, in the maps and lists
-of a message, a few levels deep) by a 16-byte token, packs what is left (small; should a
+``bytes`` of at least ``BIG_VALUE`` bytes inside the body of a message that carries jobs
+(``CARRY_JOBS``: a job's body, in the maps and lists of the message, a few levels deep) by a 16-byte token, packs what is left (small; should a
 small value equal a token, the body is packed whole instead), and then splits the packed bytes at each token's encoding, putting back a
 msgpack bin32 header and the value itself as a buffer of its own. The bytes on the wire are
 exactly what packing the body whole gives (msgpack encodes every bytes of 64 KiB or more as
@@ -102,6 +102,10 @@ class MessageType(enum.IntEnum):
     QPOLICY = 40  # queue policies (cluster/policy_sync.py); numbers are never reused
     TIMER = 41  # periodic timers (cluster/periodic_sync.py)
 
+
+#: The messages that carry job bodies: only theirs are searched for big values (the others
+#: are packed as they are, at no extra cost).
+CARRY_JOBS = frozenset({MessageType.REPLJOB, MessageType.YOURJOBS})
 
 _HEX_DIGITS = b"0123456789abcdef"
 # Number -> MessageType without the Enum's own lookup (about 1 us per frame).
@@ -189,8 +193,7 @@ def encode_parts(mtype: MessageType, sender: str, body: dict[str, Any],
     if len(sender) != 40:
         raise ValueError("sender must be a 40-hex node ID")
     big: list[bytes] = []
-    lifted = _lift(body, _LIFT_DEPTH, big)
-    packed: bytes = _packer.pack(lifted)
+    packed: bytes = _packer.pack(_lift(body, _LIFT_DEPTH, big) if mtype in CARRY_JOBS else body)
     if big and any(packed.count(_marker(i)) != 1 for i in range(len(big))):
         big = []
         packed = _packer.pack(body)
@@ -236,18 +239,23 @@ def _lift(value: Any, depth: int, big: list[bytes]) -> Any:
     """``value`` with each ``bytes`` of at least ``BIG_VALUE`` bytes in it (``depth`` levels
     of lists and maps deep) replaced by the next token, in packing order, the bytes appended
     to ``big``. The lists and maps on the way are copied, never changed: a core may send the
-    same record to several nodes."""
+    same record to several nodes. Called for every frame: the common item (a number, a short
+    string) costs one type test, no call."""
     t = type(value)
     if t is bytes:
         if len(value) < BIG_VALUE:
             return value
         big.append(value)
         return _token(len(big) - 1)
-    if depth == 0:
-        return value
     if t is list:
         out: list[Any] | None = None
         for i, item in enumerate(value):
+            kind = type(item)
+            if kind is bytes:
+                if len(item) < BIG_VALUE:
+                    continue
+            elif depth <= 1 or (kind is not list and kind is not dict):
+                continue
             new = _lift(item, depth - 1, big)
             if new is not item:
                 if out is None:
@@ -257,6 +265,12 @@ def _lift(value: Any, depth: int, big: list[bytes]) -> Any:
     if t is dict:
         copied: dict[Any, Any] | None = None
         for key, item in value.items():
+            kind = type(item)
+            if kind is bytes:
+                if len(item) < BIG_VALUE:
+                    continue
+            elif depth <= 1 or (kind is not list and kind is not dict):
+                continue
             new = _lift(item, depth - 1, big)
             if new is not item:
                 if copied is None:

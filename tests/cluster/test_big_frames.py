@@ -53,6 +53,8 @@ def test_a_body_past_the_limit_is_refused_by_sender_and_receiver() -> None:
     with pytest.raises(wire.Oversized):
         wire.encode_parts(M.REPLJOB, SENDER, body, None, 2 * MB)
     data = b"".join(wire.encode_parts(M.REPLJOB, SENDER, body, None, 3 * MB))
+    whole = wire.encode_message(M.QPOLICY, SENDER, body, None, 3 * MB)  # packed as it is
+    assert whole[wire.HEADER_SIZE:] == data[wire.HEADER_SIZE:]
     decoder = wire.FrameDecoder(None, 2 * MB)
     decoder.feed(data[:wire.HEADER_SIZE])  # refused from the header, before the body
     with pytest.raises(wire.Oversized):
