@@ -23,8 +23,13 @@ and time, following the contract of ``cluster/effects.py``:
   descriptor for ever. Both are deadlines that only a complete frame moves, so dribbling a
   byte now and then buys nothing. Outbound links need no read timeout: the core's PING/PONG
   watches them and answers with ``CloseLink``.
-* **Sends never block the node.** ``Send``/``Answer`` encode the frame and append it to the
-  link's queue without waiting. A link whose unsent bytes pass ``SEND_QUEUE_LIMIT``, or whose
+* **Sends never block the node.** ``Send``/``Answer`` encode the frame and append its buffers
+  to the link's queue without waiting (``cluster.wire.encode_parts``: a big job's body is a
+  buffer of its own, never copied; a frame over ``max_body``, what ``job-max-body-len``
+  allows, is not sent and is logged). The writer joins small frames into one write, writes
+  a big buffer from itself and lets the other tasks run after every ``WRITE_SLICE`` bytes;
+  the reader reads up to ``BIG_READ_SIZE`` at once while a big frame arrives. A link whose
+  unsent bytes pass ``SEND_QUEUE_LIMIT`` plus one frame of the largest size, or whose
   peer accepts no byte for ``send_stall_timeout`` (the node timeout, at least 1 s), is closed:
   a peer that stopped reading costs bounded memory and is then handled as a dead link. A
   ``Send`` to a node whose outbound link is not up, or an ``Answer`` on a closed link, is
