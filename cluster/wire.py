@@ -185,11 +185,14 @@ def encode_message(mtype: MessageType, sender: str, body: dict[str, Any],
 
 
 def encode_parts(mtype: MessageType, sender: str, body: dict[str, Any],
-                 secret: bytes | None = None, max_body: int = MAX_BODY) -> list[bytes]:
+                 secret: bytes | None = None, max_body: int = MAX_BODY,
+                 defer_mac: bool = False) -> list[bytes]:
     """The frame as buffers to write in order: one for a small body (the bus's send path);
     for a large one, the header, then the packed body cut around its big values, each value a
-    buffer of its own (never copied), then the MAC. ``Oversized`` if the body is over
-    ``max_body``."""
+    buffer of its own (never copied), then the MAC, unless ``defer_mac``: then the caller
+    computes it (``mac_state``) as it writes the buffers, a slice at a time, and writes it
+    after them (a frame of one buffer, small, always comes with its MAC). ``Oversized`` if
+    the body is over ``max_body``."""
     if len(sender) != 40:
         raise ValueError("sender must be a 40-hex node ID")
     big: list[bytes] = []
@@ -218,12 +221,17 @@ def encode_parts(mtype: MessageType, sender: str, body: dict[str, Any],
         if length > max_body:
             raise Oversized(f"body of {length} bytes exceeds {max_body}")
         parts[0] = HEADER.pack(MAGIC, WIRE_VERSION, flags, mtype, sender.encode(), length)
-    if secret is not None:
+    if secret is not None and not defer_mac:
         h = HMAC(secret, hashes.SHA256())
         for part in parts:
             h.update(part)
         parts.append(h.finalize())
     return parts
+
+
+def mac_state(secret: bytes) -> HMAC:
+    """A frame's MAC to compute piece by piece (``update``, then ``finalize``)."""
+    return HMAC(secret, hashes.SHA256())
 
 
 def _token(i: int) -> bytes:
@@ -298,6 +306,10 @@ class FrameDecoder:
         # reads (CONFIG SET job-max-body-len).
         self.max_body = max_body
         self._need = 0  # bytes of the frame being read, once its header is known
+        # The MAC of the frame being read, over its first ``_hashed`` bytes: computed as
+        # they arrive, so a big frame's MAC does not hold the loop once it is complete.
+        self._hasher: HMAC | None = None
+        self._hashed = 0
         # Sender fields already checked (a link carries one or a few): bytes -> str.
         self._senders: dict[bytes, str] = {}
 
@@ -336,11 +348,13 @@ class FrameDecoder:
             self._senders[sender] = sender_id
         has_mac = bool(flags & FLAG_MAC)
         total = HEADER_SIZE + length + (MAC_SIZE if has_mac else 0)
+        end = HEADER_SIZE + length
         if len(buf) < total:
             self._need = total
+            if self._secret is not None and has_mac:
+                self._hash_ahead(min(len(buf), end))
             return None
         self._need = 0
-        end = HEADER_SIZE + length
         # Views, not slices: a large frame's body is not copied before msgpack reads it. The
         # view is released before the buffer is cut (a bytearray with views cannot resize).
         whole = memoryview(buf)
@@ -348,8 +362,10 @@ class FrameDecoder:
             if self._secret is not None:
                 if not has_mac:
                     raise BadMac("frame has no MAC but a cluster secret is set")
-                h = HMAC(self._secret, hashes.SHA256())
-                h.update(whole[:end])
+                self._hash_ahead(end)
+                h = self._hasher
+                assert h is not None
+                self._hasher = None
                 try:
                     h.verify(bytes(whole[end:total]))
                 except InvalidSignature:
@@ -365,6 +381,21 @@ class FrameDecoder:
         if not isinstance(body, dict):
             raise MalformedBody("body is not a map")
         return Frame(kind, sender_id, body)
+
+    def _hash_ahead(self, upto: int) -> None:
+        """Add the frame's bytes up to ``upto`` to its MAC."""
+        if self._hasher is None:
+            self._hasher = HMAC(self._secret or b"", hashes.SHA256())
+            self._hashed = 0
+        if upto > self._hashed:
+            whole = memoryview(self._buf)
+            piece = whole[self._hashed:upto]
+            try:
+                self._hasher.update(piece)
+            finally:
+                piece.release()
+                whole.release()
+            self._hashed = upto
 
     def truncated_at_eof(self) -> None:
         """Call when the link closes: leftover bytes mean a truncated frame."""

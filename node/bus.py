@@ -98,12 +98,14 @@ from cluster.effects import (
     Send,
 )
 from cluster.wire import (
+    MAC_SIZE,
     Frame,
     FrameDecoder,
     MessageType,
     Oversized,
     WireError,
     encode_parts,
+    mac_state,
     max_body_for,
 )
 from node.clock import Clock
@@ -208,7 +210,8 @@ class Link:
         sock = stream.socket
         self.peer_ip = _host(sock.getpeername())
         self.local_ip = _host(sock.getsockname())
-        self.queue: deque[bytes] = deque()
+        self.queue: deque[bytes | _MacLater] = deque()
+        self._since_yield = 0  # bytes written since the writer last let other tasks run
         self.unsent = 0  # bytes queued or being written
         self.closed = False
         self._wakeup = trio.Event()
@@ -218,11 +221,14 @@ class Link:
         way = f"to {self.outbound_to[:8]}" if self.outbound_to else "inbound"
         return f"<bus link {self.id} {way} {self.peer_ip}>"
 
-    def enqueue(self, parts: list[bytes]) -> bool:
-        """Queue one frame's buffers (``cluster.wire.encode_parts``)."""
+    def enqueue(self, parts: list[bytes], mac_later: bool = False) -> bool:
+        """Queue one frame's buffers (``cluster.wire.encode_parts``); ``mac_later``: its MAC
+        is still to compute, by the writer."""
         if self.closed:
             return False
-        size = sum(len(p) for p in parts) if len(parts) > 1 else len(parts[0])
+        later = _MacLater(parts) if mac_later else None
+        size = (later.size if later is not None
+                else sum(len(p) for p in parts) if len(parts) > 1 else len(parts[0]))
         limit = SEND_QUEUE_LIMIT + self.bus.max_body
         if self.unsent + size > limit:
             self.bus.counters["links_closed_slow"] += 1
@@ -231,7 +237,10 @@ class Link:
                                   f"{limit} bytes unsent (peer not reading)")
             self.close()
             return False
-        self.queue.extend(parts)
+        if later is not None:
+            self.queue.append(later)
+        else:
+            self.queue.extend(parts)
         self.unsent += size
         self._wakeup.set()
         return True
@@ -328,54 +337,96 @@ class Link:
     async def _write(self) -> None:
         """Drain the queue: the small frames queued since the last wake-up joined into one
         write (the frames of every event handled meanwhile share it), a large buffer written
-        from itself; straight to the socket, trio waiting only when the kernel takes nothing.
-        After every ``WRITE_SLICE`` bytes the other tasks run, so a big frame never holds
-        the loop for long; a peer that takes no byte for ``send_stall_timeout`` gets its
-        link closed."""
-        bus = self.bus
-        fd = self.stream.socket.fileno()
+        from itself, a big frame whose MAC is still to compute hashed slice by slice as it is
+        written (``_MacLater``); straight to the socket, trio waiting only when the kernel
+        takes nothing."""
         queue = self.queue
-        since_yield = 0
         while True:
             if not queue:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
-            data = queue.popleft()
+            item = queue.popleft()
+            if type(item) is _MacLater:
+                assert isinstance(item, _MacLater)
+                if not await self._write_signed(item):
+                    return
+                continue
+            data = item
+            assert isinstance(data, bytes)
             if queue and len(data) < COALESCE_BYTES and len(queue[0]) < COALESCE_BYTES:
                 parts = [data]
                 size = len(data)
                 while queue and size < COALESCE_BYTES and len(queue[0]) < COALESCE_BYTES:
                     part = queue.popleft()
+                    assert isinstance(part, bytes)
                     parts.append(part)
                     size += len(part)
                 data = b"".join(parts)
-            view = memoryview(data)
-            progress = trio.current_time()
-            while view:
-                try:
-                    sent = os.write(fd, view[:SEND_CHUNK])
-                except BlockingIOError:
-                    sent = 0
-                if sent:
-                    self.unsent -= sent
-                    view = view[sent:]
-                    since_yield += sent
-                    if since_yield >= WRITE_SLICE:
-                        since_yield = 0
-                        await trio.lowlevel.checkpoint()
-                    progress = trio.current_time() if view else progress
-                    continue
-                since_yield = 0
-                with trio.move_on_at(progress + bus.send_stall_timeout) as waited:
-                    await trio.lowlevel.wait_writable(fd)
-                if waited.cancelled_caught:
-                    bus.counters["links_closed_slow"] += 1
-                    bus.limiter.emit(f"stall:{self.peer_ip}", logging.WARNING,
-                                     f"Cluster bus: closing link to {self.peer_ip}: peer read "
-                                     f"nothing for {bus.send_stall_timeout:g} s")
-                    self.close()
-                    return
+            if not await self._write_all(memoryview(data)):
+                return
+
+    async def _write_signed(self, frame: _MacLater) -> bool:
+        """A big frame and its MAC, each slice added to the MAC just before it is written:
+        computing the MAC of 40 MB at once would hold the loop for 60-100 ms."""
+        assert self.bus.secret is not None
+        mac = mac_state(self.bus.secret)
+        for part in frame.parts:
+            view = memoryview(part)
+            for start in range(0, len(view), WRITE_SLICE):
+                piece = view[start:start + WRITE_SLICE]
+                mac.update(piece)
+                if not await self._write_all(piece):
+                    return False
+        return await self._write_all(memoryview(mac.finalize()))
+
+    async def _write_all(self, view: memoryview) -> bool:
+        """Write ``view`` whole. After every ``WRITE_SLICE`` bytes the other tasks run, so a
+        big frame never holds the loop for long; a peer that takes no byte for
+        ``send_stall_timeout`` gets its link closed (False)."""
+        bus = self.bus
+        fd = self.stream.socket.fileno()
+        progress = trio.current_time()
+        while view:
+            try:
+                sent = os.write(fd, view[:SEND_CHUNK])
+            except BlockingIOError:
+                sent = 0
+            if sent:
+                self.unsent -= sent
+                view = view[sent:]
+                self._since_yield += sent
+                if self._since_yield >= WRITE_SLICE:
+                    self._since_yield = 0
+                    await trio.lowlevel.checkpoint()
+                progress = trio.current_time() if view else progress
+                continue
+            self._since_yield = 0
+            with trio.move_on_at(progress + bus.send_stall_timeout) as waited:
+                await trio.lowlevel.wait_writable(fd)
+            if waited.cancelled_caught:
+                bus.counters["links_closed_slow"] += 1
+                bus.limiter.emit(f"stall:{self.peer_ip}", logging.WARNING,
+                                 f"Cluster bus: closing link to {self.peer_ip}: peer read "
+                                 f"nothing for {bus.send_stall_timeout:g} s")
+                self.close()
+                return False
+        return True
+
+
+class _MacLater:
+    """A big frame queued without its MAC (``encode_parts(defer_mac=True)``): the writer
+    computes the MAC as it writes the parts. Its length is the frame's, so the writer never
+    joins it with small frames."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+        self.size = sum(len(p) for p in parts) + MAC_SIZE
+
+    def __len__(self) -> int:
+        return self.size
 
 
 @dataclass
@@ -720,7 +771,10 @@ class Bus:
             self.counters["sends_dropped"] += 1
             return
         try:
-            parts = encode_parts(mtype, self.node_id, body, self.secret, self.max_body)
+            parts = encode_parts(mtype, self.node_id, body, self.secret, self.max_body,
+                                 defer_mac=self.secret is not None)
+            # A small frame comes whole, MAC included; a big one without it (see _MacLater).
+            mac_later = self.secret is not None and len(parts) > 1
         except Oversized as exc:
             # The cores cut their batches and ADDJOB refuses a body over job-max-body-len, so
             # this is a job kept from before the limit was lowered: never silently.
@@ -735,7 +789,7 @@ class Bus:
             self.limiter.emit(f"encode:{mtype.name}", logging.WARNING,
                               f"Cluster bus: cannot encode a {mtype.name} message: {exc}")
             return
-        if link.enqueue(parts):
+        if link.enqueue(parts, mac_later):
             self.counters["frames_sent"] += 1
             self.sent_by_type[mtype] = self.sent_by_type.get(mtype, 0) + 1
         else:
