@@ -23,18 +23,20 @@ Size. A body may be as large as the largest job a node accepts (the
 and never less than ``MAX_BODY`` (``max_body_for``): both ends apply the same rule, the
 sender before encoding and the receiver from the header, before buffering anything.
 Messages that carry many records (YOURJOBS, the tables) are cut by the cores into
-frames of about ``BATCH_BYTES``, so only one big job makes a big frame. A big frame
-is made and read without copying its body more than msgpack does: ``encode_parts``
-returns the header and the body as separate buffers, and the decoder checks the MAC
-and unpacks the body through views of its buffer.
+frames of about ``BATCH_BYTES``, so only one big job makes a big frame.
 
-How a body is packed without copying its big values: ``encode_parts`` first replaces every
-``bytes`` of at least ``BIG_VALUE`` bytes inside the body of a message that carries jobs
-(``CARRY_JOBS``: a job's body, in the maps and lists of the message, a few levels deep) by a 16-byte token, packs what is left (small; should a
-small value equal a token, the body is packed whole instead), and then splits the packed bytes at each token's encoding, putting back a
-msgpack bin32 header and the value itself as a buffer of its own. The bytes on the wire are
-exactly what packing the body whole gives (msgpack encodes every bytes of 64 KiB or more as
-bin32), so the receiver decodes it as any frame.
+A big frame is made and read without copying its body more than msgpack does.
+``encode_parts`` first replaces every ``bytes`` of at least ``BIG_VALUE`` bytes in the
+body of a message that carries jobs (``CARRY_JOBS``; a job's body, a few levels of maps
+and lists deep) by a 16-byte token, packs what is left (small; should a small value
+equal a token, the body is packed whole instead), then splits the packed bytes at each
+token's encoding, putting back a msgpack bin32 header and the value itself as a buffer
+of its own. The bytes on the wire are exactly what packing the body whole gives
+(msgpack encodes every bytes of 64 KiB or more as bin32), so the receiver decodes it as
+any frame, through views of its buffer. A big frame's MAC can be left to the writer,
+which computes it a slice at a time as it writes (``defer_mac``, ``mac_state``), and
+the decoder adds a frame's bytes to its MAC as they arrive: the MAC of 40 MB at once
+would hold the loop for 60-100 ms.
 """
 
 from __future__ import annotations

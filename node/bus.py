@@ -229,8 +229,8 @@ class Link:
         later = _MacLater(parts) if mac_later else None
         size = (later.size if later is not None
                 else sum(len(p) for p in parts) if len(parts) > 1 else len(parts[0]))
-        limit = SEND_QUEUE_LIMIT + self.bus.max_body
-        if self.unsent + size > limit:
+        if (self.unsent + size > SEND_QUEUE_LIMIT
+                and self.unsent + size > (limit := SEND_QUEUE_LIMIT + self.bus.max_body)):
             self.bus.counters["links_closed_slow"] += 1
             self.bus.limiter.emit(f"slow:{self.peer_ip}", logging.WARNING,
                                   f"Cluster bus: closing link to {self.peer_ip}: more than "
