@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from broker import cluster_jobs
 from broker.cluster_jobs import (
+    BIG_JOB_BYTES,
     GC_MAX_PERIOD_MS,
     GC_MIN_PERIOD_MS,
     GC_RETRY_COUNT_MAX,
@@ -64,11 +65,6 @@ _QUEUED: Final = JobState.QUEUED
 _ACKED: Final = JobState.ACKED
 
 _UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
-#: A job at least this big is sent again to a node already asked only once the first copy had
-#: time to arrive at ``RESEND_BYTES_PER_MS`` (10 MB/s, far below any link's speed): re-sent
-#: every 50 ms, a 40 MB REPLJOB would fill the link faster than it drains.
-BIG_JOB_BYTES: Final = 1024 * 1024
-RESEND_BYTES_PER_MS: Final = 10_000
 
 
 class JobCore:
@@ -132,10 +128,12 @@ class JobCore:
         record = job.to_record()
         record[3] = _ACTIVE.value  # the copy is ACTIVE at the receiver
         record[13] = []
+        # A big job is sent again to a node already asked only once its copy had time to
+        # arrive (cluster_jobs.resend_period), even when a new holder was added.
         sent_at = None
         if len(job.body) >= BIG_JOB_BYTES:
             sent_at = self.big_sent.setdefault(job.id, {})
-            resend_ms = len(job.body) // RESEND_BYTES_PER_MS
+            resend_ms = cluster_jobs.resend_period(job)
         for node_id in job.delivered:
             if node_id == self.membership.myself_id:
                 continue

@@ -127,3 +127,17 @@ def test_a_big_frame_signed_later_slice_by_slice_is_the_same_frame() -> None:
     with pytest.raises(wire.BadMac):
         while decoder.next() is None:
             pass
+
+
+def test_a_big_job_asks_one_more_node_only_once_its_copies_had_time_to_arrive() -> None:
+    c = JobCluster(5)
+    for k in range(1, 5):  # no GOTJOB ever arrives: the ADDJOB waits for its whole timeout
+        c.sim.faults[(k, 0)] = Faults(drop=1.0)
+    client = c.client()
+    c.cmd(0, "ADDJOB", "q", "x" * (2 * MB), "300", "REPLICATE", "3", client=client)
+    c.run_for(150)
+    asked = {d for at, s, d in c.sent(M.REPLJOB, None, src=0)}
+    # Two nodes for REPLICATE 3; a small job would have had two more asked by now (50 ms).
+    assert len(asked) == 2, asked
+    c.run_for(100)
+    assert len({d for at, s, d in c.sent(M.REPLJOB, None, src=0)}) == 3
