@@ -42,6 +42,20 @@ Broker = Any
 #: While a synchronous ADDJOB waits, one more node is asked this often (Disque's
 #: DELAYED_JOB_ADD_NODE_MIN_PERIOD).
 ADD_NODE_PERIOD_MS: Final = 50
+#: A job at least this big is given the time its copy takes to arrive at
+#: ``RESEND_BYTES_PER_MS`` (10 MB/s, far below any link's speed) before one more node is
+#: asked or a node already asked is sent it again: every 50 ms, a 40 MB job would be sent to
+#: every node of the cluster, and again to each, faster than a link drains.
+BIG_JOB_BYTES: Final = 1024 * 1024
+RESEND_BYTES_PER_MS: Final = 10_000
+
+
+def resend_period(job: Job) -> int:
+    """How long a waiting ADDJOB lets its REPLJOBs travel before trying again (ms)."""
+    size = len(job.body)
+    if size < BIG_JOB_BYTES:
+        return ADD_NODE_PERIOD_MS
+    return max(ADD_NODE_PERIOD_MS, size // RESEND_BYTES_PER_MS)
 
 #: Ack GC attempts: 1 s doubling to 3 min, at most 10 doublings counted, with a random error
 #: of +-250 ms (Disque's JOB_GC_RETRY_MIN_PERIOD, _MAX_PERIOD, _COUNT_MAX, DISQUE_TIME_ERR).
@@ -130,7 +144,7 @@ def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
 
 
 def _schedule_wait(b: Broker, job: Job, wait: ReplWait, now_ms: int) -> None:
-    at = max(wait.added + ADD_NODE_PERIOD_MS, now_ms + 1)
+    at = max(wait.added + resend_period(job), now_ms + 1)
     if wait.deadline:
         at = min(at, wait.deadline)
     job.awake = min(at, job.etime)
@@ -148,7 +162,7 @@ def replication_timer(b: Broker, job: Job, now_ms: int) -> None:
         abort_wait(b, job, NOREPL_TIMEOUT)
         b._unregister(job)
         return
-    if now_ms - wait.added >= ADD_NODE_PERIOD_MS:
+    if now_ms - wait.added >= resend_period(job):
         # The next try is 50 ms from this one whether or not a node was added: with no node
         # left to add, keeping the old time scheduled the timer again 1 ms later and re-sent
         # REPLJOB to every node asked about 1,000 times a second per waiting ADDJOB (Disque

@@ -79,6 +79,7 @@ DIRECTIVES: dict[str, Directive] = {
         _D("activerehashing", "bool", True, True, "Accepted for compatibility."),
         _D("client-output-buffer-limit", "obuf", "normal 0 0 0", True, "Output buffer limits of clients as Redis's normal class: 'normal <hard> <soft> <soft-seconds>' (units: kb mb gb; 0: no limit). A client whose unsent replies pass the hard limit, or stay past the soft limit that many seconds, is closed."),
         _D("client-query-buffer-limit", "memory", 1073741824, True, "Largest input a client may have pending (unparsed bytes plus a command read in part); past it the client is closed, as Redis does. At least 1mb."),
+        _D("job-max-body-len", "memory", 134217728, True, "The largest job body ADDJOB accepts (units: kb mb gb; 1mb to 512mb, the client port's own limit for one argument). Every job must fit in one cluster bus frame to be replicated or moved to another node; past it ADDJOB answers an error naming this directive. Give every node of a cluster the same value: a node refuses bus frames too big for its own."),
         _D("cluster-node-timeout", "int", 15000, True, "Milliseconds after which an unreachable node is failing."),
         _D("needjobs-adhoc-min-delay", "int", 25, True, "Federation: milliseconds between NEEDJOBS to a queue's recent sources, doubling after each one sent without a reply, from this (Disque's 25)."),
         _D("needjobs-adhoc-max-delay", "int", 2000, True, "Federation: the largest delay between NEEDJOBS to a queue's recent sources, in milliseconds (Disque's 2000)."),
@@ -121,6 +122,7 @@ RANGES: dict[str, tuple[int, int]] = {
     "needjobs-bcast-max-delay": (1, INT32_MAX),
     "client-query-buffer-limit": (1024 * 1024, INT64_MAX),
     "timer-min-period": (1, INT32_MAX),
+    "job-max-body-len": (1024 * 1024, 512 * 1024 * 1024),
 }
 
 

@@ -80,6 +80,9 @@ QUEUE_IDLE_EVICT_MS: Final = 300_000
 # 520 bytes measured at 200,000 small jobs (README, Limits).
 JOB_OVERHEAD_BYTES: Final = 500
 QUEUE_EVICT_CHECK_MS: Final = 1_000
+# The least ``job-max-body-len`` may be: a smaller body is never checked against the directive,
+# so the common ADDJOB reads no attribute of the (interpreted) Config.
+BODY_LIMIT_FLOOR: Final = 1024 * 1024
 
 # Small ints are shared by the interpreter; interning the common option values too keeps one
 # int object per distinct value instead of one per job.
@@ -102,6 +105,10 @@ _JITTER_BITS: Final = REQUEUE_JITTER_MS.bit_length()
 # names bound once (Final: C statics when compiled, not a lookup by name per record).
 _new_tuple: Final = tuple.__new__
 _LOG_RECORD: Final = LogRecord
+
+
+def _no_warning(key: str, text: str) -> None:
+    pass
 
 
 def requeue_jitter(rng: random.Random) -> int:
@@ -157,6 +164,9 @@ class Broker:
         self.job_bytes = 0  # bodies plus JOB_OVERHEAD_BYTES per registered job
         self._job_bytes_at_sample = 0
         self.info_sources: dict[str, Callable[[], list[tuple[str, Any]]]] = {}
+        # A warning for the node's log, ``(key, text)``: the runtime writes it, at most one per
+        # key every few seconds (a client retrying a refused command must not flood the log).
+        self.warn: Callable[[str, str], None] = _no_warning
         self.blocked_clients = 0
         self._last_ctime_ms = 0
         self._ctime_seq = 0
@@ -580,7 +590,10 @@ class Broker:
         return 2 if used > limit // 100 * 95 else 1
 
     def _addjob(self, cmd: AddJob, client: Client, now_ms: int) -> Any:
-        level = self.memory_level(len(cmd.body) + JOB_OVERHEAD_BYTES)
+        size = len(cmd.body)
+        if size > BODY_LIMIT_FLOOR and size > self.config.job_max_body_len:
+            return self._body_too_big(size)
+        level = self.memory_level(size + JOB_OVERHEAD_BYTES)
         if level >= 3:
             return errors.OOM
         reachable = self.reachable_nodes()
@@ -642,6 +655,15 @@ class Broker:
             self._enqueue(job, now_ms)
         self._log_job(job, None)
         return Status(job.id.decode("ascii"))
+
+    def _body_too_big(self, size: int) -> Error:
+        """A job must fit in one cluster bus frame to be replicated or to move to another node
+        (cluster.wire.max_body_for): refused at once rather than never replicated."""
+        limit = int(self.config.job_max_body_len)
+        self.warn("job-max-body-len", f"ADDJOB refused: a job body of {size} bytes is over "
+                                      f"job-max-body-len ({limit} bytes)")
+        return Error(f"ERR job body of {size} bytes exceeds the job-max-body-len limit of "
+                     f"{limit} bytes")
 
     def _getjob(self, cmd: GetJob, client: Client, now_ms: int) -> Any:
         # Missing queues are created even with NOHANG: they hold the federation state.

@@ -58,15 +58,19 @@ class Federation(Protocol):
         ...
 
 
-def export_jobs(b: Broker, q: Queue, count: int, to_node: str,
-                now_ms: int) -> list[list[Any]]:
-    """Take up to ``count`` of the oldest jobs out of ``q`` for a YOURJOBS to ``to_node``.
+def export_jobs(b: Broker, q: Queue, count: int, to_node: str, now_ms: int,
+                max_body: int) -> list[list[Any]]:
+    """Take up to ``count`` of the oldest jobs out of ``q`` for a YOURJOBS to ``to_node``,
+    stopping at a job whose body is over ``max_body`` (it could not be sent: it stays).
 
     Returns the jobs' records as they must be sent (ACTIVE, ``confirmed`` empty). An at-least-once job stays registered here,
     ACTIVE, its requeue time unchanged, and learns that ``to_node`` has a copy (so the ack
     GC, QUEUED and WILLQUEUE reach it); an at-most-once job is deleted here."""
     out: list[list[Any]] = []
     while len(out) < count:
+        head = q.peek(1)
+        if head and len(head[0].body) > max_body:
+            break
         job = q.pop()
         if job is None:
             break

@@ -26,6 +26,8 @@ interleaved and the medians reported (the machine is shared and noisy):
       Disque's backoff allows 5 broadcasts per node in 60 s: 0, 4, 12, 28, 58 s, each to
       the 2 other nodes, so 20) and every bus message sent by the 3 nodes (CLUSTER INFO's
       cluster_stats_messages_sent, PING/PONG included).
+  (l) a big job: one ADDJOB of a 40 MB body with REPLICATE 3 on node0, synchronous
+      (answered once three nodes hold a copy), then FASTACK: seconds, median of the runs.
 
 ``--disque PATH`` (or ``TRISQUE_BENCH_DISQUE=PATH``, as for ``cli.bench_table``) runs the
 same cases against Disque's own server binary (loopback only), for its ratio in the same run.
@@ -55,6 +57,7 @@ from protocol.resp import encode_command
 BODY = 16
 NODE_TIMEOUT_MS = "3000"
 STEADY_RATE = 1000.0  # (i): jobs/s, well under what one node or the cluster sustains here
+BIG_BODY = 40 * 1024 * 1024  # (l)
 
 
 def log(msg: str) -> None:
@@ -145,6 +148,23 @@ def idle_messages(nodes: list[BenchServer], seconds: float) -> dict[str, Any]:
             "needjobs": after[1] - before[1]}
 
 
+def big_job_seconds(nodes: list[BenchServer], runs: int) -> float | None:
+    """(l): the median time of a 40 MB ADDJOB REPLICATE 3 on node0; None if one failed."""
+    body = b"k" * BIG_BODY
+    times = []
+    for _ in range(runs):
+        start = time.monotonic()
+        reply = command(nodes[0].port, "ADDJOB", "bench-big", body, "10000", "REPLICATE", "3",
+                        timeout=60)
+        took = time.monotonic() - start
+        if not (isinstance(reply, bytes) and reply.startswith(b"D-")):
+            log(f"(l): ADDJOB of 40 MB answered {reply!r} after {took:.2f} s")
+            return None
+        times.append(took)
+        command(nodes[0].port, "FASTACK", reply)
+    return float(statistics.median(times))
+
+
 def measure(kind: str, binary: str | None, runs: int, duration: float,
             procs: int, idle_s: float) -> dict[str, Any]:
     single = start(kind, f"{kind} standalone", binary)
@@ -200,6 +220,8 @@ def measure(kind: str, binary: str | None, runs: int, duration: float,
                                      (across, nodes, steady_three)):
                 run(Spec(**{**spec.__dict__, "duration": 1.0}), 1, where)
                 out.append(run(spec, 1, where))
+        log(f"{kind}: 40 MB jobs")
+        big_s = big_job_seconds(nodes, runs)
         idle = idle_messages(nodes, idle_s) if idle_s > 0 else {}
         if kind == "disque":
             idle["needjobs"] = None  # Disque counts no federation message anywhere
@@ -224,7 +246,8 @@ def measure(kind: str, binary: str | None, runs: int, duration: float,
                 "steady_p50_one": e2e(steady_one, "p50"), "steady_p99_one": e2e(steady_one, "p99"),
                 "steady_p50_three": e2e(steady_three, "p50"),
                 "steady_p99_three": e2e(steady_three, "p99"),
-                "idle_needjobs": idle.get("needjobs", 0), "idle_bus": idle.get("bus_sent", 0)}
+                "idle_needjobs": idle.get("needjobs", 0), "idle_bus": idle.get("bus_sent", 0),
+                "big_s": big_s}
     finally:
         for n in (single, *nodes):
             n.stop()
@@ -291,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         ("(i) steady node0 -> node1 p99 ms", "steady_p99_three", "{:.2f}"),
         (f"(j) idle {opts.idle:g} s: NEEDJOBS sent", "idle_needjobs", "{:.0f}"),
         (f"(j) idle {opts.idle:g} s: bus messages", "idle_bus", "{:.0f}"),
+        ("(l) 40 MB ADDJOB REPLICATE 3, s", "big_s", "{:.2f}"),
     ]
     for title, key, fmt in rows:
         cells = []

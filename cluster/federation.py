@@ -27,7 +27,10 @@ Answering (``_on_needjobs``): nothing if the queue is empty here, paused in outp
 itself importing (rate > 0), or if the asker has no link (Disque takes the jobs out first
 and then finds no link, losing at-most-once jobs); else ``count`` jobs when the queue holds
 at least twice that, otherwise half of it (at least one), taken out through
-``broker.federation.export_jobs`` and sent in one YOURJOBS. A leaving node answers but
+``broker.federation.export_jobs`` and sent in as many YOURJOBS as their size needs
+(``cluster.batches.cut``: a few MiB each, so 1 MB jobs move as fast as small ones). A job
+whose body is over ``job-max-body-len`` (kept from before the limit was lowered) is not
+exported, nor any job behind it: it stays queued here. A leaving node answers but
 never asks. Receiving (``_on_yourjobs``): each job through ``broker.federation.import_job``;
 every one queued counts towards the import rate and makes the sender a source. Blocked
 clients are served as each job is queued; the "last job taken" requests that serving causes
@@ -54,6 +57,7 @@ from typing import Any, Final
 from broker import federation as fed_jobs
 from broker.core import Broker
 from broker.queue import PAUSE_OUT, Queue
+from cluster.batches import cut, job_record_size
 from cluster.effects import ClusterEffect, LinkId, LogLine, Send
 from cluster.job_messages import (
     FED_TYPES,
@@ -236,10 +240,13 @@ class FederationCore:
         # Never let one asker drain the queue: all it asked for only if we have twice that,
         # else half of what we have, but at least one.
         reply = count if qlen >= count * 2 else max(qlen // 2, 1)
-        records = fed_jobs.export_jobs(b, q, reply, sender, now_ms)
+        records = fed_jobs.export_jobs(b, q, reply, sender, now_ms,
+                                       b.config.job_max_body_len)
         if records:
             self.stats["exported"] += len(records)
-            self._send(sender, YourJobs(records))
+            # In frames of a few MiB: a hundred 1 MB jobs in one frame is too big to send.
+            for batch in cut(records, job_record_size, NEEDJOBS_MAX_REQUEST):
+                self._send(sender, YourJobs(batch))
 
     def _on_yourjobs(self, msg: YourJobs, sender: str, now_ms: int) -> None:
         b = self.broker

@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from broker import cluster_jobs
 from broker.cluster_jobs import (
+    BIG_JOB_BYTES,
     GC_MAX_PERIOD_MS,
     GC_MIN_PERIOD_MS,
     GC_RETRY_COUNT_MAX,
@@ -76,6 +77,8 @@ class JobCore:
         self.rng = rng or random.Random()
         self.outbox: list[ClusterEffect] = []
         self.gc_retry: dict[bytes, int] = {}
+        # Big jobs only: job ID -> node -> when its REPLJOB was last sent there.
+        self.big_sent: dict[bytes, dict[str, int]] = {}
         self.stats: dict[str, int] = {"sent": 0, "received": 0, "malformed": 0}
         broker.replication = self
 
@@ -125,12 +128,23 @@ class JobCore:
         record = job.to_record()
         record[3] = _ACTIVE.value  # the copy is ACTIVE at the receiver
         record[13] = []
+        # A big job is sent again to a node already asked only once its copy had time to
+        # arrive (cluster_jobs.resend_period), even when a new holder was added.
+        sent_at = None
+        if len(job.body) >= BIG_JOB_BYTES:
+            sent_at = self.big_sent.setdefault(job.id, {})
+            resend_ms = cluster_jobs.resend_period(job)
         for node_id in job.delivered:
             if node_id == self.membership.myself_id:
                 continue
             confirmed = node_id in job.confirmed
             if confirmed and added == 0:
                 continue  # Disque: a node that has its copy hears again only of new holders
+            if sent_at is not None:
+                last = sent_at.get(node_id)
+                if last is not None and now_ms - last < resend_ms:
+                    continue  # its copy may still be on the way
+                sent_at[node_id] = now_ms
             self._send(node_id, ReplJob(record, noreply or confirmed))
         return added
 
@@ -176,6 +190,7 @@ class JobCore:
 
     def forget(self, job_id: bytes) -> None:
         self.gc_retry.pop(job_id, None)
+        self.big_sent.pop(job_id, None)
 
     def pause(self, queue: bytes, flags: int) -> None:
         for node_id in self._others():

@@ -33,6 +33,7 @@ from __future__ import annotations
 import random
 from typing import Any, Final
 
+from cluster.batches import cut
 from cluster.effects import ClusterEffect, LinkId, Send
 from cluster.membership import Membership
 from cluster.peer_frames import accept
@@ -40,9 +41,6 @@ from cluster.wire import Frame, MalformedBody, MessageType, received_body
 
 SYNC_PERIOD_MS: Final = 5_000
 MAX_RECORDS_PER_FRAME: Final = 10_000
-#: A frame is cut before its records pass this many bytes (estimated by ``record_size``), far
-#: below the bus's 16 MiB frame limit.
-MAX_FRAME_BYTES: Final = 4 * 1024 * 1024
 
 UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
 
@@ -122,8 +120,11 @@ class TableSync:
             self.whole_table_from(sender, now_ms)
         if full:
             newer = self.newer_than(items)
-            if newer or self.ALWAYS_ANSWER:
-                self.send(sender, newer, answer=self.ALWAYS_ANSWER)
+            if newer:
+                for batch in cut(newer, self.record_size, MAX_RECORDS_PER_FRAME):
+                    self.send(sender, batch, answer=self.ALWAYS_ANSWER)
+            elif self.ALWAYS_ANSWER:
+                self.send(sender, newer, answer=True)
 
     # -- sending ----------------------------------------------------------------------------------
 
@@ -145,17 +146,8 @@ class TableSync:
         if not records:
             self.send(node_id, [], full=True)
             return
-        chunk: list[Any] = []
-        size = 0
-        for rec in records:
-            rec_size = self.record_size(rec)
-            if chunk and (len(chunk) >= MAX_RECORDS_PER_FRAME
-                          or size + rec_size > MAX_FRAME_BYTES):
-                self.send(node_id, chunk, full=True)
-                chunk, size = [], 0
-            chunk.append(rec)
-            size += rec_size
-        self.send(node_id, chunk, full=True)
+        for batch in cut(records, self.record_size, MAX_RECORDS_PER_FRAME):
+            self.send(node_id, batch, full=True)
 
     def send(self, node_id: str, records: list[Any], full: bool = False,
              answer: bool = False) -> None:

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every bus frame is a fixed 56-byte header followed by a msgpack body and, when a
+Every bus frame is a fixed 52-byte header followed by a msgpack body and, when a
 ``cluster-secret`` is configured, a 32-byte HMAC-SHA256 trailer over header+body:
 
     magic   4 bytes  b"TQCB"
@@ -16,7 +16,27 @@ Every bus frame is a fixed 56-byte header followed by a msgpack body and, when a
 ``FrameDecoder`` is incremental: ``feed(bytes)`` and then ``next()`` returns a
 ``Frame`` or ``None`` ("not yet": the input is short). Every way a frame can be
 wrong raises its own subclass of ``WireError`` so the transport can log why it
-dropped a link. The trio transport (later, in node/) only moves bytes.
+dropped a link. The trio transport (node/bus.py) only moves bytes.
+
+Size. A body may be as large as the largest job a node accepts (the
+``job-max-body-len`` directive) plus ``FRAME_OVERHEAD`` for the rest of its record,
+and never less than ``MAX_BODY`` (``max_body_for``): both ends apply the same rule, the
+sender before encoding and the receiver from the header, before buffering anything.
+Messages that carry many records (YOURJOBS, the tables) are cut by the cores into
+frames of about ``BATCH_BYTES``, so only one big job makes a big frame.
+
+A big frame is made and read without copying its body more than msgpack does.
+``encode_parts`` first replaces every ``bytes`` of at least ``BIG_VALUE`` bytes in the
+body of a message that carries jobs (``CARRY_JOBS``; a job's body, a few levels of maps
+and lists deep) by a 16-byte token, packs what is left (small; should a small value
+equal a token, the body is packed whole instead), then splits the packed bytes at each
+token's encoding, putting back a msgpack bin32 header and the value itself as a buffer
+of its own. The bytes on the wire are exactly what packing the body whole gives
+(msgpack encodes every bytes of 64 KiB or more as bin32), so the receiver decodes it as
+any frame, through views of its buffer. A big frame's MAC can be left to the writer,
+which computes it a slice at a time as it writes (``defer_mac``, ``mac_state``), and
+the decoder adds a frame's bytes to its MAC as they arrive: the MAC of 40 MB at once
+would hold the loop for 60-100 ms.
 """
 
 from __future__ import annotations
@@ -36,8 +56,31 @@ HEADER = struct.Struct(">4sBBH40sI")
 HEADER_SIZE = HEADER.size
 MAC_SIZE = 32
 FLAG_MAC = 0x01
-#: Largest body accepted; larger frames are refused before buffering them.
+#: The least a node accepts as a body (and all it accepts from a message that carries no
+#: job); larger frames are refused before buffering them.
 MAX_BODY = 16 * 1024 * 1024
+#: Room in a frame for what a job's record holds besides its body: the queue name (at most
+#: 64 KiB), up to 10,000 holders' node IDs, the numbers.
+FRAME_OVERHEAD = 1024 * 1024
+#: What a core packs into one frame of many records (YOURJOBS, the tables) before starting
+#: the next one: many frames of a few MiB rather than one too large to send.
+BATCH_BYTES = 4 * 1024 * 1024
+#: Bodies at least this large are handed to the transport as a buffer of their own, not
+#: copied behind their header.
+_JOIN_BELOW = 64 * 1024
+#: A ``bytes`` value at least this large inside a body is never copied into the packed body
+#: (its msgpack header is always bin32, 5 bytes).
+BIG_VALUE = 64 * 1024
+_LIFT_DEPTH = 3  # body map -> list of records -> record fields
+# Tokens stand for the big values while the rest of a body is packed. A small value of the
+# body equal to one would make its place ambiguous: then the body is packed whole.
+_TOKEN_PREFIX = b"\x00TQCB:value:"
+_BIN32 = struct.Struct(">BI")
+
+
+def max_body_for(job_max_body_len: int) -> int:
+    """The largest body of a frame on a node whose ``job-max-body-len`` is this."""
+    return max(MAX_BODY, job_max_body_len + FRAME_OVERHEAD)
 
 
 class MessageType(enum.IntEnum):
@@ -61,6 +104,10 @@ class MessageType(enum.IntEnum):
     QPOLICY = 40  # queue policies (cluster/policy_sync.py); numbers are never reused
     TIMER = 41  # periodic timers (cluster/periodic_sync.py)
 
+
+#: The messages that carry job bodies: only theirs are searched for big values (the others
+#: are packed as they are, at no extra cost).
+CARRY_JOBS = frozenset({MessageType.REPLJOB, MessageType.YOURJOBS})
 
 _HEX_DIGITS = b"0123456789abcdef"
 # Number -> MessageType without the Enum's own lookup (about 1 us per frame).
@@ -133,27 +180,148 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 
 def encode_message(mtype: MessageType, sender: str, body: dict[str, Any],
-                   secret: bytes | None = None) -> bytes:
-    """``encode`` without building a ``Frame`` (the bus's send path)."""
+                   secret: bytes | None = None, max_body: int = MAX_BODY) -> bytes:
+    """``encode`` without building a ``Frame`` (one buffer; see ``encode_parts``)."""
+    parts = encode_parts(mtype, sender, body, secret, max_body)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def encode_parts(mtype: MessageType, sender: str, body: dict[str, Any],
+                 secret: bytes | None = None, max_body: int = MAX_BODY,
+                 defer_mac: bool = False) -> list[bytes]:
+    """The frame as buffers to write in order: one for a small body (the bus's send path);
+    for a large one, the header, then the packed body cut around its big values, each value a
+    buffer of its own (never copied), then the MAC, unless ``defer_mac``: then the caller
+    computes it (``mac_state``) as it writes the buffers, a slice at a time, and writes it
+    after them (a frame of one buffer, small, always comes with its MAC). ``Oversized`` if
+    the body is over ``max_body``."""
     if len(sender) != 40:
         raise ValueError("sender must be a 40-hex node ID")
-    packed: bytes = _packer.pack(body)
-    if len(packed) > MAX_BODY:
-        raise Oversized(f"body of {len(packed)} bytes exceeds {MAX_BODY}")
+    big: list[bytes] = []
+    packed: bytes = _packer.pack(_lift(body, _LIFT_DEPTH, big) if mtype in CARRY_JOBS else body)
+    if big and any(packed.count(_marker(i)) != 1 for i in range(len(big))):
+        big = []
+        packed = _packer.pack(body)
     flags = FLAG_MAC if secret is not None else 0
-    data = HEADER.pack(MAGIC, WIRE_VERSION, flags, mtype, sender.encode(), len(packed)) + packed
-    return data + _mac(secret, data) if secret is not None else data
+    if not big:
+        if len(packed) > max_body:
+            raise Oversized(f"body of {len(packed)} bytes exceeds {max_body}")
+        header = HEADER.pack(MAGIC, WIRE_VERSION, flags, mtype, sender.encode(), len(packed))
+        if len(packed) < _JOIN_BELOW:
+            data = header + packed
+            return [data + _mac(secret, data) if secret is not None else data]
+        parts = [header, packed]
+    else:
+        parts = [b""]
+        pos = 0
+        for i, value in enumerate(big):
+            mark = packed.index(_marker(i), pos)
+            parts += [packed[pos:mark], _BIN32.pack(0xC6, len(value)), value]
+            pos = mark + 18
+        parts.append(packed[pos:])
+        length = sum(len(p) for p in parts)
+        if length > max_body:
+            raise Oversized(f"body of {length} bytes exceeds {max_body}")
+        parts[0] = HEADER.pack(MAGIC, WIRE_VERSION, flags, mtype, sender.encode(), length)
+    if secret is not None and not defer_mac:
+        h = HMAC(secret, hashes.SHA256())
+        for part in parts:
+            h.update(part)
+        parts.append(h.finalize())
+    return parts
+
+
+def mac_state(secret: bytes) -> HMAC:
+    """A frame's MAC to compute piece by piece (``update``, then ``finalize``)."""
+    return HMAC(secret, hashes.SHA256())
+
+
+def _token(i: int) -> bytes:
+    return _TOKEN_PREFIX + i.to_bytes(4, "big")
+
+
+def _marker(i: int) -> bytes:
+    """How msgpack packs ``_token(i)`` (bin8 of 16 bytes)."""
+    return b"\xc4\x10" + _token(i)
+
+
+def _lift(value: Any, depth: int, big: list[bytes]) -> Any:
+    """``value`` with each ``bytes`` of at least ``BIG_VALUE`` bytes in it (``depth`` levels
+    of lists and maps deep) replaced by the next token, in packing order, the bytes appended
+    to ``big``. The lists and maps on the way are copied, never changed: a core may send the
+    same record to several nodes. Called for every frame: the common item (a number, a short
+    string) costs one type test, no call."""
+    t = type(value)
+    if t is bytes:
+        if len(value) < BIG_VALUE:
+            return value
+        big.append(value)
+        return _token(len(big) - 1)
+    if t is list:
+        out: list[Any] | None = None
+        for i, item in enumerate(value):
+            kind = type(item)
+            if kind is bytes:
+                if len(item) < BIG_VALUE:
+                    continue
+            elif depth <= 1 or (kind is not list and kind is not dict):
+                continue
+            new = _lift(item, depth - 1, big)
+            if new is not item:
+                if out is None:
+                    out = list(value)
+                out[i] = new
+        return value if out is None else out
+    if t is dict:
+        copied: dict[Any, Any] | None = None
+        for key, item in value.items():
+            kind = type(item)
+            if kind is bytes:
+                if len(item) < BIG_VALUE:
+                    continue
+            elif depth <= 1 or (kind is not list and kind is not dict):
+                continue
+            new = _lift(item, depth - 1, big)
+            if new is not item:
+                if copied is None:
+                    copied = dict(value)
+                copied[key] = new
+        return value if copied is None else copied
+    return value
+
+
+def _unpack(packed: memoryview) -> tuple[Any, str]:
+    """The msgpack value of ``packed`` and "", or None and why it is not msgpack."""
+    try:
+        return msgpack.unpackb(packed, raw=False, strict_map_key=True), ""
+    except Exception as exc:  # msgpack raises several unrelated types
+        return None, f"body is not msgpack: {exc}"
+    finally:
+        packed.release()
 
 
 class FrameDecoder:
-    def __init__(self, secret: bytes | None = None) -> None:
+    def __init__(self, secret: bytes | None = None, max_body: int = MAX_BODY) -> None:
         self._buf = bytearray()
         self._secret = secret
+        # The largest body accepted (``max_body_for``); the transport may change it between
+        # reads (CONFIG SET job-max-body-len).
+        self.max_body = max_body
+        self._need = 0  # bytes of the frame being read, once its header is known
+        # The MAC of the frame being read, over its first ``_hashed`` bytes: computed as
+        # they arrive, so a big frame's MAC does not hold the loop once it is complete.
+        self._hasher: HMAC | None = None
+        self._hashed = 0
         # Sender fields already checked (a link carries one or a few): bytes -> str.
         self._senders: dict[bytes, str] = {}
 
     def feed(self, data: bytes) -> None:
         self._buf += data
+
+    def missing(self) -> int:
+        """Bytes still to come for the frame being read (0 when none is known): the transport
+        reads that much at once rather than in small reads."""
+        return max(self._need - len(self._buf), 0)
 
     def next(self) -> Frame | None:
         buf = self._buf
@@ -168,8 +336,8 @@ class FrameDecoder:
         kind = _TYPES.get(mtype)
         if kind is None:
             raise UnknownType(f"message type {mtype}")
-        if length > MAX_BODY:
-            raise Oversized(f"body of {length} bytes exceeds {MAX_BODY}")
+        if length > self.max_body:
+            raise Oversized(f"body of {length} bytes exceeds {self.max_body}")
         sender_id = self._senders.get(sender)
         if sender_id is None:
             # int(x, 16) would also accept spaces, "_" and "+": check the digits themselves
@@ -182,29 +350,54 @@ class FrameDecoder:
             self._senders[sender] = sender_id
         has_mac = bool(flags & FLAG_MAC)
         total = HEADER_SIZE + length + (MAC_SIZE if has_mac else 0)
-        if len(buf) < total:
-            return None
         end = HEADER_SIZE + length
-        if self._secret is not None:
-            if not has_mac:
-                raise BadMac("frame has no MAC but a cluster secret is set")
-            h = HMAC(self._secret, hashes.SHA256())
-            h.update(bytes(buf[:end]))
-            try:
-                h.verify(bytes(buf[end:total]))
-            except InvalidSignature:
-                raise BadMac("wrong MAC") from None
-        elif has_mac:
-            raise BadMac("frame carries a MAC but no cluster secret is set")
-        packed = buf[HEADER_SIZE:end]
-        del buf[:total]
+        if len(buf) < total:
+            self._need = total
+            if self._secret is not None and has_mac:
+                self._hash_ahead(min(len(buf), end))
+            return None
+        self._need = 0
+        # Views, not slices: a large frame's body is not copied before msgpack reads it. The
+        # view is released before the buffer is cut (a bytearray with views cannot resize).
+        whole = memoryview(buf)
         try:
-            body = msgpack.unpackb(packed, raw=False, strict_map_key=True)
-        except Exception as exc:  # msgpack raises several unrelated types
-            raise MalformedBody(f"body is not msgpack: {exc}") from None
+            if self._secret is not None:
+                if not has_mac:
+                    raise BadMac("frame has no MAC but a cluster secret is set")
+                self._hash_ahead(end)
+                h = self._hasher
+                assert h is not None
+                self._hasher = None
+                try:
+                    h.verify(bytes(whole[end:total]))
+                except InvalidSignature:
+                    raise BadMac("wrong MAC") from None
+            elif has_mac:
+                raise BadMac("frame carries a MAC but no cluster secret is set")
+            body, problem = _unpack(whole[HEADER_SIZE:end])
+        finally:
+            whole.release()
+        del buf[:total]  # an authentic frame is consumed even if its body is refused
+        if problem:
+            raise MalformedBody(problem)
         if not isinstance(body, dict):
             raise MalformedBody("body is not a map")
         return Frame(kind, sender_id, body)
+
+    def _hash_ahead(self, upto: int) -> None:
+        """Add the frame's bytes up to ``upto`` to its MAC."""
+        if self._hasher is None:
+            self._hasher = HMAC(self._secret or b"", hashes.SHA256())
+            self._hashed = 0
+        if upto > self._hashed:
+            whole = memoryview(self._buf)
+            piece = whole[self._hashed:upto]
+            try:
+                self._hasher.update(piece)
+            finally:
+                piece.release()
+                whole.release()
+            self._hashed = upto
 
     def truncated_at_eof(self) -> None:
         """Call when the link closes: leftover bytes mean a truncated frame."""

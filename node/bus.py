@@ -23,8 +23,13 @@ and time, following the contract of ``cluster/effects.py``:
   descriptor for ever. Both are deadlines that only a complete frame moves, so dribbling a
   byte now and then buys nothing. Outbound links need no read timeout: the core's PING/PONG
   watches them and answers with ``CloseLink``.
-* **Sends never block the node.** ``Send``/``Answer`` encode the frame and append it to the
-  link's queue without waiting. A link whose unsent bytes pass ``SEND_QUEUE_LIMIT``, or whose
+* **Sends never block the node.** ``Send``/``Answer`` encode the frame and append its buffers
+  to the link's queue without waiting (``cluster.wire.encode_parts``: a big job's body is a
+  buffer of its own, never copied; a frame over ``max_body``, what ``job-max-body-len``
+  allows, is not sent and is logged). The writer joins small frames into one write, writes
+  a big buffer from itself and lets the other tasks run after every ``WRITE_SLICE`` bytes;
+  the reader reads up to ``BIG_READ_SIZE`` at once while a big frame arrives. A link whose
+  unsent bytes pass ``SEND_QUEUE_LIMIT`` plus one frame of the largest size, or whose
   peer accepts no byte for ``send_stall_timeout`` (the node timeout, at least 1 s), is closed:
   a peer that stopped reading costs bounded memory and is then handled as a dead link. A
   ``Send`` to a node whose outbound link is not up, or an ``Answer`` on a closed link, is
@@ -94,7 +99,17 @@ from cluster.effects import (
     SaveNodes,
     Send,
 )
-from cluster.wire import Frame, FrameDecoder, MessageType, WireError, encode_message
+from cluster.wire import (
+    MAC_SIZE,
+    Frame,
+    FrameDecoder,
+    MessageType,
+    Oversized,
+    WireError,
+    encode_parts,
+    mac_state,
+    max_body_for,
+)
 from node.clock import Clock
 
 log = logging.getLogger("trisque.bus")
@@ -102,14 +117,23 @@ log = logging.getLogger("trisque.bus")
 BUS_PORT_OFFSET = 10000
 TICK_S = 0.1
 READ_SIZE = 65536
+# The most one read takes while a large frame arrives (the decoder says how much is missing).
+BIG_READ_SIZE = 1024 * 1024
 MAX_INBOUND = 256
 FIRST_FRAME_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_MIN_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
 RECONNECT_EVERY_S = 0.1
-# A frame may be 16 MiB (cluster.wire.MAX_BODY): room for a few, not for an unbounded backlog.
+# Unsent bytes a link may hold beyond one frame of the largest size (``Bus.max_body``): room
+# for a few ordinary frames behind a big one, not for an unbounded backlog.
 SEND_QUEUE_LIMIT = 64 * 1024 * 1024
 SEND_CHUNK = 256 * 1024
+# Small frames queued together are joined into one write up to this size; a larger buffer
+# (a big job's body) is written from itself, never copied.
+COALESCE_BYTES = 256 * 1024
+# The writer lets the other tasks (the reactor's clients) run after this many bytes even
+# while the kernel takes more: a big frame must not hold the loop for its whole length.
+WRITE_SLICE = 1024 * 1024
 LOG_EVERY_S = 10.0
 
 # Sends that promise a state only the log keeps after kill -9: a replica's copy (GOTJOB), the
@@ -186,7 +210,8 @@ class Link:
         sock = stream.socket
         self.peer_ip = _host(sock.getpeername())
         self.local_ip = _host(sock.getsockname())
-        self.queue: deque[bytes] = deque()
+        self.queue: deque[bytes | _MacLater] = deque()
+        self._since_yield = 0  # bytes written since the writer last let other tasks run
         self.unsent = 0  # bytes queued or being written
         self.closed = False
         self._wakeup = trio.Event()
@@ -196,18 +221,27 @@ class Link:
         way = f"to {self.outbound_to[:8]}" if self.outbound_to else "inbound"
         return f"<bus link {self.id} {way} {self.peer_ip}>"
 
-    def enqueue(self, data: bytes) -> bool:
+    def enqueue(self, parts: list[bytes], mac_later: bool = False) -> bool:
+        """Queue one frame's buffers (``cluster.wire.encode_parts``); ``mac_later``: its MAC
+        is still to compute, by the writer."""
         if self.closed:
             return False
-        if self.unsent + len(data) > SEND_QUEUE_LIMIT:
+        later = _MacLater(parts) if mac_later else None
+        size = (later.size if later is not None
+                else sum(len(p) for p in parts) if len(parts) > 1 else len(parts[0]))
+        if (self.unsent + size > SEND_QUEUE_LIMIT
+                and self.unsent + size > (limit := SEND_QUEUE_LIMIT + self.bus.max_body)):
             self.bus.counters["links_closed_slow"] += 1
             self.bus.limiter.emit(f"slow:{self.peer_ip}", logging.WARNING,
                                   f"Cluster bus: closing link to {self.peer_ip}: more than "
-                                  f"{SEND_QUEUE_LIMIT} bytes unsent (peer not reading)")
+                                  f"{limit} bytes unsent (peer not reading)")
             self.close()
             return False
-        self.queue.append(data)
-        self.unsent += len(data)
+        if later is not None:
+            self.queue.append(later)
+        else:
+            self.queue.extend(parts)
+        self.unsent += size
         self._wakeup.set()
         return True
 
@@ -263,7 +297,7 @@ class Link:
                     self._timed_out(spoke, last_frame)
                     return
             try:
-                data = os.read(fd, READ_SIZE)
+                data = os.read(fd, min(max(decoder.missing(), READ_SIZE), BIG_READ_SIZE))
             except BlockingIOError:
                 if inbound:
                     with trio.move_on_at(deadline):
@@ -274,6 +308,7 @@ class Link:
             if not data:
                 decoder.truncated_at_eof()
                 return
+            decoder.max_body = bus.max_body  # read live: CONFIG SET job-max-body-len
             decoder.feed(data)
             frames: list[Frame] = []
             try:
@@ -300,40 +335,98 @@ class Link:
                          f"in {waited_s:.1f} s")
 
     async def _write(self) -> None:
-        """Drain the queue: everything queued since the last wake-up in one write (the
-        frames of every event handled meanwhile share it), straight to the socket; trio
-        waits only when the kernel takes nothing, and a peer that takes no byte for
-        ``send_stall_timeout`` gets its link closed."""
-        bus = self.bus
-        fd = self.stream.socket.fileno()
+        """Drain the queue: the small frames queued since the last wake-up joined into one
+        write (the frames of every event handled meanwhile share it), a large buffer written
+        from itself, a big frame whose MAC is still to compute hashed slice by slice as it is
+        written (``_MacLater``); straight to the socket, trio waiting only when the kernel
+        takes nothing."""
+        queue = self.queue
         while True:
-            if not self.queue:
+            if not queue:
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
-            data = b"".join(self.queue) if len(self.queue) > 1 else self.queue[0]
-            self.queue.clear()
-            view = memoryview(data)
-            progress = trio.current_time()
-            while view:
-                try:
-                    sent = os.write(fd, view[:SEND_CHUNK])
-                except BlockingIOError:
-                    sent = 0
-                if sent:
-                    self.unsent -= sent
-                    view = view[sent:]
-                    progress = trio.current_time() if view else progress
-                    continue
-                with trio.move_on_at(progress + bus.send_stall_timeout) as waited:
-                    await trio.lowlevel.wait_writable(fd)
-                if waited.cancelled_caught:
-                    bus.counters["links_closed_slow"] += 1
-                    bus.limiter.emit(f"stall:{self.peer_ip}", logging.WARNING,
-                                     f"Cluster bus: closing link to {self.peer_ip}: peer read "
-                                     f"nothing for {bus.send_stall_timeout:g} s")
-                    self.close()
+            item = queue.popleft()
+            if type(item) is _MacLater:
+                assert isinstance(item, _MacLater)
+                if not await self._write_signed(item):
                     return
+                continue
+            data = item
+            assert isinstance(data, bytes)
+            if queue and len(data) < COALESCE_BYTES and len(queue[0]) < COALESCE_BYTES:
+                parts = [data]
+                size = len(data)
+                while queue and size < COALESCE_BYTES and len(queue[0]) < COALESCE_BYTES:
+                    part = queue.popleft()
+                    assert isinstance(part, bytes)
+                    parts.append(part)
+                    size += len(part)
+                data = b"".join(parts)
+            if not await self._write_all(memoryview(data)):
+                return
+
+    async def _write_signed(self, frame: _MacLater) -> bool:
+        """A big frame and its MAC, each slice added to the MAC just before it is written:
+        computing the MAC of 40 MB at once would hold the loop for 60-100 ms."""
+        assert self.bus.secret is not None
+        mac = mac_state(self.bus.secret)
+        for part in frame.parts:
+            view = memoryview(part)
+            for start in range(0, len(view), WRITE_SLICE):
+                piece = view[start:start + WRITE_SLICE]
+                mac.update(piece)
+                if not await self._write_all(piece):
+                    return False
+        return await self._write_all(memoryview(mac.finalize()))
+
+    async def _write_all(self, view: memoryview) -> bool:
+        """Write ``view`` whole. After every ``WRITE_SLICE`` bytes the other tasks run, so a
+        big frame never holds the loop for long; a peer that takes no byte for
+        ``send_stall_timeout`` gets its link closed (False)."""
+        bus = self.bus
+        fd = self.stream.socket.fileno()
+        progress = trio.current_time()
+        while view:
+            try:
+                sent = os.write(fd, view[:SEND_CHUNK])
+            except BlockingIOError:
+                sent = 0
+            if sent:
+                self.unsent -= sent
+                view = view[sent:]
+                self._since_yield += sent
+                if self._since_yield >= WRITE_SLICE:
+                    self._since_yield = 0
+                    await trio.lowlevel.checkpoint()
+                progress = trio.current_time() if view else progress
+                continue
+            self._since_yield = 0
+            with trio.move_on_at(progress + bus.send_stall_timeout) as waited:
+                await trio.lowlevel.wait_writable(fd)
+            if waited.cancelled_caught:
+                bus.counters["links_closed_slow"] += 1
+                bus.limiter.emit(f"stall:{self.peer_ip}", logging.WARNING,
+                                 f"Cluster bus: closing link to {self.peer_ip}: peer read "
+                                 f"nothing for {bus.send_stall_timeout:g} s")
+                self.close()
+                return False
+        return True
+
+
+class _MacLater:
+    """A big frame queued without its MAC (``encode_parts(defer_mac=True)``): the writer
+    computes the MAC as it writes the parts. Its length is the frame's, so the writer never
+    joins it with small frames."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+        self.size = sum(len(p) for p in parts) + MAC_SIZE
+
+    def __len__(self) -> int:
+        return self.size
 
 
 @dataclass
@@ -385,7 +478,7 @@ class Bus:
         self.counters: dict[str, int] = dict.fromkeys((
             "frames_received", "frames_sent", "sends_dropped", "links_refused",
             "links_dropped_bad_frame", "links_closed_silent", "links_closed_idle",
-            "links_closed_slow", "connect_failures", "core_errors"), 0)
+            "links_closed_slow", "connect_failures", "core_errors", "sends_oversized"), 0)
         # Frames by message type, for /metrics (node/metrics.py).
         self.received_by_type: dict[MessageType, int] = {}
         self.sent_by_type: dict[MessageType, int] = {}
@@ -416,6 +509,11 @@ class Bus:
     @property
     def send_stall_timeout(self) -> float:
         return max(1.0, self.node_timeout)
+
+    @property
+    def max_body(self) -> int:
+        """The largest frame body sent or accepted (``cluster.wire.max_body_for``)."""
+        return max_body_for(int(self.config.job_max_body_len))
 
     @property
     def connect_timeout(self) -> float:
@@ -663,13 +761,25 @@ class Bus:
             self.counters["sends_dropped"] += 1
             return
         try:
-            data = encode_message(mtype, self.node_id, body, self.secret)
+            parts = encode_parts(mtype, self.node_id, body, self.secret, self.max_body,
+                                 defer_mac=self.secret is not None)
+            # A small frame comes whole, MAC included; a big one without it (see _MacLater).
+            mac_later = self.secret is not None and len(parts) > 1
+        except Oversized as exc:
+            # The cores cut their batches and ADDJOB refuses a body over job-max-body-len, so
+            # this is a job kept from before the limit was lowered: never silently.
+            self.counters["sends_dropped"] += 1
+            self.counters["sends_oversized"] += 1
+            self.limiter.emit(f"oversized:{mtype.name}", logging.WARNING,
+                              f"Cluster bus: not sending a {mtype.name} message to "
+                              f"{link.peer_ip}: its {exc}, over what job-max-body-len allows")
+            return
         except (WireError, ValueError, TypeError) as exc:
             self.counters["sends_dropped"] += 1
             self.limiter.emit(f"encode:{mtype.name}", logging.WARNING,
                               f"Cluster bus: cannot encode a {mtype.name} message: {exc}")
             return
-        if link.enqueue(data):
+        if link.enqueue(parts, mac_later):
             self.counters["frames_sent"] += 1
             self.sent_by_type[mtype] = self.sent_by_type.get(mtype, 0) + 1
         else:

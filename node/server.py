@@ -86,7 +86,7 @@ from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
 from node import client_info, config_file, nodes_store
-from node.bus import BUS_PORT_OFFSET, Bus
+from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
 from node.conn_core import NodeCounters
 from node.connection import MUST_WAIT, Connection, set_keepalive
@@ -165,6 +165,9 @@ class Server:
                        save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id,
                        before_flush=self.settle_broker, log_ticket=self.log_ticket,
                        wait_durable=self.durable, after_flush=self._deadlines_moved)
+        # The broker's warnings (an ADDJOB body over job-max-body-len), rate-limited per key.
+        self._warnings = LogLimiter(log, self.clock)
+        self.broker.warn = self._warn
         # Replicated jobs: built before the log is replayed (run() loads it), since replay
         # keeps acked cluster jobs only when broker.replication is set.
         self.jobs = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
@@ -214,6 +217,9 @@ class Server:
         self.cmdstats: dict[bytes, list[int]] = {name: [0, 0] for name in COMMANDS}
         self.monitors: set[Connection] = set()
         self._install_info()
+
+    def _warn(self, key: str, text: str) -> None:
+        self._warnings.emit(key, logging.WARNING, text)
 
     # The counters the hot path keeps in NodeCounters, under the names INFO, /metrics and the
     # tests read them by. ``stopping``: set when the node starts shutting down; no command
