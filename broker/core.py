@@ -270,14 +270,17 @@ class Broker:
     @property
     def used_memory(self) -> int:
         """The bytes the node holds, counted (broker/memory.py): O(1), read per ADDJOB."""
-        used = self.job_bytes + len(self.queues) * memory.QUEUE_BYTES + self.runtime_bytes
-        if self.replication is not None:
-            used += (len(self.jobs) * memory.CLUSTER_JOB_BYTES
-                     + len(self.repl_wait) * memory.REPL_WAIT_BYTES)
-        return used
+        return (self.job_bytes + len(self.queues) * memory.QUEUE_BYTES + self.runtime_bytes
+                + len(self.repl_wait) * memory.REPL_WAIT_BYTES)
+
+    def _job_cost(self, job: Job) -> int:
+        """What ``job`` adds to ``job_bytes`` (its ``repl`` never changes: a replicated job
+        holds its own lists of nodes, a single copy shares this node's)."""
+        cost = len(job.body) + self.job_overhead
+        return cost + memory.CLUSTER_JOB_BYTES if job.repl > 1 else cost
 
     def _register(self, job: Job, *, schedule: bool = True) -> None:
-        self.job_bytes += len(job.body) + self.job_overhead
+        self.job_bytes += self._job_cost(job)
         self.jobs[job.id] = job
         self.job_scan.add(job)
         if schedule:
@@ -296,7 +299,7 @@ class Broker:
         del self.jobs[job.id]
         if self.replication is not None:
             self.replication.forget(job.id)
-        self.job_bytes -= len(job.body) + self.job_overhead
+        self.job_bytes -= self._job_cost(job)
         self.job_scan.discard(self._job_alive)
         # The scan list may keep the object until it compacts; its body goes now.
         job.body = b""
@@ -494,7 +497,7 @@ class Broker:
             if job.etime <= now_ms:
                 return
             self.jobs[job.id] = job
-            self.job_bytes += len(job.body) + self.job_overhead
+            self.job_bytes += self._job_cost(job)
             self.job_scan.add(job)
         elif kind in ("ack", "del"):
             old = self.jobs.get(payload)

@@ -9,8 +9,8 @@ Counted, and how:
 
 * jobs: body length plus ``job_overhead()`` each (the job object, its ID, its table, scan list,
   timer and queue entries), added and removed as jobs are registered and freed, so a burst of
-  ADDJOBs is judged before the next sample; on a cluster node ``CLUSTER_JOB_BYTES`` more each
-  (the lists of nodes holding and confirming a copy);
+  ADDJOBs is judged before the next sample; a job replicated to other nodes (``repl`` > 1)
+  ``CLUSTER_JOB_BYTES`` more (its own lists of the nodes holding and confirming a copy);
 * queues: ``QUEUE_BYTES`` each; ADDJOBs waiting for their replication: ``REPL_WAIT_BYTES`` each;
 * what the runtime holds (``Broker.runtime_bytes``, set by the node once a second, at INFO and
   before a body of 1 MB or more is judged): client query and output buffers plus
@@ -33,13 +33,15 @@ JOB_OVERHEAD_COMPILED: Final = 390
 # A queue: the object, its name, its list, waiters deque, table and scan entries (traced
 # about 1,030 B for a 12-byte name, either core).
 QUEUE_BYTES: Final = 1_030
-# A cluster node's job holds the tuples of nodes that have a copy and that confirmed one.
-CLUSTER_JOB_BYTES: Final = 130
+# A replicated job holds its own tuples of the nodes that have a copy and that confirmed one,
+# and a copy received from a peer its own queue name: 3-node cluster, REPLICATE 3, pure core,
+# traced 918 B per copy of a 200-byte job, 810 without this (tests/cluster/jobsim.py).
+CLUSTER_JOB_BYTES: Final = 240
 # An ADDJOB blocked until its job is replicated: its wait record and table entry.
 REPL_WAIT_BYTES: Final = 200
 # A client connection's objects (socket, parser, client record, reply lists, epoll entry),
-# without its buffers: RSS growth per idle connection on the compiled core.
-CLIENT_BYTES: Final = 2_400
+# without its buffers: RSS growth per idle connection 680 B compiled, 975 B pure (500 clients).
+CLIENT_BYTES: Final = 1_000
 
 
 def job_overhead() -> int:
