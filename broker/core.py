@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import admin, cluster_jobs, memory, parking, periodic, policies
+from broker import admin, cluster_jobs, eviction, memory, parking, periodic, policies
 from broker.clients import BLOCKED as BLOCKED  # re-exported: node/server.py imports it here
 from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
@@ -153,6 +153,7 @@ class Broker:
         self.job_overhead = memory.job_overhead()
         self.job_bytes = 0  # bodies plus job_overhead per registered job
         self.runtime_bytes = 0
+        self.eviction = eviction.Walk()  # past 95 %: the jobs looked at to free (eviction.py)
         self.info_sources: dict[str, Callable[[], list[tuple[str, Any]]]] = {}
         self.blocked_clients = 0
         self._last_ctime_ms = 0
@@ -571,11 +572,13 @@ class Broker:
         return memory.warning_level(self.used_memory + adding, self.config.maxmemory)
 
     def _addjob(self, cmd: AddJob, client: Client, now_ms: int) -> Any:
-        level = self.memory_level(len(cmd.body) + self.job_overhead)
+        adding = len(cmd.body) + self.job_overhead
+        level = self.memory_level(adding)
         if level >= 2:
-            # Past 95 %: Disque refuses a command that may grow memory (no eviction here:
-            # docs/disque-semantics.md).
-            return errors.OOM
+            # Past 95 %: what nobody needs is freed first, else the command is refused.
+            if not eviction.free_memory(self, adding):
+                return errors.OOM
+            level = self.memory_level(adding)
         reachable = self.reachable_nodes()
         replicate = cmd.replicate or min(3, 1 + reachable)
         # Leaving or short of memory, the node would replicate only to others and keep no copy.
@@ -729,6 +732,9 @@ class Broker:
             return self._working(cmd.ids[0], now_ms)
         if self.replication is not None and name in ("ACKJOB", "FASTACK"):
             return cluster_jobs.ack_command(self, name, cmd.ids, now_ms)
+        if (name == "NACK" or name == "ENQUEUE") and self.memory_level() >= 2 \
+                and not eviction.free_memory(self, 0):
+            return errors.OOM  # Disque's flag m: may grow memory (queue entries, messages)
         count = 0
         jobs = self.jobs
         for job_id in cmd.ids:

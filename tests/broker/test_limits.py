@@ -7,8 +7,11 @@ import random
 from broker.clients import Client
 from broker.config import Config
 from broker.core import Broker
+from broker.effects import LogRecord
 from broker.memory import QUEUE_BYTES
 from protocol.resp import Error, Status
+
+OOM = "OOM command not allowed when used memory > 'maxmemory'."
 
 T0 = 1_795_315_892_054
 
@@ -101,3 +104,53 @@ def test_idle_queues_go_sooner_under_memory_pressure() -> None:
     assert b"a" in b.queues  # 10 s at this level
     b.tick(T0 + 11_000)
     assert b"a" not in b.queues
+
+
+def _fill_with_delivered(b: Broker, c: Client, retry: str) -> list[bytes]:
+    """20 delivered jobs of 1,000 bytes, then the count taken just past 95 % of 100,000."""
+    ids = []
+    for _ in range(20):
+        ids.append(str(_run(b, c, "ADDJOB", "q", "d" * 1000, "0", "RETRY", retry)).encode())
+    assert len(_run(b, c, "GETJOB", "COUNT", "20", "FROM", "q")) == 20  # type: ignore[arg-type]
+    b.runtime_bytes = 96_000 - b.used_memory
+    return ids
+
+
+def test_past_95_percent_delivered_at_most_once_jobs_are_freed_first() -> None:
+    """Disque's freeMemoryIfNeeded under the acks policy: a RETRY 0 job already delivered is
+    needed by nobody; it is freed (with its log record) before ADDJOB is judged."""
+    b = _broker(maxmemory=100_000)
+    c = Client(1)
+    ids = _fill_with_delivered(b, c, "0")
+    b.take_effects()
+    reply = _run(b, c, "ADDJOB", "q", "x", "0")
+    # Back under 95 % but above 75 %: a single node still cannot keep a copy.
+    assert isinstance(reply, Error) and reply.endswith("I'm out of memory"), reply
+    assert 0 < len(b.jobs) < 20 and b.used_memory <= 95_000
+    freed = [e for e in b.take_effects() if isinstance(e, LogRecord) and e.kind == "del"]
+    assert {e.payload for e in freed} == set(ids) - set(b.jobs)
+
+
+def test_past_95_percent_jobs_still_needed_are_kept_and_addjob_refused() -> None:
+    b = _broker(maxmemory=100_000)
+    c = Client(1)
+    _fill_with_delivered(b, c, "5")  # will be queued again: needed
+    assert _run(b, c, "ADDJOB", "q", "x", "0") == OOM
+    assert len(b.jobs) == 20
+
+
+def test_noeviction_frees_nothing() -> None:
+    b = _broker(maxmemory=100_000, maxmemory_policy="noeviction")
+    c = Client(1)
+    _fill_with_delivered(b, c, "0")
+    assert _run(b, c, "ADDJOB", "q", "x", "0") == OOM
+    assert len(b.jobs) == 20
+
+
+def test_past_95_percent_nack_and_enqueue_are_refused_too() -> None:
+    b = _broker(maxmemory=100_000)
+    c = Client(1)
+    ids = _fill_with_delivered(b, c, "5")
+    assert _run(b, c, "NACK", ids[0].decode()) == OOM
+    assert _run(b, c, "ENQUEUE", ids[0].decode()) == OOM
+    assert _run(b, c, "ACKJOB", ids[0].decode()) == 1  # acks free memory: allowed
