@@ -212,6 +212,7 @@ def client_command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         return "".join(f"{line}\n" for _, line in lines).encode()
     return errors.CLIENT_SYNTAX
 
+
 def _client_reply(mode: bytes, client: Client) -> Any:
     """CLIENT REPLY ON answers OK; OFF and SKIP answer nothing (their flags silence their own
     reply: broker.clients.reply_wanted)."""
