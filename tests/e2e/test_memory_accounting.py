@@ -58,7 +58,8 @@ def test_jobs_grow_used_memory_by_the_documented_cost() -> None:
 def test_a_small_maxmemory_takes_jobs_until_75_then_95_percent() -> None:
     """Before, used_memory was the RSS (about 40 MB): the first ADDJOB under a 3 MB
     maxmemory was refused. Now jobs fill 75 % of it; a single node then cannot keep a copy,
-    and past 95 % ADDJOB is refused."""
+    and past 95 % ADDJOB is refused: the reference's behaviour and texts (the fixture's
+    "maxmemory 3000000 on one node": 138 jobs of 10,000 bytes from its 772,624-byte start)."""
     limit, body = 3_000_000, 10_000
     with ServerProcess(maxmemory=limit) as srv:
         accepted = 0
