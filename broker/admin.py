@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from broker import intents
-from broker.clients import Client
+from broker.clients import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, Client
 from broker.cluster_view import ClusterView
 from broker.config import Config
 from broker.federation import Federation
@@ -200,11 +200,37 @@ def client_command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         return OK
     if sub == b"kill":
         return _client_kill(args, client) if args else errors.SYNTAX
+    if sub == b"reply" and len(args) == 1:
+        return _client_reply(args[0].lower(), client)
+    if sub == b"pause" and len(args) == 1:
+        ms = parse_int(args[0])
+        if ms is None:
+            return errors.BAD_TIMEOUT
+        if ms < 0:
+            return errors.NEGATIVE_TIMEOUT
+        return intents.PauseClients(now_ms + ms if ms else 0)
     if sub == b"list" and not args:
         lister = b.info_sources.get("__client_list__")
         lines = lister() if lister else []
         return "".join(f"{line}\n" for _, line in lines).encode()
     return errors.CLIENT_SYNTAX
+
+
+def _client_reply(mode: bytes, client: Client) -> Any:
+    """CLIENT REPLY ON answers OK; OFF and SKIP answer nothing (their flags silence their own
+    reply: broker.clients.reply_wanted)."""
+    if mode == b"on":
+        client.reply_flags = 0
+        return OK
+    if mode == b"off":
+        client.reply_flags |= REPLY_OFF
+        return OK
+    if mode == b"skip":
+        if not client.reply_flags & REPLY_OFF:
+            client.reply_flags |= REPLY_SKIP | REPLY_SKIP_NEXT
+        return OK
+    return errors.SYNTAX
+
 
 def _client_kill(args: tuple[bytes, ...], client: Client) -> intents.KillClients | Error:
     """Redis's CLIENT KILL: ``addr:port``, or the filters ID, ADDR, TYPE and SKIPME."""

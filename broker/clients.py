@@ -21,9 +21,16 @@ class _Blocked:
 BLOCKED: Final = _Blocked()
 
 
+# CLIENT REPLY (Disque's flags): OFF answers nothing; SKIP_NEXT, set by CLIENT REPLY SKIP,
+# becomes SKIP once that command is done, and SKIP silences the one command after it.
+REPLY_OFF: Final = 1
+REPLY_SKIP_NEXT: Final = 2
+REPLY_SKIP: Final = 4
+
+
 class Client:
     __slots__ = ("id", "addr", "name", "authenticated", "protover", "waiter", "lib_name",
-                 "lib_ver", "ctime_ms", "handle", "last_cmd")
+                 "lib_ver", "ctime_ms", "handle", "last_cmd", "reply_flags")
 
     def __init__(self, client_id: int, addr: str = "", now_ms: int = 0, handle: Any = None) -> None:
         self.id = client_id
@@ -37,6 +44,19 @@ class Client:
         self.ctime_ms = now_ms
         self.handle = handle  # the driver's connection object
         self.last_cmd = b"NULL"  # the command running or last run (CLIENT LIST's cmd=)
+        self.reply_flags = 0  # REPLY_*: 0 for a client that gets every reply
+
+
+def reply_wanted(client: Client) -> bool:
+    """Whether the reply of the command just run goes out (CLIENT REPLY), moving SKIP on as
+    Disque's resetClient does. Called only when ``client.reply_flags`` is set."""
+    flags = client.reply_flags
+    wanted = not flags & (REPLY_OFF | REPLY_SKIP)
+    flags &= ~REPLY_SKIP
+    if flags & REPLY_SKIP_NEXT:
+        flags = (flags & ~REPLY_SKIP_NEXT) | REPLY_SKIP
+    client.reply_flags = flags
+    return wanted
 
 
 class Waiter:

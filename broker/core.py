@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import admin, cluster_jobs, parking, periodic, policies
+from broker import admin, cluster_jobs, eviction, memory, parking, periodic, policies
 from broker.clients import BLOCKED as BLOCKED  # re-exported: node/server.py imports it here
 from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
@@ -76,9 +76,6 @@ DEFAULT_RETRY: Final = 300
 # re-queue it in the same instant (Disque does the same).
 REQUEUE_JITTER_MS: Final = 500
 QUEUE_IDLE_EVICT_MS: Final = 300_000
-# What a registered job costs beyond its body (object, ID, table and timer entries): about
-# 520 bytes measured at 200,000 small jobs (README, Limits).
-JOB_OVERHEAD_BYTES: Final = 500
 QUEUE_EVICT_CHECK_MS: Final = 1_000
 # The least ``job-max-body-len`` may be: a smaller body is never checked against the directive,
 # so the common ADDJOB reads no attribute of the (interpreted) Config.
@@ -157,12 +154,13 @@ class Broker:
         # Seconds from a synchronous ADDJOB's REPLJOBs to its replication level (/metrics),
         # with the millisecond resolution of now_ms.
         self.repl_latency = Histogram(MS_LATENCY_BUCKETS)
-        # Memory: the driver samples the process RSS now and then (``used_memory``); between
-        # samples the bytes of jobs created or freed since are added, so a burst of ADDJOBs
-        # (or one huge body) is judged before it is accepted, not a second later.
-        self._used_memory = 0
-        self.job_bytes = 0  # bodies plus JOB_OVERHEAD_BYTES per registered job
-        self._job_bytes_at_sample = 0
+        # Memory counted as broker/memory.py says: jobs as they come and go (so a burst of
+        # ADDJOBs, or one huge body, is judged before it is accepted), what the runtime holds
+        # (client and log buffers) as the driver last sampled it.
+        self.job_overhead = memory.job_overhead()
+        self.job_bytes = 0  # bodies plus job_overhead per registered job
+        self.runtime_bytes = 0
+        self.eviction = eviction.Walk()  # past 95 %: the jobs looked at to free (eviction.py)
         self.info_sources: dict[str, Callable[[], list[tuple[str, Any]]]] = {}
         # A warning for the node's log, ``(key, text)``: the runtime writes it, at most one per
         # key every few seconds (a client retrying a refused command must not flood the log).
@@ -282,16 +280,18 @@ class Broker:
 
     @property
     def used_memory(self) -> int:
-        """Estimated memory in use: the last RSS sample plus the job bytes added since."""
-        return self._used_memory + self.job_bytes - self._job_bytes_at_sample
+        """The bytes the node holds, counted (broker/memory.py): O(1), read per ADDJOB."""
+        return (self.job_bytes + len(self.queues) * memory.QUEUE_BYTES + self.runtime_bytes
+                + len(self.repl_wait) * memory.REPL_WAIT_BYTES)
 
-    @used_memory.setter
-    def used_memory(self, sampled: int) -> None:
-        self._used_memory = sampled
-        self._job_bytes_at_sample = self.job_bytes
+    def _job_cost(self, job: Job) -> int:
+        """What ``job`` adds to ``job_bytes`` (its ``repl`` never changes: a replicated job
+        holds its own lists of nodes, a single copy shares this node's)."""
+        cost = len(job.body) + self.job_overhead
+        return cost + memory.CLUSTER_JOB_BYTES if job.repl > 1 else cost
 
     def _register(self, job: Job, *, schedule: bool = True) -> None:
-        self.job_bytes += len(job.body) + JOB_OVERHEAD_BYTES
+        self.job_bytes += self._job_cost(job)
         self.jobs[job.id] = job
         self.job_scan.add(job)
         if schedule:
@@ -310,7 +310,7 @@ class Broker:
         del self.jobs[job.id]
         if self.replication is not None:
             self.replication.forget(job.id)
-        self.job_bytes -= len(job.body) + JOB_OVERHEAD_BYTES
+        self.job_bytes -= self._job_cost(job)
         self.job_scan.discard(self._job_alive)
         # The scan list may keep the object until it compacts; its body goes now.
         job.body = b""
@@ -508,7 +508,7 @@ class Broker:
             if job.etime <= now_ms:
                 return
             self.jobs[job.id] = job
-            self.job_bytes += len(job.body) + JOB_OVERHEAD_BYTES
+            self.job_bytes += self._job_cost(job)
             self.job_scan.add(job)
         elif kind in ("ack", "del"):
             old = self.jobs.get(payload)
@@ -577,25 +577,21 @@ class Broker:
     # Commands: jobs
 
     def memory_level(self, adding: int = 0) -> int:
-        """0 fine, 1 above 75 % of maxmemory, 2 above 95 %, 3 at or over the limit, counting
-        ``adding`` more bytes (the job about to be created)."""
-        limit = self.config.maxmemory
-        if not limit:
-            return 0
-        used = self.used_memory + adding
-        if used <= limit // 100 * 75:
-            return 0
-        if used >= limit:
-            return 3
-        return 2 if used > limit // 100 * 95 else 1
+        """Disque's memory warning level (broker/memory.py), counting ``adding`` more bytes
+        (the job about to be created)."""
+        return memory.warning_level(self.used_memory + adding, self.config.maxmemory)
 
     def _addjob(self, cmd: AddJob, client: Client, now_ms: int) -> Any:
         size = len(cmd.body)
         if size > BODY_LIMIT_FLOOR and size > self.config.job_max_body_len:
             return self._body_too_big(size)
-        level = self.memory_level(size + JOB_OVERHEAD_BYTES)
-        if level >= 3:
-            return errors.OOM
+        adding = size + self.job_overhead
+        level = self.memory_level(adding)
+        if level >= 2:
+            # Past 95 %: what nobody needs is freed first, else the command is refused.
+            if not eviction.free_memory(self, adding):
+                return errors.OOM
+            level = self.memory_level(adding)
         reachable = self.reachable_nodes()
         replicate = cmd.replicate or min(3, 1 + reachable)
         # Leaving or short of memory, the node would replicate only to others and keep no copy.
@@ -758,6 +754,9 @@ class Broker:
             return self._working(cmd.ids[0], now_ms)
         if self.replication is not None and name in ("ACKJOB", "FASTACK"):
             return cluster_jobs.ack_command(self, name, cmd.ids, now_ms)
+        if (name == "NACK" or name == "ENQUEUE") and self.memory_level() >= 2 \
+                and not eviction.free_memory(self, 0):
+            return errors.OOM  # Disque's flag m: may grow memory (queue entries, messages)
         count = 0
         jobs = self.jobs
         for job_id in cmd.ids:

@@ -74,3 +74,10 @@ class KillClients(Intent):
     skip_me: bool
     old_form: bool  # CLIENT KILL addr:port answers OK / No such client, the filters a count
     normal_only: bool = True  # TYPE normal (or none); TYPE master/slave/pubsub match nobody
+
+
+@dataclass(frozen=True, slots=True)
+class PauseClients(Intent):
+    """CLIENT PAUSE: no client's command runs before ``until_ms`` (a later pause extends it)."""
+
+    until_ms: int

@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol, final
 
 from mypy_extensions import mypyc_attr
 
-from broker.clients import Client
+from broker.clients import Client, reply_wanted
 from broker.config import Config, output_limits
 from broker.core import BLOCKED, Broker
 from broker.effects import Effect, Reply
@@ -82,6 +82,9 @@ class NodeCounters:
         self.stats_in = 0  # bytes read from clients
         self.stats_out = 0  # bytes written to clients
         self.stopping = False  # the node is shutting down: no command runs any more
+        # CLIENT PAUSE: no client's command runs before this time (ms; the server's timer
+        # gives the paused connections their turn when it passes).
+        self.paused_until = 0
 
 
 class BusFlush(Protocol):
@@ -231,6 +234,8 @@ class ConnCore:
         ticket = host.route(broker.take_effects(), others) if broker.outbox else 0
         # REPLJOB, SETACK, PAUSE ..., CLUSTER MEET: after the broker's effects, as always.
         host.bus.flush()
+        if self.client.reply_flags and not reply_wanted(self.client) and reply is not BLOCKED:
+            return  # CLIENT REPLY OFF or SKIP
         if reply is BLOCKED:
             self.blocked = True
             return
@@ -480,7 +485,7 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
     route = conn.route
     out = conn.out
     ran = written = 0
-    while not conn.blocked and not counters.stopping:
+    while not conn.blocked and not counters.stopping and now >= counters.paused_until:
         if ran == budget:
             conn.backlog = True
             return ran, None
@@ -517,6 +522,11 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
             conn._after(reply, others)
             if type(intent) is Quit or conn.close_after_reply:
                 return ran, CLOSE
+            continue
+        if client.reply_flags and not reply_wanted(client) and reply is not BLOCKED:
+            # CLIENT REPLY OFF or SKIP: effects routed, no reply.
+            if broker.outbox:
+                route(broker.take_effects(), others)
             continue
         # As _after, inline (the bus aside): the path every command takes.
         if broker.outbox:

@@ -159,8 +159,8 @@ def _jobs(server: Any) -> Iterator[Metric]:
     yield _counter("trisque_net_output_bytes", "Bytes written to RESP clients",
                    server.stats_out)
     yield _gauge("trisque_used_memory_bytes",
-                 "Memory in use as ADDJOB judges it: the last RSS sample plus the jobs "
-                 "added since", broker.used_memory)
+                 "Memory the node holds as maxmemory counts it: jobs, queues, client and "
+                 "log buffers (INFO's used_memory)", broker.used_memory)
     yield _gauge("trisque_maxmemory_bytes", "The maxmemory directive (0: no limit)",
                  broker.config.maxmemory)
     yield _histogram(

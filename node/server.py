@@ -65,7 +65,7 @@ from typing import Any
 
 import trio
 
-from broker.clients import Client
+from broker.clients import REPLY_OFF, Client
 from broker.config import Config
 from broker.core import VERSION, Broker
 from broker.effects import Effect, Reply
@@ -74,6 +74,7 @@ from broker.intents import (
     Intent,
     KillClients,
     Monitor,
+    PauseClients,
     Quit,
     ResetStats,
     RewriteConfig,
@@ -85,7 +86,7 @@ from cluster.jobs import JobCore
 from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
-from node import client_info, config_file, nodes_store
+from node import client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
 from node.conn_core import NodeCounters
@@ -207,7 +208,7 @@ class Server:
         self.rejected = 0
         self._ops_sample = (self.clock.monotonic(), 0)
         self.ops_per_sec = 0
-        self.peak_rss = 0
+        self.memory = memory_use.MemoryReport()  # before any data: the startup footprint
         self.shutdown_event = trio.Event()
         self.shutdown_rewrite = False
         self.listening: list[tuple[str, int]] = []
@@ -272,6 +273,12 @@ class Server:
             conn = client.handle
             if conn is None or conn.closing:
                 continue
+            if client.reply_flags & REPLY_OFF and type(conn) is Connection:
+                # CLIENT REPLY OFF: a blocked command's late reply is not sent either.
+                conn.blocked = client.waiter is not None
+                if not conn.blocked and conn.parser.buffered:
+                    self.reactor.schedule(conn)
+                continue
             conn.send_nowait(encode(reply, client.protover))
             if client.waiter is None:
                 conn.blocked = False
@@ -282,7 +289,11 @@ class Server:
                     self.reactor.schedule(conn)
 
     def sample_memory(self) -> None:
-        self.broker.used_memory = read_rss()
+        """What the runtime holds, for ``used_memory`` (node/memory_use.py)."""
+        b = self.broker
+        b.runtime_bytes = (memory_use.client_bytes(self.connections)
+                           + memory_use.log_bytes(self.persistence))
+        self.memory.note(b.used_memory)
 
     def settle_broker(self) -> None:
         """Route the broker's effects left by an event that was not a client's own batch (a
@@ -340,6 +351,9 @@ class Server:
             return OK
         if t is KillClients:
             return self._kill(conn, intent)  # type: ignore[arg-type]
+        if t is PauseClients:
+            self._pause_clients(intent.until_ms)  # type: ignore[attr-defined]
+            return OK
         if t is Shutdown or t is ConfigApplied:
             return MUST_WAIT
         raise AssertionError(f"no runtime handler for {intent!r}")
@@ -365,6 +379,25 @@ class Server:
                               f"(asked for {wanted})")
         error = await self.persistence.config_changed(intent.name)
         return errors.err(error) if error is not None else OK
+
+    def _pause_clients(self, until_ms: int) -> None:
+        """Disque's pauseClients: a pause ends at the latest time asked while it lasts."""
+        counters = self.counters
+        if until_ms <= counters.paused_until and counters.paused_until > self.clock.now_ms():
+            return
+        counters.paused_until = until_ms
+        self.nursery.start_soon(self._resume_clients, until_ms)
+
+    async def _resume_clients(self, until_ms: int) -> None:
+        """When the pause is over, the commands that arrived meanwhile run."""
+        while (wait := self.counters.paused_until - self.clock.now_ms()) > 0:
+            await trio.sleep(wait / 1000)
+        if self.counters.paused_until != until_ms:
+            return  # extended: the later task resumes them
+        # In the order the clients connected, as Disque's client list.
+        for conn in sorted(self.connections, key=lambda c: c.client.id):
+            if conn.parser.buffered and not conn.blocked:
+                self.reactor.schedule(conn)
 
     def _kill(self, conn: Connection, kill: KillClients) -> Any:
         victims = [c for c in self.connections
@@ -457,15 +490,8 @@ class Server:
         ]
 
     def _info_memory(self) -> list[tuple[str, Any]]:
-        rss = read_rss()
-        self.peak_rss = max(self.peak_rss, rss)
-        return [
-            ("used_memory", rss), ("used_memory_human", human(rss)),
-            ("used_memory_rss", rss), ("used_memory_peak", self.peak_rss),
-            ("used_memory_peak_human", human(self.peak_rss)),
-            ("mem_fragmentation_ratio", "1.00"), ("mem_allocator", "pymalloc"),
-            ("maxmemory", self.config.maxmemory),
-        ]
+        self.sample_memory()
+        return self.memory.fields(self.broker.used_memory, self.config.maxmemory)
 
     def _info_cpu(self) -> list[tuple[str, Any]]:
         t = os.times()
@@ -554,7 +580,7 @@ class Server:
         if mono - t >= 1.0:
             self.ops_per_sec = int((self.commands - n) / (mono - t))
             self._ops_sample = (mono, self.commands)
-            self.broker.used_memory = read_rss()
+            self.sample_memory()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -752,22 +778,3 @@ def adjust_max_clients(config: Config) -> None:
                 "compensate for low ulimit. If you need higher maxclients increase "
                 "'ulimit -n'.", wanted, wanted + RESERVED_FDS, open_files_limit(),
                 config.maxclients)
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def read_rss() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def human(n: int) -> str:
-    for unit in ("B", "K", "M", "G"):
-        if n < 1024 or unit == "G":
-            return f"{n:.2f}{unit}" if unit != "B" else f"{n}B"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)

@@ -36,6 +36,8 @@ RUNTIME_CASES = [
      intents.KillClients("127.0.0.1:1", None, False, True)),
     ([b"CLIENT", b"KILL", b"ID", b"7", b"SKIPME", b"no"],
      intents.KillClients(None, 7, False, False)),
+    ([b"CLIENT", b"PAUSE", b"250"], intents.PauseClients(T0 + 250)),
+    ([b"CLIENT", b"PAUSE", b"0"], intents.PauseClients(0)),
 ]
 
 

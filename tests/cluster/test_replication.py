@@ -147,7 +147,7 @@ def test_past_75_percent_of_maxmemory_the_job_is_replicated_externally() -> None
     c = JobCluster(3)
     b = c.broker(0)
     b.config.set("maxmemory", ["1000000"])
-    b.used_memory = 800_000
+    b.runtime_bytes = 800_000
     job_id = c.addjob(0, "q", "x", "500", "REPLICATE", "2")
     c.run_for(100)
     assert 0 not in c.holders(job_id) and len(c.holders(job_id)) == 2

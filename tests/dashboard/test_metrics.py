@@ -55,7 +55,7 @@ def test_queue_job_and_log_metrics_are_the_nodes_numbers() -> None:
         batches = value(m, "trisque_aof_batch_records_count")
         assert batches >= 1 and value(m, "trisque_aof_batch_records_sum") >= batches
         assert value(m, "trisque_aof_size_bytes") > 0 and value(m, "trisque_aof_enabled") == 1
-        assert value(m, "trisque_used_memory_bytes") > 0  # RSS sampled each second + jobs since
+        assert value(m, "trisque_used_memory_bytes") > 0  # the jobs and queues it holds, at least
         assert value(m, "process_resident_memory_bytes") > 1_000_000
         # Pause shows per direction; a fresh scrape sees the change.
         call("PAUSE", "work", "in")

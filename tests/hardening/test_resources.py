@@ -132,12 +132,10 @@ def test_a_job_reply_is_written_whole_before_the_connection_closes(ending: bytes
 
 def test_a_huge_body_is_refused_before_it_is_kept() -> None:
     """Case 11: a body that would take the node past maxmemory is refused at once."""
-    with ServerProcess(maxmemory="200mb") as srv:
+    with ServerProcess(maxmemory="100mb") as srv:
         reply = srv.call("ADDJOB", "huge", b"h" * 120_000_000, 0)
-        # NOREPL (past 75 %) or OOM (past the limit, counting the request being read): both
-        # refuse it before a copy is kept.
-        assert isinstance(reply, Error) and (reply.endswith("I'm out of memory")
-                                             or reply.startswith("OOM ")), reply
+        # Past 95 % with the body counted: refused before a copy is kept.
+        assert reply == "OOM command not allowed when used memory > 'maxmemory'.", reply
         assert _info(srv, "jobs", "registered_jobs") == 0
         # The request's memory is given back: once the next sample sees it, small jobs pass.
         deadline = time.monotonic() + 5

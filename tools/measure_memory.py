@@ -1,0 +1,93 @@
+"""What a job costs in memory, measured: the source of the constants in broker/memory.py.
+
+    python -m tools.measure_memory [--jobs N] [--body BYTES]
+
+Adds N jobs to a single broker core (no runtime) and prints the bytes per job beyond its body:
+traced by tracemalloc (exact for the pure core; the compiled core's objects are allocated by C
+code tracemalloc still sees, but run ``TRISQUE_CORE=compiled`` for its figure) and the growth of
+the process RSS (what the allocator took from the system, arenas included). Each job is queued,
+as after ADDJOB; the same number again delivered (active, out of its queue) is printed second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import subprocess
+import sys
+import tracemalloc
+
+from broker.clients import Client
+from broker.config import Config
+from broker.core import Broker
+from protocol import core_build
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def measure(jobs: int, body: int, deliver: bool, trace: bool) -> tuple[float, float, float]:
+    """(traced bytes per job beyond the body, RSS bytes per job beyond it, the broker's
+    own count per job beyond it). Tracing costs memory itself: RSS is read untraced."""
+    broker = Broker(Config(), "ab" * 20, b"seed" * 5, now_ms=1_700_000_000_000,
+                    rng=random.Random(1))
+    client = Client(1)
+    payload = b"x" * body
+    # One job first, so the queue, the timer bucket and the interned values exist.
+    broker.execute([b"ADDJOB", b"q", payload, b"0"], client, 1_700_000_000_000)
+    broker.take_effects()
+    gc.collect()
+    counted0 = broker.used_memory
+    if trace:
+        tracemalloc.start()
+    traced0 = tracemalloc.get_traced_memory()[0]
+    rss0 = _rss()
+    for i in range(jobs):
+        # A new body object per job, as a client's ADDJOB brings.
+        broker.execute([b"ADDJOB", b"q", payload[:-1] + bytes((i & 0x7F,)), b"0"], client,
+                       1_700_000_000_000 + i)
+        broker.take_effects()
+    if deliver:
+        broker.execute([b"GETJOB", b"NOHANG", b"COUNT", str(jobs).encode(), b"FROM", b"q"],
+                       client, 1_700_000_000_000 + jobs)
+        broker.take_effects()
+    gc.collect()
+    rss = _rss() - rss0
+    traced = tracemalloc.get_traced_memory()[0] - traced0
+    tracemalloc.stop()
+    counted = broker.used_memory - counted0
+    return traced / jobs - body, rss / jobs - body, counted / jobs - body
+
+
+def _in_child(jobs: int, body: int, deliver: bool, trace: bool) -> tuple[float, float, float]:
+    """``measure`` in a fresh process: memory freed by an earlier run would hide RSS growth."""
+    out = subprocess.run([sys.executable, "-m", "tools.measure_memory", "--child",
+                          json.dumps([jobs, body, deliver, trace])],
+                         check=True, capture_output=True, text=True).stdout
+    traced, rss, counted = json.loads(out)
+    return traced, rss, counted
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--body", type=int, default=100)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(*json.loads(args.child))))
+        return
+    print(f"core: {core_build.kind()}, {args.jobs} jobs of {args.body} bytes")
+    for deliver in (False, True):
+        traced, _, counted = _in_child(args.jobs, args.body, deliver, trace=True)
+        _, rss, _ = _in_child(args.jobs, args.body, deliver, trace=False)
+        print(f"{'active' if deliver else 'queued'}: beyond the body, traced {traced:.0f} B, "
+              f"RSS {rss:.0f} B, counted {counted:.0f} B per job")
+
+
+if __name__ == "__main__":
+    main()
