@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 ``node/connection.py`` explains a connection's life in the reactor. This module holds the part
-that runs for every request: a reactor turn (``ConnCore.turn``: one ``recv`` into the parser,
+that runs for every request: a reactor turn (``turn``: one ``recv`` into the parser,
 the complete commands executed against the broker with the round's ``now_ms``, their effects
 routed, their replies encoded into ``out``), the release of the held replies at the end of the
 round (``release_if_durable``: after the group commit, ``-ERR`` for a command whose write
@@ -472,7 +472,7 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
     budget, a blocked command, shutdown), an ``Intent`` for the runtime, or ``CLOSE``.
 
     The cluster bus is not flushed here, per command: the reactor flushes it once at the end
-    of the round (``ReactorCore._end_round``), which is the earliest its link writers and the
+    of the round (``round_core.end_round``), which is the earliest its link writers and the
     cores' timers could run anyway (the round holds the task). Commands that leave the reactor
     (``_after``, the connection's own task) flush it themselves."""
     host = conn.host

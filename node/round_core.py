@@ -14,9 +14,8 @@ and ``Connection`` add their trio tasks), and compiled code calls *any* method o
 instance through Python's method lookup (mypyc's "shadow vtable" for interpreted subclasses),
 however hot, and reads their attributes through Python's getattr when it knows them only by a
 ``Protocol``. A module function called with the compiled base types is a direct C call, and
-the attributes it reads are struct fields: measured as ``ConnCore.turn``,
-``release_if_durable`` and ``ReactorCore._end_round`` called through ``PyObject_VectorcallMethod``
-once per request (or round) in ``perf``. ``ConnCore.release_if_durable`` stays as a method, for
+the attributes it reads are struct fields; as methods, the turn, the release and the end of the
+round each went through ``PyObject_VectorcallMethod`` once per request (or round) in ``perf``. ``ConnCore.release_if_durable`` stays as a method, for
 the interpreted task that releases connections after a late commit, and delegates here.
 
 The module imports ``node.conn_core`` and ``node.reactor_core`` (which do not import each other
