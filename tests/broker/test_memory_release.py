@@ -38,8 +38,7 @@ def test_deleted_jobs_keep_no_body(verb: str, opts: tuple[object, ...]) -> None:
 
 
 def test_timers_of_deleted_jobs_are_skipped() -> None:
-    """The wheel still holds the IDs of deleted jobs; their buckets come due harmlessly, and an
-    ID reused by a later job is served by that job's own timer only."""
+    """A deleted job's timer goes with it; the job still held is served by its own timer."""
     n = Node()
     acked = n.add("q", "a", "RETRY", 1)
     assert n("ACKJOB", acked) == 1
