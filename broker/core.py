@@ -557,6 +557,7 @@ class Broker:
                 job.qtime = 0
             job.awake = job.compute_awake()
             self.timers.schedule(job, job.awake)
+        self.policies.forget_gone(self.jobs)
 
     def snapshot(self) -> Iterator[tuple[str, Any]]:
         yield from list(self.policies.snapshot(self.jobs))
