@@ -35,9 +35,15 @@ class Pipe:
         self.reader = ReplyReader()
 
     def run(self, commands: Sequence[Sequence[bytes | str | int]]) -> list[Any]:
+        self.send(commands)
+        return self.read(len(commands))
+
+    def send(self, commands: Sequence[Sequence[bytes | str | int]]) -> None:
         self.sock.sendall(b"".join(encode_command(*c) for c in commands))
+
+    def read(self, count: int) -> list[Any]:
         replies: list[Any] = []
-        while len(replies) < len(commands):
+        while len(replies) < count:
             reply = self.reader.next()
             if reply is NEED_DATA:
                 data = self.sock.recv(1 << 18)
