@@ -950,6 +950,9 @@ class Broker:
         self.timers.clear()
         self.queues.clear()
         self.queue_scan.clear()
+        self.policies.forget_gone(self.jobs)
+        if self.federation is not None:
+            self.federation.forget_jobs()
         self.outbox.append(LogRecord("flushall", None, None))
 
 

@@ -273,6 +273,9 @@ class FederationCore:
 
     # =========================================================================================
 
+    def forget_jobs(self) -> None:
+        self._recent.clear()
+
     def _forget_old_imports(self, now_ms: int) -> None:
         """The window of recent imports: trimmed at each YOURJOBS and each tick, so it holds
         the last ``RECENT_IMPORT_MS`` of imports at most, and nothing once they stop."""
