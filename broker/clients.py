@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from broker.timers import NOT_SCHEDULED, Timed
+
 
 class _Blocked:
     __slots__ = ()
@@ -59,7 +61,7 @@ def reply_wanted(client: Client) -> bool:
     return wanted
 
 
-class Waiter:
+class Waiter(Timed):
     """A blocked GETJOB: served with one job from the first of its queues that gets one, or
     answered with a null array at ``awake`` (0: no timeout)."""
 
@@ -71,3 +73,4 @@ class Waiter:
         self.withcounters = withcounters
         self.awake = 0
         self.active = True
+        self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)

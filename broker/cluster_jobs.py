@@ -148,7 +148,7 @@ def _schedule_wait(b: Broker, job: Job, wait: ReplWait, now_ms: int) -> None:
     if wait.deadline:
         at = min(at, wait.deadline)
     job.awake = min(at, job.etime)
-    b.timers.schedule(job.id, job.awake)
+    b.timers.schedule(job, job.awake)
 
 
 def replication_timer(b: Broker, job: Job, now_ms: int) -> None:

@@ -10,7 +10,8 @@ and replies to other clients, typed in ``broker/effects.py``. ``undo_entry()`` p
 state before a record whose write failed.
 
 Invariants: a job is in ``jobs`` iff it is registered; it is in its queue iff its state is
-QUEUED; every registered job has exactly one current timer (``job.awake``); a queue with
+QUEUED; every registered job has exactly one timer (``job.awake``) and an unregistered job or
+a served client none (``TimerWheel.cancel``); a queue with
 neither jobs, waiters nor pause flags is evicted after ``QUEUE_IDLE_EVICT_MS``.
 """
 
@@ -41,7 +42,7 @@ from broker.replication import Replication
 from broker.runs import RunTable
 from broker.scan import ScanList
 from broker.stats import MS_LATENCY_BUCKETS, Histogram
-from broker.timers import TimerWheel
+from broker.timers import NOT_SCHEDULED, TimerWheel
 from broker.version import VERSION as _VERSION
 from protocol import errors
 from protocol.commands import (
@@ -243,10 +244,12 @@ class Broker:
         timers = self.timers
         item: Any
         jobs = self.jobs
-        for key, items in timers.pop_due(now_ms):
+        for _key, items in timers.pop_due(now_ms):
             for item in items:
+                if item.timer_key != NOT_SCHEDULED:
+                    continue  # armed again by a timer run before it in this tick
                 if type(item) is Waiter:
-                    if not item.active or not timers.in_bucket(item.awake, key):
+                    if not item.active:
                         continue
                     if item.awake <= now_ms:
                         client = item.client
@@ -255,11 +258,11 @@ class Broker:
                     else:
                         timers.schedule(item, item.awake)
                     continue
-                job = jobs.get(item)  # jobs are scheduled by ID (see broker/timers.py)
-                if job is None or not timers.in_bucket(job.awake, key):
-                    continue
+                job: Job = item
+                if jobs.get(job.id) is not job:
+                    continue  # gone with a timer run before it in this tick
                 if job.awake > now_ms:
-                    timers.schedule(item, job.awake)
+                    timers.schedule(job, job.awake)
                 else:
                     self._job_timer(job, now_ms)
         if now_ms >= self._next_evict_check:
@@ -295,7 +298,7 @@ class Broker:
         self.jobs[job.id] = job
         self.job_scan.add(job)
         if schedule:
-            self.timers.schedule(job.id, job.awake)
+            self.timers.schedule(job, job.awake)
 
     def _unregister(self, job: Job) -> None:
         if self.repl_wait and job.id in self.repl_wait:
@@ -308,6 +311,7 @@ class Broker:
             if q is not None:
                 q.remove(job)
         del self.jobs[job.id]
+        self.timers.cancel(job)
         if self.replication is not None:
             self.replication.forget(job.id)
         self.job_bytes -= self._job_cost(job)
@@ -320,7 +324,7 @@ class Broker:
 
     def _reschedule(self, job: Job) -> None:
         job.awake = job.compute_awake()
-        self.timers.schedule(job.id, job.awake)
+        self.timers.schedule(job, job.awake)
 
     def _queue_for(self, name: bytes, now_ms: int) -> Queue:
         q = self.queues.get(name)
@@ -544,7 +548,7 @@ class Broker:
                     # A cluster ACK is kept until every holder knows (ack GC, started again).
                     job.qtime = now_ms
                     job.awake = job.compute_awake()
-                    self.timers.schedule(job.id, job.awake)
+                    self.timers.schedule(job, job.awake)
                 else:
                     self._unregister(job)
                 continue
@@ -554,7 +558,7 @@ class Broker:
             if enqueue_jobs_once and was_queued:
                 job.transition(_QUEUED)
                 job.awake = job.compute_awake()
-                self.timers.schedule(job.id, job.awake)
+                self.timers.schedule(job, job.awake)
                 q = self._queue_for(job.queue, now_ms)
                 q.push(job)
                 q.jobs_in -= 1  # a restored job was counted when it first came in
@@ -564,7 +568,8 @@ class Broker:
             else:
                 job.qtime = 0
             job.awake = job.compute_awake()
-            self.timers.schedule(job.id, job.awake)
+            self.timers.schedule(job, job.awake)
+        self.policies.forget_gone(self.jobs)
 
     def snapshot(self) -> Iterator[tuple[str, Any]]:
         yield from list(self.policies.snapshot(self.jobs))
@@ -729,6 +734,7 @@ class Broker:
             return
         waiter.active = False
         waiter.client.waiter = None
+        self.timers.cancel(waiter)
         self.blocked_clients -= 1
         for name in waiter.queues:
             q = self.queues.get(name)
@@ -967,6 +973,9 @@ class Broker:
         self.timers.clear()
         self.queues.clear()
         self.queue_scan.clear()
+        self.policies.forget_gone(self.jobs)
+        if self.federation is not None:
+            self.federation.forget_jobs()
         self.outbox.append(LogRecord("flushall", None, None))
 
 

@@ -57,6 +57,10 @@ class Federation(Protocol):
         """Fields added to INFO's Jobs section on a cluster node."""
         ...
 
+    def forget_jobs(self) -> None:
+        """DEBUG FLUSHALL: drop what is kept about jobs (the window of recent imports)."""
+        ...
+
 
 def export_jobs(b: Broker, q: Queue, count: int, to_node: str, now_ms: int,
                 max_body: int) -> list[list[Any]]:

@@ -12,7 +12,7 @@ from typing import Any
 
 ORDER = ("server", "clients", "memory", "jobs", "queues", "persistence", "stats", "cpu")
 # ``INFO all`` adds these (as Redis and Disque do); ``INFO`` alone leaves them out.
-EXTRA = ("federation", "timers", "jobstats", "commandstats")
+EXTRA = ("federation", "timers", "jobstats", "allocations", "commandstats")
 HEADERS = {"cpu": "CPU"}  # where Disque's header is not the capitalized name
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Final
 
+from broker.timers import NOT_SCHEDULED, Timed
 from protocol.commands import MAX_JOB_SECONDS
 from protocol.jobid import is_valid
 
@@ -153,7 +154,7 @@ def state_name(state: JobState) -> str:
     return "wait-repl"
 
 
-class Job:
+class Job(Timed):
     __slots__ = (
         "id", "queue", "body", "state", "repl", "ttl", "retry", "delay", "ctime",
         "qtime", "awake", "nacks", "deliveries", "delivered", "confirmed", "flags", "dtime",
@@ -179,6 +180,7 @@ class Job:
         self.confirmed: tuple[str, ...] = ()
         self.flags = 0
         self.dtime = 0  # first delivery (unix ms), 0 until then; logged for the report
+        self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)
 
     @property
     def etime(self) -> int:

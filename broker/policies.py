@@ -289,6 +289,20 @@ class PolicyTable:
         self.content_types[job_id] = ctype
         b.outbox.append(LogRecord(RECORD_KIND, ["ctype", job_id, ctype], None))
 
+    def set_origin(self, b: Broker, dead_letter: bytes, original: bytes, queue: bytes) -> None:
+        # Pruned like the Content-Types: entries of jobs gone never outnumber the live jobs.
+        if len(self.origins) > 2 * len(b.jobs) + 1024:
+            self.origins = {k: v for k, v in self.origins.items() if k in b.jobs}
+        self.origins[dead_letter] = (original, queue)
+        b.outbox.append(LogRecord(RECORD_KIND, ["origin", dead_letter, original, queue], None))
+
+    def forget_gone(self, live_jobs: dict[bytes, Job]) -> None:
+        """Drop what is kept about jobs no longer here: a log replay loads the origins and
+        Content-Types of every job the log names, most of them long gone."""
+        self.origins = {k: v for k, v in self.origins.items() if k in live_jobs}
+        self.content_types = {k: v for k, v in self.content_types.items() if k in live_jobs}
+        self._dedup = {k: v for k, v in self._dedup.items() if v in live_jobs}
+
     def load(self, data: list[Any]) -> None:
         if data[0] == "ctype":
             self.content_types[bytes(data[1])] = str(data[2])
@@ -499,8 +513,7 @@ def move_to_dead_letters(b: Broker, job: Job, dlq: Policy, nacks: int, deliverie
              delivered=holders if b.replication is not None else (b.node_id,))
     dl.nacks, dl.deliveries = nacks, deliveries
     dl.qtime = now_ms
-    table.origins[new_id] = (original, queue)
-    b.outbox.append(LogRecord(RECORD_KIND, ["origin", new_id, original, queue], None))
+    table.set_origin(b, new_id, original, queue)
     ctype = table.content_types.get(original)
     if ctype is not None:  # posted over HTTP with a Content-Type: the dead letter keeps it
         table.set_content_type(b, new_id, ctype)

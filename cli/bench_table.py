@@ -13,6 +13,8 @@ https://github.com/antirez/disque); redis-server, the yardstick, always. 50 conn
   (d) resident memory per queued job, RSS growth over 200,000 ADDJOBs (redis: LPUSH)
   (e) ADDJOB with appendonly yes, appendfsync always: against Disque and redis-server with
       the same settings, and (e1) against trisque without the log
+  (m) RSS growth per million jobs processed (ADDJOB, GETJOB, ACKJOB) with an empty queue:
+      what finished jobs leave behind (``cli/bench_memory.py``); against Disque only
 
 Then, after the table: (k) the HTTP API next to RESP (``cli/bench_http.py``), (p) ``trisque
 --pipe`` next to ``redis-cli --pipe`` into the same node (``cli/bench_pipe.py``) and (f) the
@@ -76,7 +78,7 @@ from cli.bench_servers import (
 
 BODY = 16
 QUEUE = "rbq"
-CASES = "a,b,c,d,e,k,p,f"
+CASES = "a,b,c,d,e,m,k,p,f"
 C_GENERATOR = "redis-benchmark"
 PY_GENERATOR = "trisque-benchmark"
 
@@ -89,6 +91,7 @@ class Settings:
     procs: int = 2  # trisque-benchmark client processes
     max_requests: int = 500_000  # per redis-benchmark run, preloaded jobs included
     memory_jobs: int = 200_000
+    churn_jobs: int = 1_000_000
 
 
 _STARTED = time.monotonic()
@@ -368,7 +371,19 @@ def run_table(s: Settings, disque: str | None, only: set[str], c_gen: bool
                                  target=DISQUE_TARGETS["d"]))
         vs_redis.append(Row("d", title, mem["trisque"], mem["redis"], unit="B/job",
                             target=REDIS_TARGETS["d"], absolute=True))
-    order = "abcde"
+    if "m" in only:
+        from cli.bench_memory import churn_case
+
+        log(f"(m) RSS growth over {s.churn_jobs:,} jobs through an empty queue ...")
+        churn_kinds: list[tuple[str, str | None]] = [("trisque", None)]
+        if disque:
+            churn_kinds.append(("disque", disque))
+        churned = churn_case(churn_kinds, s.churn_jobs, log)
+        ref = churned.get("disque") or Figures(failure="no reference Disque in this run")
+        vs_disque.append(Row("m", "(m) RSS growth per million jobs, empty queue",
+                             churned["trisque"], ref, unit="B", target=DISQUE_TARGETS["m"],
+                             absolute=True))
+    order = "abcdem"
     vs_disque.sort(key=lambda r: order.index(r.key[0]))
     vs_redis.sort(key=lambda r: (order.index(r.key[0]), r.key))
     return vs_disque, vs_redis
@@ -416,6 +431,9 @@ def table(s: Settings, disque: str | None, only: set[str], c_gen: bool, out: Pat
     if "e" in only:
         footer.append("(e1): trisque with appendfsync always against the same binary without "
                       "the log.")
+    if "m" in only:
+        footer.append("(m): RSS after the jobs minus RSS after a warm-up, per million jobs "
+                      "(bytes; 0: nothing left behind); its target bounds trisque's own value.")
     text = render(sections, header, primary, secondary, footer)
     print(text, flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -455,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     s = Settings(runs=opts.runs or (1 if opts.quick else 5),
                  duration=opts.duration or (1.0 if opts.quick else 2.0),
                  alt_runs=(0 if opts.quick else 3) if opts.alt_runs is None else opts.alt_runs,
-                 procs=opts.procs, memory_jobs=100_000 if opts.quick else 200_000)
+                 procs=opts.procs, memory_jobs=100_000 if opts.quick else 200_000,
+                 churn_jobs=200_000 if opts.quick else 1_000_000)
     if s.runs < 1 or s.duration <= 0 or s.alt_runs < 0 or s.procs < 1:
         p.error("--runs, --duration and --procs must be positive, --alt-runs at least 0")
     only = {c.strip() for c in opts.only.split(",") if c.strip()}
@@ -467,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     c_gen = shutil.which(C_GENERATOR) is not None
-    if only & set("abcde"):
+    if only & set("abcdem"):
         table(s, disque, only, c_gen, Path(opts.out))
     if "k" in only:
         http_case(s, opts.quick)

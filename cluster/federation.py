@@ -148,6 +148,7 @@ class FederationCore:
         return self._heap[0][0] if self._heap else None
 
     def tick(self, now_ms: int) -> None:
+        self._forget_old_imports(now_ms)
         heap = self._heap
         while heap and heap[0][0] <= now_ms:
             due, name = heapq.heappop(heap)
@@ -252,11 +253,7 @@ class FederationCore:
         b = self.broker
         me = self.membership.myself_id
         recent = self._recent
-        while recent:
-            job_id, at = next(iter(recent.items()))
-            if now_ms - at <= RECENT_IMPORT_MS:
-                break
-            del recent[job_id]
+        self._forget_old_imports(now_ms)
         self._deferred = []
         try:
             for job in msg.jobs():
@@ -282,6 +279,19 @@ class FederationCore:
             self.need_jobs(q, True, now_ms)
 
     # =========================================================================================
+
+    def forget_jobs(self) -> None:
+        self._recent.clear()
+
+    def _forget_old_imports(self, now_ms: int) -> None:
+        """The window of recent imports: trimmed at each YOURJOBS and each tick, so it holds
+        the last ``RECENT_IMPORT_MS`` of imports at most, and nothing once they stop."""
+        recent = self._recent
+        while recent:
+            job_id, at = next(iter(recent.items()))
+            if now_ms - at <= RECENT_IMPORT_MS:
+                break
+            del recent[job_id]
 
     def _state(self, q: Queue, now_ms: int) -> _QueueFed:
         st: _QueueFed | None = q.fed
@@ -309,7 +319,18 @@ class FederationCore:
         due = max(due, now_ms + 1)
         if st.due != due:
             st.due = due
-            heapq.heappush(self._heap, (due, q.name))
+            heap = self._heap
+            heapq.heappush(heap, (due, q.name))
+            if len(heap) > 2 * len(self.broker.queues) + 64:
+                # Entries left behind by re-arming, each stale until its old due time: keep
+                # one per armed queue, so the heap is bounded by the queues, not the arms.
+                live: list[tuple[int, bytes]] = []
+                for name, queue in self.broker.queues.items():
+                    armed: _QueueFed | None = queue.fed
+                    if armed is not None and armed.due is not None:
+                        live.append((armed.due, name))
+                heapq.heapify(live)
+                self._heap = live
 
     def _others_linked(self) -> list[str]:
         me = self.membership.myself_id

@@ -326,6 +326,10 @@ class ConnCore:
         self.pending.clear()
         self.out.clear()
         self.logged.clear()
+        # The client points back at this connection: left as it is, the pair is a cycle that
+        # only a full garbage collection frees (rare here, see Server._start), about 2 KB per
+        # connection in the meantime. A reply that still comes for it is dropped (deliver).
+        self.client.handle = None
 
 
 # -- the hot path: functions, called directly from compiled code ------------------------------

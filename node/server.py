@@ -459,6 +459,13 @@ class Server:
             ("cluster_unexpected_errors", self.bus.counters["core_errors"]),
         ]
         b.info_sources["cpu"] = self._info_cpu
+        # Not Disque's (INFO all or INFO allocations only): what a leak would grow, counted
+        # exactly where RSS only moves by pages (tests/memory/ reads it).
+        b.info_sources["allocations"] = lambda: [
+            ("allocated_blocks", sys.getallocatedblocks()),
+            ("registered_jobs", len(b.jobs)),
+            ("timer_entries", len(b.timers)),
+        ]
         b.info_sources["commandstats"] = lambda: [
             (f"cmdstat_{name.decode()}",
              f"calls={calls},usec={ns // 1000},usec_per_call={ns / 1000 / calls:.2f}")

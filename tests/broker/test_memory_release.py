@@ -11,7 +11,9 @@ import gc
 
 import pytest
 
+from broker.clients import BLOCKED, Client
 from broker.job import Job
+from broker.timers import Timed, TimerWheel
 from tests.broker.harness import Node
 
 
@@ -38,8 +40,7 @@ def test_deleted_jobs_keep_no_body(verb: str, opts: tuple[object, ...]) -> None:
 
 
 def test_timers_of_deleted_jobs_are_skipped() -> None:
-    """The wheel still holds the IDs of deleted jobs; their buckets come due harmlessly, and an
-    ID reused by a later job is served by that job's own timer only."""
+    """A deleted job's timer goes with it; the job still held is served by its own timer."""
     n = Node()
     acked = n.add("q", "a", "RETRY", 1)
     assert n("ACKJOB", acked) == 1
@@ -65,3 +66,52 @@ def test_next_deadline_never_asks_for_a_time_already_ticked() -> None:
         if n.qlen() == 1:
             break
     assert n.qlen() == 1
+
+
+@pytest.mark.parametrize("verb, opts", [
+    ("ACKJOB", ()), ("FASTACK", ()), ("DELJOB", ()), ("DELJOB", ("RETRY", 0)),
+    ("NACK", ()),
+])
+def test_the_timer_wheel_holds_only_live_jobs(verb: str, opts: tuple[object, ...]) -> None:
+    """Every job has one timer entry while it lives and none once it is gone, however often
+    it was rescheduled (a NACKed job is requeued: its entry moves)."""
+    n = Node()
+    ids = [n.add("q", "x", *opts) for _ in range(2000)]
+    assert len(n("GETJOB", "NOHANG", "COUNT", 2000, "FROM", "q")) == 2000
+    for job_id in ids:
+        assert n(verb, job_id) == 1
+    live = 2000 if verb == "NACK" else 0
+    assert n.jobs() == live and len(n.b.timers) == live
+    assert sorted(i.id for _, i in n.b.timers.entries()) == sorted(n.b.jobs)  # type: ignore[attr-defined]
+
+
+def test_a_served_blocked_getjob_leaves_no_timer() -> None:
+    n = Node()
+    other = Client(2)
+    for _ in range(100):
+        assert n("GETJOB", "TIMEOUT", 3_600_000, "FROM", "w", client=other) is BLOCKED
+        job_id = n.add("w", "x")
+        assert n.replies[-1].client is other
+        assert n("ACKJOB", job_id) == 1
+    assert len(n.b.timers) == 0 and n.b.blocked_clients == 0
+
+
+def test_the_wheel_moves_cancels_and_stays_bounded() -> None:
+    wheel = TimerWheel()
+    items = [Timed() for _ in range(3000)]
+    for i, item in enumerate(items):
+        wheel.schedule(item, 1_000 + i * 100)
+        wheel.schedule(item, 2_000_000 + i * 100)  # moved: one live entry
+        wheel.schedule(item, 1_000 + i * 100)  # and back: still one
+    assert len(wheel) == 3000 and len(list(wheel.entries())) == 3000
+    assert wheel.stale() <= len(wheel) + 1024
+    for item in items[:2999]:
+        wheel.cancel(item)
+        wheel.cancel(item)  # twice: nothing
+    assert len(wheel) == 1
+    # Stale entries never outnumber the live ones by more than the slack.
+    assert wheel.stale() <= 1 + 1024
+    due = wheel.pop_due(3_000_000)
+    assert [items_ for _, items_ in due] == [[items[2999]]]
+    assert len(wheel) == 0 and wheel.pop_due(10**12) == []
+    assert wheel.stale() == 0
