@@ -34,6 +34,7 @@ JOBS = 10_000
 RETRY_S = 300
 # A first broadcast NEEDJOBS goes at once, the next after 4 s (Disque's backoff).
 BROADCAST_GAP_S = 4.0
+PRODUCED_FIRST = 2_000  # of JOBS, before the consumers start
 
 
 def qstat(c: LocalCluster, i: int, queue: str) -> dict[str, Any]:
@@ -81,17 +82,26 @@ def test_ten_thousand_jobs_added_on_one_node_are_consumed_on_two_others_once_eac
 
     workers = [threading.Thread(target=worker, args=(node,), daemon=True)
                for node in (1, 2, 1, 2)]
-    for t in workers:
-        t.start()
-    t0 = time.monotonic()
     added: list[str] = []
-    for start in range(0, JOBS, 500):
+
+    def produce(start: int) -> None:
         # Half with one copy (only federation moves them), half with the cluster's default
         # three (the consumers' nodes already hold an unqueued copy when it is exported).
         replies = pipelined(c.port(0), [("ADDJOB", "fed", f"job{k}", "0", "RETRY",
                                          str(RETRY_S), "REPLICATE", str(1 + 2 * (k % 2)))
                                         for k in range(start, start + 500)])
-        added += [r.decode() for r in replies]
+        added.extend(r.decode() for r in replies)
+
+    t0 = time.monotonic()
+    # Jobs are waiting when each consumer's node first broadcasts NEEDJOBS: a node whose first
+    # broadcast found none asks again only after BROADCAST_GAP_S, by which time the other may
+    # have drained everything (as in Disque), and this test is about both importing.
+    for start in range(0, PRODUCED_FIRST, 500):
+        produce(start)
+    for t in workers:
+        t.start()
+    for start in range(PRODUCED_FIRST, JOBS, 500):
+        produce(start)
     produced.set()
     produce_s = time.monotonic() - t0
     deadline = time.monotonic() + 40
