@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Disque queues exist implicitly and have no settings. A *policy* is an optional addition, in the
-style of mqs (``shared/seeds/mqs.md``): a queue "exists" for the policy commands (and the HTTP
+style of mqs: a queue "exists" for the policy commands (and the HTTP
 API's ``/queues``) when it has one. A client that never sets a policy sees Disque's replies and
 counters unchanged; every hook in the broker is behind a check on this table being non-empty.
 

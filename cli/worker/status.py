@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A script talks to its worker over two pipes (rq's queue-script API, ``shared/seeds/rq.md``):
+A script talks to its worker over two pipes (rq's queue-script API):
 it writes status lines to fd 3 and reads answers from fd 4. A line is ``VERB [TEXT]`` ended
 by a newline:
 

@@ -14,7 +14,7 @@ from protocol.resp import Error
 from tests.broker.harness import Node
 from tests.cluster.test_membership import TIMEOUT, full_mesh, joined
 
-# Disque on three nodes (../shared/reference/disque-reference-replies.md, "Three nodes"):
+# Disque on three nodes (tests/fixtures/disque-reference-replies.md, "Three nodes"):
 #   f408... 127.0.0.1:27712 myself 0 0 connected
 #   4008... 127.0.0.1:27714 noflags 0 1795315898269 connected
 MYSELF_LINE = re.compile(r"^[0-9a-f]{40} 127\.0\.0\.1:\d+ myself 0 0 connected$")
