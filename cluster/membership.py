@@ -144,7 +144,7 @@ class Membership(Table):
         if failing is not self.myself and "fail" not in failing.flags:
             self.log("notice", f"FAIL message received from {sender_id} about {msg.node_id}",
                      key=f"fail:{msg.node_id}")
-            self.set_fail(failing, now_ms)
+            self.set_fail(failing)
 
     def _on_heartbeat(self, msg: Heartbeat, sender_id: str, link: LinkId, peer_ip: str,
                       local_ip: str, outbound_to: str | None, now_ms: int) -> None:

@@ -55,7 +55,6 @@ class Node:
     ctime: int
     ping_sent: int = 0  # when the PING now unanswered was sent; 0: none
     pong_received: int = 0
-    fail_time: int = 0
     link: LinkId | None = None  # the outbound link, while it is up
     link_since: int = 0
     # The last link answered a PING, then died: the node now listening there (if any) is
@@ -322,15 +321,14 @@ class Table:
             return
         self.log("notice", f"Marking node {node.node_id} as failing (quorum reached: "
                  f"{votes} of {self.size()})", key=f"fail:{node.node_id}")
-        self.set_fail(node, now_ms)
+        self.set_fail(node)
         body = Fail(node.node_id).to_body()
         for other in self.nodes.values():
             if other is not self.myself and other is not node and "handshake" not in other.flags:
                 self.outbox.append(Send(other.node_id, Fail.TYPE, body))
                 self.messages_sent += 1
 
-    def set_fail(self, node: Node, now_ms: int) -> None:
+    def set_fail(self, node: Node) -> None:
         node.flags.discard("pfail")
         node.flags.add("fail")
-        node.fail_time = now_ms
         self.save()
