@@ -1,6 +1,7 @@
-"""The shortcuts taken on the ADDJOB and GETJOB path for speed (docs/benchmarks.md, "The core
-twice as fast") give what the general code they replace gives: the same numbers from the same
-random source, the same state names, the same integers, the same jobs and log records."""
+"""The shortcuts taken on the ADDJOB and GETJOB path for speed (docs/benchmarks.md, "What the
+compiled path is worth") give what the general code they replace gives: the same numbers from
+the same random source, the same state names, the same integers, the same jobs and log
+records."""
 
 from __future__ import annotations
 
