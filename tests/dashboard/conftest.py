@@ -8,6 +8,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+# One node with the HTTP port on per module, as the HTTP API's tests have it.
+from tests.http.conftest import node  # noqa: F401
+
 
 def scrape(base: str, **kwargs: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of ``GET /metrics``, keyed by (sample name, sorted labels)."""

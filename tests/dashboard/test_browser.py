@@ -16,8 +16,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.http.conftest import start
-from tests.support.server import REPO, ServerProcess, repo_env
+from tests.support.server import REPO, repo_env
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -49,15 +48,6 @@ def browser() -> Iterator[object]:
         yield driver
     finally:
         driver.quit()
-
-
-@pytest.fixture(scope="module")
-def node() -> Iterator[tuple[ServerProcess, str]]:
-    srv, base = start()
-    try:
-        yield srv, base
-    finally:
-        srv.stop()
 
 
 def wait(driver: object, condition: object, what: str) -> object:

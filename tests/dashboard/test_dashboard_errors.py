@@ -5,27 +5,15 @@ routes run it again or remove it (HTTP, on a real node)."""
 from __future__ import annotations
 
 import html
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
-from tests.http.conftest import start
 from tests.support.cluster import wait_until
 from tests.support.server import ServerProcess
 from tests.support.worker import WorkerProcess, add_job, run_record, script
 
 Node = tuple[ServerProcess, str]
-
-
-@pytest.fixture(scope="module")
-def node() -> Iterator[Node]:
-    srv, base = start()
-    try:
-        yield srv, base
-    finally:
-        srv.stop()
 
 
 def _parked_id(srv: ServerProcess, job: str) -> str:

@@ -22,15 +22,6 @@ Node = tuple[ServerProcess, str]
 XSS = "<script>alert('x')</script>"
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[Node]:
-    srv, base = start()
-    try:
-        yield srv, base
-    finally:
-        srv.stop()
-
-
 @pytest.fixture
 def http(node: Node) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=node[1], timeout=10) as client:
