@@ -19,9 +19,9 @@ def pytest_report_header() -> str:
 
 
 # What a test module that starts real processes (nodes, workers, the CLI, Spark's JVM) holds
-# at module level: it imports one of these to do so.
+# at module level: it imports one of these to do so (the fuzzers start their own nodes).
 _PROCESS_NAMES = frozenset(("ServerProcess", "LocalCluster", "local_cluster", "WorkerProcess",
-                            "subprocess", "repo_env", "pexpect"))
+                            "subprocess", "repo_env", "pexpect", "fuzz_resp", "fuzz_bus"))
 _PROCESS_FIXTURES = frozenset(("server", "local_cluster"))
 
 

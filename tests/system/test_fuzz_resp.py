@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from tools import fuzz_resp
-
-pytestmark = pytest.mark.process  # the fuzzer starts the node itself
 
 SEED = 20261126
 
