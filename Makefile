@@ -65,7 +65,7 @@ fuzz: $(STAMP)
 	$(PY) -m tools.fuzz_bus --count 1000000 $(BUS_FUZZ_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check protocol broker cluster node cli pipeline tests tools setup.py
+	$(VENV)/bin/ruff check protocol client broker cluster node cli pipeline tests tools setup.py
 	$(VENV)/bin/mypy
 
 # The single-node table (cli/bench_table.py): trisque against the reference Disque when

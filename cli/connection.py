@@ -1,6 +1,6 @@
 """One socket from `trisque` to one node, and the one-line messages a broken one gives.
 
-Every reply is read with ``protocol.typed_reply.TypedReplyParser`` so status, bulk and error
+Every reply is read with ``client.typed_reply.TypedReplyParser`` so status, bulk and error
 replies stay apart for the formatters (``cli.reply_format``). The protocol modules are imported
 when the first command is sent, not with this module: ``--pipe`` only opens the socket, and
 Python's start-up is most of what a ``--pipe`` run costs beyond redis-cli's.
@@ -47,8 +47,8 @@ class NodeConnection:
         """Open the socket and authenticate; raises ``NodeGone`` with the redis-cli style
         message."""
         self.open_socket()
+        from client.typed_reply import TypedReplyParser
         from protocol.resp import Error
-        from protocol.typed_reply import TypedReplyParser
 
         self.parser = TypedReplyParser()
         if self.password is not None:

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Replies come from ``protocol.typed_reply.TypedReplyParser``, so status (``resp.Status``),
+Replies come from ``client.typed_reply.TypedReplyParser``, so status (``resp.Status``),
 error (``resp.Error``) and bulk (``bytes``) replies are told apart. Each formatter returns the
 whole text to write for one reply, newline included, matching redis-cli 7 byte for byte:
 

@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any
 
-from protocol.client import Client
+from client.blocking import Client
 
 TARGET = 0.8
 

@@ -8,8 +8,8 @@ its address in the message.
 
 from __future__ import annotations
 
+from client.blocking import Client, TrisqueConnectionError
 from pipeline.options import Common
-from protocol.client import Client, TrisqueConnectionError
 
 # Disque's HELLO priority for a node that failed or is leaving (cluster/table.py).
 UNUSABLE_PRIORITY = 100

@@ -35,7 +35,7 @@ _DOLLAR = pa.scalar(b"$", _BIN)
 _EMPTY = pa.scalar(b"", _BIN)
 
 # ADDJOB queue body timeout [REPLICATE n] [DELAY d] [RETRY r] [TTL t] [ASYNC]: the order
-# protocol.client_commands.add_job uses.
+# client.commands.add_job uses.
 _OPTION_COLUMNS = (("replicate", "REPLICATE"), ("delay", "DELAY"), ("retry", "RETRY"),
                    ("ttl", "TTL"))
 

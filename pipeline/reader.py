@@ -16,9 +16,9 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, EqualTo, In, InputPartition
 
+from client import commands as cmd
 from pipeline.connect import cluster_nodes, open_client
 from pipeline.options import SnapshotOptions
-from protocol import client_commands as cmd
 
 SNAPSHOT_SCHEMA = (
     "id string, queue string, state string, ctime timestamp, ttl int, retry int, "

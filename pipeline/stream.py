@@ -50,10 +50,10 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from client import commands as cmd
+from client.blocking import Client, TrisqueConnectionError
 from pipeline.connect import open_client
 from pipeline.options import StreamOptions
-from protocol import client_commands as cmd
-from protocol.client import Client, TrisqueConnectionError
 
 log = logging.getLogger("pipeline.stream")
 

@@ -28,10 +28,10 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from client import commands as cmd
+from client.blocking import Client, ResponseError
 from pipeline.encode import BadRowError, Encoded, encode_batch, filter_bad_rows
 from pipeline.options import WriteOptions
-from protocol import client_commands as cmd
-from protocol.client import Client, ResponseError
 
 log = logging.getLogger("pipeline.writer")
 

@@ -1,7 +1,8 @@
 """The dependency direction between packages, checked on the source with ``ast``.
 
-protocol  -> stdlib, hiredis, msgpack, mypy_extensions (trio only in the trio client flavour: a module whose
-             name contains "aio", e.g. protocol/aio_client.py)
+protocol  -> stdlib, hiredis, msgpack, mypy_extensions
+client    -> stdlib, protocol (trio only in the trio flavour: a module whose name contains "aio",
+             client/aio.py)
 broker    -> stdlib but no clock, socket, os or trio (sans-IO), msgpack, protocol
 cluster   -> stdlib but no clock, socket, os or trio (sans-IO), msgpack, cryptography,
              broker, protocol
@@ -10,7 +11,8 @@ node      -> stdlib, declared dependencies, protocol, broker, cluster (the trio 
 cli       -> anything
 pipeline  -> anything but cli and node
 Nothing outside cli imports cli; nothing outside node and cli imports node; nothing outside
-pipeline and cli imports pipeline.
+pipeline and cli imports pipeline; the server's packages (protocol, broker, cluster, node) do
+not import client.
 The files of the append log and the config file are opened in ``node/`` (logfile.py,
 config_file.py); broker/aof.py reads records from a stream it is given.
 
@@ -30,7 +32,7 @@ import pytest
 from protocol.core_build import PARTLY_COMPILED
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("protocol", "broker", "cluster", "node", "cli", "pipeline")
+PACKAGES = ("protocol", "client", "broker", "cluster", "node", "cli", "pipeline")
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 # Third-party distributions the project declares (pyproject.toml), by import name.
 DECLARED = frozenset({"trio", "hiredis", "msgpack", "cryptography", "pyspark", "hypercorn",
@@ -55,8 +57,9 @@ def allowed(package: str, module_file: str, imported: str) -> bool:
         return True
     if package == "protocol":
         # mypy_extensions: mypyc's class attributes (protocol/resp.py's str subclasses).
-        return (imported in ("hiredis", "msgpack", "mypy_extensions")
-                or (imported == "trio" and "aio" in module_file))
+        return imported in ("hiredis", "msgpack", "mypy_extensions")
+    if package == "client":
+        return imported == "protocol" or (imported == "trio" and "aio" in module_file)
     if package == "broker":
         return imported in ("msgpack", "protocol")
     if package == "cluster":
@@ -149,7 +152,10 @@ def test_no_wrong_way_imports() -> None:
         ("cluster/bus.py", "import cli.server"),
         ("cluster/bus.py", "from pipeline import spark"),
         ("pipeline/job.py", "from cli import server"),
-        ("protocol/aio_client.py", "import broker"),
+        ("client/aio.py", "import broker"),
+        ("client/blocking.py", "import trio"),
+        ("protocol/commands.py", "from client.core import Call"),
+        ("node/server.py", "from client import blocking"),
         ("broker/core.py", "import time"),
         ("broker/core.py", "from socket import socket"),
         ("broker/core.py", "import node.server"),
@@ -174,14 +180,15 @@ def test_checker_flags_wrong_way_imports(relpath: str, source: str) -> None:
     "relpath, source",
     [
         ("protocol/resp.py", "import hiredis\nimport msgpack\nfrom typing import Final"),
-        ("protocol/aio_client.py", "import trio\nfrom protocol.resp import encode"),
-        ("protocol/client.py", "from .resp import encode\nfrom . import resp"),
+        ("client/aio.py", "import trio\nfrom protocol.resp import encode"),
+        ("client/blocking.py", "from .core import Call\nfrom protocol import resp\nimport socket"),
+        ("cli/worker/loop.py", "from client.aio import AsyncClient"),
         ("broker/core.py", "from protocol.resp import Error\nfrom .job import Job\nimport msgpack"),
         ("broker/log/format.py", "from ..job import Job\nfrom ...protocol import resp"),
         ("cluster/wire.py", "import msgpack\nfrom broker.core import Broker\nfrom protocol import resp"),
         ("node/server.py", "import trio\nimport socket\nfrom cluster import wire\nfrom broker import core"),
         ("cli/server.py", "import trio\nimport cluster\nimport broker\nimport pipeline"),
-        ("pipeline/spark.py", "import pyspark\nfrom protocol import client"),
+        ("pipeline/spark.py", "import pyspark\nfrom client import blocking"),
     ],
 )
 def test_checker_accepts_right_way_imports(relpath: str, source: str) -> None:

@@ -65,12 +65,6 @@ check = _core_build.check
 # gain nothing; a module not listed here is compiled.
 INTERPRETED = {
     "protocol/core_build.py": "decides which build to load, so it runs before any compiled module",
-    "protocol/client.py": "the client library: no node runs it",
-    "protocol/aio_client.py": "the client library (trio): no node runs it",
-    "protocol/client_core.py": "the client library: no node runs it",
-    "protocol/client_plans.py": "the client library: no node runs it",
-    "protocol/client_commands.py": "the client library: no node runs it",
-    "protocol/typed_reply.py": "redis-cli style reply printing for the trisque command line",
     "broker/config.py": "Config sets one attribute per directive from the table at run time; "
                         "a native class has a fixed set of attributes",
     "cluster/messages.py": "its dataclasses have ClassVar fields, which mypyc's dataclasses "

@@ -9,7 +9,7 @@ gives its slot back when done. So at most ``concurrency`` scripts run, and the l
 holds a job it has no slot for. A failed job to be retried (``--retries``) waits for its
 backoff after its slot was given back, kept from its RETRY by WORKING, and is then NACKed: a
 failing job never keeps a slot, nor the other jobs of its queue, waiting. GETJOB goes through the cluster-aware client
-(``protocol.aio_client``): when its node fails the client moves to another one, and errors
+(``client.aio``): when its node fails the client moves to another one, and errors
 while no node answers are retried with a backoff up to ``MAX_BACKOFF_S``, logged once per
 ``LOG_EVERY_S``.
 
@@ -38,9 +38,9 @@ from cli.worker.joblog import LogDir
 from cli.worker.leftovers import RunningScripts, sweep
 from cli.worker.runner import JobRunner
 from cli.worker.settings import Settings
-from protocol.aio_client import AsyncClient
-from protocol.client_commands import Job
-from protocol.client_core import TrisqueError
+from client.aio import AsyncClient
+from client.commands import Job
+from client.core import TrisqueError
 
 GETJOB_TIMEOUT_MS = 1000
 MAX_BACKOFF_S = 5.0

@@ -26,8 +26,8 @@ from typing import Any, Final
 import trio
 
 from broker.runs import MAX_LINE_BYTES, Run
-from protocol.aio_client import AsyncClient
-from protocol.client_core import ResponseError, TrisqueError
+from client.aio import AsyncClient
+from client.core import ResponseError, TrisqueError
 
 FLUSH_S: Final = 0.25
 HEARTBEAT_S: Final = 5.0  # well within broker.runs.LEASE_MS

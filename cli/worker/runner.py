@@ -50,9 +50,9 @@ from cli.worker.leftovers import RunningScripts
 from cli.worker.process import ScriptProcess, spawn, spawn_error_text
 from cli.worker.report import RunReport
 from cli.worker.settings import Settings
-from protocol.aio_client import AsyncClient
-from protocol.client_commands import Job, JobInfo
-from protocol.client_core import ResponseError, TrisqueError
+from client.aio import AsyncClient
+from client.commands import Job, JobInfo
+from client.core import ResponseError, TrisqueError
 
 BODY_ENV_MAX: Final = 64 * 1024
 DRAIN_S: Final = 2.0  # after the script's exit, how long its pipes may stay open

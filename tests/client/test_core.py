@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from protocol import client_commands as cmd
-from protocol.client_core import (
+from client import commands as cmd
+from client.core import (
     AuthError,
     BadIdError,
     LeavingError,
@@ -22,8 +22,8 @@ from protocol.client_core import (
     parse_address,
     parse_hello,
 )
+from client.typed_reply import TypedReplyParser
 from protocol.resp import NEED_DATA, Error, Status
-from protocol.typed_reply import TypedReplyParser
 
 
 def parse_all(data: bytes) -> list[object]:

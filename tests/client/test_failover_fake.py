@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import trio
 
-from protocol.aio_client import AsyncClient
-from protocol.client import (
+from client.aio import AsyncClient
+from client.blocking import (
     AuthError,
     Client,
     LeavingError,

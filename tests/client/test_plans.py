@@ -1,4 +1,4 @@
-"""The client's rules as plans (protocol/client_plans.py), driven here by a scripted performer:
+"""The client's rules as plans (client/plans.py), driven here by a scripted performer:
 no sockets, every request the plan makes is asserted. Both real flavours drive these plans."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from protocol import client_commands as cmd
-from protocol.client_core import (
+from client import commands as cmd
+from client.core import (
     NodeSelector,
     ProducerTracker,
     TrisqueConnectionError,
     TrisqueTimeoutError,
 )
-from protocol.client_plans import (
+from client.plans import (
     Acquire,
     Close,
     Exchange,

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from protocol.aio_client import AsyncClient
-from protocol.client import (
+from client.aio import AsyncClient
+from client.blocking import (
     BadIdError,
     Client,
     LeavingError,

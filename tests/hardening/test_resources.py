@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from protocol.client import Connection
+from client.blocking import Connection
 from protocol.resp import Error, encode_command
 from tests.support.server import ServerProcess
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.client import Client
+from client.blocking import Client
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 

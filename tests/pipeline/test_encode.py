@@ -5,11 +5,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from client import commands as cmd
+from client.blocking import Client, ResponseError
 from pipeline.encode import encode_batch
 from pipeline.options import write_options
 from pipeline.writer import write_batches
-from protocol import client_commands as cmd
-from protocol.client import Client, ResponseError
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(120)]
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from protocol.client import Client
+from client.blocking import Client
 from tests.support.server import ServerProcess
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from protocol.client import Client
+from client.blocking import Client
 from protocol.resp import NEED_DATA, ReplyReader
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

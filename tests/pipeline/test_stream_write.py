@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from protocol.client import Client
+from client.blocking import Client
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from protocol.client import Connection
+from client.blocking import Connection
 from protocol.resp import Error, encode_command
 from tests.aof.test_server_durability import Conn
 from tests.support.server import ServerProcess

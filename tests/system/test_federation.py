@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from protocol.client import Client
+from client.blocking import Client
 from tests.support.cluster import LocalCluster, wait_until
 from tests.support.server import REPO, repo_env
 from tests.system.test_replicated_jobs import addr, joined, origin, pipelined

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from protocol.client import Client
+from client.blocking import Client
 from protocol.resp import NEED_DATA, ReplyReader, encode_command
 from tests.support.cluster import LocalCluster, wait_until
 from tests.support.server import REPO, repo_env

@@ -5,8 +5,8 @@ Theory of operation
 Each rule is a *plan*: a generator that yields requests for I/O (``Open``, ``Exchange``,
 ``Close``) or for the flavour's connection pool (``Acquire``, ``Release``, ``Forget``,
 ``Retarget``), receives each result back (``send``) or the exception it raised (``throw``),
-and finally returns its value. ``protocol.client.Client`` drives plans with blocking sockets,
-``protocol.aio_client.AsyncClient`` with trio: the flavours only perform requests, so the
+and finally returns its value. ``client.blocking.Client`` drives plans with blocking sockets,
+``client.aio.AsyncClient`` with trio: the flavours only perform requests, so the
 rules (which errors move to another node, when a command may be sent again, how HELLO picks
 the node) cannot drift apart. A flavour tells plans which exceptions are network failures
 (``Rules.net_errors``), since trio has its own.
@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from protocol import client_commands as cmd
-from protocol.client_commands import Job
-from protocol.client_core import (
+from client import commands as cmd
+from client.commands import Job
+from client.core import (
     Address,
     AuthError,
     Call,
@@ -207,7 +207,7 @@ def acquire_plan(client: Rules, attempt: int) -> Plan:
 
 
 def run_plan(client: Rules, call: Call[Any]) -> Plan:
-    """One call with the failover rules of ``protocol.client``'s docstring."""
+    """One call with the failover rules of ``client.blocking``'s docstring."""
     for attempt in (0, 1):
         conn = yield from acquire_plan(client, attempt)
         if conn is None:

@@ -1,10 +1,10 @@
-"""The trio flavour of the trisque client: the same API as ``protocol.client.Client``, awaited.
+"""The trio flavour of the trisque client: the same API as ``client.blocking.Client``, awaited.
 
 Theory of operation
 -------------------
 Everything but the byte moving is shared with the blocking client: commands are the same
-prepared ``Call`` objects (``protocol.client_commands``), and connecting, AUTH, HELLO, failover
-and rebalancing are the plans of ``protocol.client_plans``, which this module drives. It only
+prepared ``Call`` objects (``client.commands``), and connecting, AUTH, HELLO, failover
+and rebalancing are the plans of ``client.plans``, which this module drives. It only
 opens trio TCP streams, keeps idle ones in a small pool (tasks of one trio run may share the
 client; each exchange holds its own connection, so replies never interleave), and applies the
 timeouts with ``trio.fail_after``. A connection whose exchange failed or was cancelled is
@@ -19,15 +19,15 @@ from typing import Any
 
 import trio
 
-from protocol import client_commands as cmd
-from protocol.client_commands import Body, Job, JobInfo, PipelineCalls, QueueStats
-from protocol.client_core import (
+from client import commands as cmd
+from client.commands import Body, Job, JobInfo, PipelineCalls, QueueStats
+from client.core import (
     Address,
     Call,
     Hello,
     TrisqueConnectionError,
 )
-from protocol.client_plans import (
+from client.plans import (
     Acquire,
     ClientSettings,
     Close,
@@ -96,7 +96,7 @@ class AsyncConnection:
 
 
 class AsyncClient(ClientSettings):
-    """A trio trisque client; the arguments are those of ``protocol.client.Client``."""
+    """A trio trisque client; the arguments are those of ``client.blocking.Client``."""
 
     net_errors = _NET_ERRORS
     acquire_errors = _NET_ERRORS
@@ -109,7 +109,7 @@ class AsyncClient(ClientSettings):
     # -- connections ---------------------------------------------------------------------
 
     async def _drive(self, plan: Plan) -> Any:
-        """Run a plan of protocol.client_plans, performing its requests with trio."""
+        """Run a plan of client.plans, performing its requests with trio."""
         try:
             request = next(plan)
             while True:
@@ -188,7 +188,7 @@ class AsyncClient(ClientSettings):
     # -- the loop ------------------------------------------------------------------------
 
     async def run(self, call: Call[Any]) -> Any:
-        """Send one prepared call, with the failover rules of ``protocol.client``."""
+        """Send one prepared call, with the failover rules of ``client.blocking``."""
         return await self._drive(run_plan(self, call))
 
     async def run_many(self, calls: list[Call[Any]], raise_on_error: bool = True) -> list[Any]:
@@ -325,7 +325,7 @@ class AsyncClient(ClientSettings):
 
 
 class AsyncPipeline(PipelineCalls):
-    """Collects calls like ``protocol.client.Pipeline``; ``await p.execute()`` sends them."""
+    """Collects calls like ``client.blocking.Pipeline``; ``await p.execute()`` sends them."""
 
     def __init__(self, client: AsyncClient) -> None:
         super().__init__()

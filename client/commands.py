@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.client_core import (
+from client.core import (
     Call,
     Hello,
     ResponseError,

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-``Client`` sends prepared ``Call`` objects (``protocol.client_commands``) over plain sockets:
+``Client`` sends prepared ``Call`` objects (``client.commands``) over plain sockets:
 
 * A connection pool per client: a thread takes an idle connection to the current node (or
   opens one), sends, reads the reply, and puts it back. A connection whose exchange failed or
@@ -17,7 +17,7 @@ Theory of operation
   ``ProducerTracker``; when one other node produces most of them, the next command goes there.
 
 The rules themselves (connect, AUTH, HELLO, failover, rebalancing) are plans in
-``protocol.client_plans``, shared with ``protocol.aio_client.AsyncClient`` (the same API for
+``client.plans``, shared with ``client.aio.AsyncClient`` (the same API for
 trio); this module performs their requests with blocking sockets.
 """
 
@@ -29,9 +29,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from protocol import client_commands as cmd
-from protocol.client_commands import Body, Job, JobInfo, PipelineCalls, QueueStats
-from protocol.client_core import (
+from client import commands as cmd
+from client.commands import Body, Job, JobInfo, PipelineCalls, QueueStats
+from client.core import (
     DEFAULT_PORT,
     Address,
     AuthError,
@@ -49,7 +49,7 @@ from protocol.client_core import (
     TrisqueError,
     TrisqueTimeoutError,
 )
-from protocol.client_plans import (
+from client.plans import (
     Acquire,
     ClientSettings,
     Close,
@@ -139,7 +139,7 @@ class Client(ClientSettings):
     # -- connections ---------------------------------------------------------------------
 
     def _drive(self, plan: Plan) -> Any:
-        """Run a plan of protocol.client_plans, performing its requests with sockets."""
+        """Run a plan of client.plans, performing its requests with sockets."""
         try:
             request = next(plan)
             while True:

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Both client flavours (``protocol.client.Client``, blocking; ``protocol.aio_client.AsyncClient``,
+Both client flavours (``client.blocking.Client``, blocking; ``client.aio.AsyncClient``,
 trio) are thin loops around the objects in this module, so every decision that needs no socket
 is made (and tested) once:
 
