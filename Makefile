@@ -65,17 +65,17 @@ fuzz: $(STAMP)
 	$(PY) -m tools.fuzz_bus --count 1000000 $(BUS_FUZZ_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check protocol client broker cluster node cli pipeline tests tools setup.py
+	$(VENV)/bin/ruff check protocol client broker cluster node cli pipeline bench tests tools setup.py
 	$(VENV)/bin/mypy
 
-# The single-node table (cli/bench_table.py): trisque against the reference Disque when
+# The single-node table (bench/table.py): trisque against the reference Disque when
 # TRISQUE_BENCH_DISQUE=/path/to/disque-server is set (issue 12's targets, PASS/MISS) and against
-# redis-server always; then the cluster cases (cli/bench_cluster.py, Disque too when set).
+# redis-server always; then the cluster cases (bench/cluster.py, Disque too when set).
 # BENCH_ARGS=--quick: one short run per case, for iteration; other options: --help of each.
-# On the compiled core (make build; python -m cli.bench_builds compares it with the pure one).
+# On the compiled core (make build; python -m bench.builds compares it with the pure one).
 bench: build
-	$(PY) -m cli.bench_table $(BENCH_ARGS)
-	$(PY) -m cli.bench_cluster $(filter --quick,$(BENCH_ARGS))
+	$(PY) -m bench.table $(BENCH_ARGS)
+	$(PY) -m bench.cluster $(filter --quick,$(BENCH_ARGS))
 
 clean:
 	rm -rf $(VENV) build *.egg-info trisque_core__mypyc.*.so protocol/compiled-core.json

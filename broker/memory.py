@@ -16,7 +16,7 @@ Counted, and how:
   before a body of 1 MB or more is judged): client query and output buffers plus
   ``CLIENT_BYTES`` per connection, and the append log's open batch and rewrite buffer.
 
-The constants were measured with ``python -m tools.measure_memory`` (tracemalloc on the pure
+The constants were measured with ``python -m bench.job_memory`` (tracemalloc on the pure
 core, RSS growth on the compiled one) and rounded up; docs/limits.md gives the figures.
 """
 

@@ -8,11 +8,13 @@ cluster   -> stdlib but no clock, socket, os or trio (sans-IO), msgpack, cryptog
              broker, protocol
 node      -> stdlib, declared dependencies, protocol, broker, cluster (the trio runtime); its
              modules compiled with the core (protocol/core_build.PARTLY_COMPILED) no trio
-cli       -> anything
-pipeline  -> anything but cli and node
-Nothing outside cli imports cli; nothing outside node and cli imports node; nothing outside
-pipeline and cli imports pipeline; the server's packages (protocol, broker, cluster, node) do
-not import client.
+cli       -> anything but bench and tests
+pipeline  -> anything but cli, node, bench and tests
+bench     -> anything (the benchmark programs, run from the checkout; tests/support included)
+Besides bench: nothing outside cli imports cli; nothing outside node and cli imports node;
+nothing outside pipeline and cli imports pipeline; the server's packages (protocol, broker,
+cluster, node) do not import client; nothing imports bench or tests (the tests import bench,
+which this does not check).
 The files of the append log and the config file are opened in ``node/`` (logfile.py,
 config_file.py); broker/aof.py reads records from a stream it is given.
 
@@ -32,7 +34,7 @@ import pytest
 from protocol.core_build import PARTLY_COMPILED
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("protocol", "client", "broker", "cluster", "node", "cli", "pipeline")
+PACKAGES = ("protocol", "client", "broker", "cluster", "node", "cli", "pipeline", "bench")
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 # Third-party distributions the project declares (pyproject.toml), by import name.
 DECLARED = frozenset({"trio", "hiredis", "msgpack", "cryptography", "pyspark", "hypercorn",
@@ -51,7 +53,9 @@ COMPILED_NODE_FILES = frozenset(Path(rel).name for rel in PARTLY_COMPILED.get("n
 
 def allowed(package: str, module_file: str, imported: str) -> bool:
     """May ``package``'s module ``module_file`` import the top-level module ``imported``?"""
-    if imported in IO_MODULES.get(package, ()):
+    if package == "bench":
+        return True
+    if imported in IO_MODULES.get(package, ()) or imported == "bench":
         return False
     if imported == package or imported in STDLIB:
         return True
@@ -69,8 +73,8 @@ def allowed(package: str, module_file: str, imported: str) -> bool:
             return False
         return imported in ("protocol", "broker", "cluster") or imported in DECLARED
     if package == "pipeline":
-        return imported not in ("cli", "node")
-    return package == "cli"
+        return imported not in ("cli", "node", "tests")
+    return package == "cli" and imported != "tests"
 
 
 def imported_names(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str]]:
@@ -168,6 +172,10 @@ def test_no_wrong_way_imports() -> None:
         ("node/reactor_core.py", "from trio import lowlevel"),
         ("node/round_core.py", "import trio"),
         ("pipeline/job.py", "from node import server"),
+        ("cli/bench.py", "from bench.servers import BenchServer"),
+        ("cli/main.py", "from tests.support.server import free_port"),
+        ("pipeline/spark.py", "from bench import spark"),
+        ("node/server.py", "import bench"),
     ],
 )
 def test_checker_flags_wrong_way_imports(relpath: str, source: str) -> None:
@@ -189,6 +197,7 @@ def test_checker_flags_wrong_way_imports(relpath: str, source: str) -> None:
         ("node/server.py", "import trio\nimport socket\nfrom cluster import wire\nfrom broker import core"),
         ("cli/server.py", "import trio\nimport cluster\nimport broker\nimport pipeline"),
         ("pipeline/spark.py", "import pyspark\nfrom client import blocking"),
+        ("bench/table.py", "import trio\nfrom cli.bench import run_benchmark\nimport tests.support"),
     ],
 )
 def test_checker_accepts_right_way_imports(relpath: str, source: str) -> None:

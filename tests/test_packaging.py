@@ -43,6 +43,7 @@ def test_every_package_of_the_checkout_is_installed() -> None:
 
 
 def test_benchmarks_tools_and_tests_are_not_installed() -> None:
+    assert (REPO / "bench" / "table.py").exists()
     assert not NOT_INSTALLED & {name.split(".")[0] for name in installed_packages()}
 
 

@@ -74,7 +74,7 @@ INTERPRETED = {
 
 # mypyc's defaults are -O3 and -g1. -O2 without debug information took 10 % less compiler CPU
 # (about 37 s against 41 s) and the core ran as fast: 13.9 against 13.8 us per ADDJOB and 8.6
-# against 8.8 us per GETJOB in cli.bench_builds' in-process loop, 5 runs each, interleaved.
+# against 8.8 us per GETJOB in bench.builds' in-process loop, 5 runs each, interleaved.
 OPT_LEVEL = "2"
 DEBUG_LEVEL = "0"
 

@@ -185,9 +185,9 @@ def storm(port: int, count: int, connections: int, seed: int, seconds: float,
 
 
 def call(port: int, *args: Any) -> Any:
-    from cli.bench_servers import command
+    from tests.support.server import send_command
 
-    return command(port, *args, timeout=10)
+    return send_command(port, *args, timeout=10)
 
 
 def add_sentinels(port: int) -> list[bytes]:

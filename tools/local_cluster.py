@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from cli.bench_servers import command
+from tests.support.server import send_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], deadline: float) -> Non
         if proc.poll() is not None:
             raise SystemExit(f"node {port} exited with code {proc.returncode} while starting")
         try:
-            if command(port, "PING", timeout=1.0) == b"PONG":
+            if send_command(port, "PING", timeout=1.0) == b"PONG":
                 return
         except OSError:
             pass
@@ -55,7 +55,7 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], deadline: float) -> Non
 
 
 def cluster_nodes(port: int) -> list[list[str]]:
-    reply = command(port, "CLUSTER", "NODES", timeout=2.0)
+    reply = send_command(port, "CLUSTER", "NODES", timeout=2.0)
     if not isinstance(reply, bytes):
         raise SystemExit(f"CLUSTER NODES on {port}: {reply!r}")
     return [line.split() for line in reply.decode().splitlines()]
@@ -79,7 +79,7 @@ def join(ports: list[int], timeout: float) -> None:
     for port in ports[1:]:
         if str(port) in known:
             continue  # already met in an earlier run: nodes.conf remembers it
-        reply = command(ports[0], "CLUSTER", "MEET", "127.0.0.1", port)
+        reply = send_command(ports[0], "CLUSTER", "MEET", "127.0.0.1", port)
         if reply != b"OK":
             raise SystemExit(f"CLUSTER MEET 127.0.0.1 {port} on {ports[0]}: {reply!r}")
     deadline = time.monotonic() + timeout
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         for port, proc in procs.items():
             wait_ready(port, proc, deadline)
         join(args.ports, args.join_timeout)
-        sys.stdout.write(command(args.ports[0], "CLUSTER", "NODES").decode())
+        sys.stdout.write(send_command(args.ports[0], "CLUSTER", "NODES").decode())
         print(f"{len(procs)} nodes joined; logs in {args.dir}/<port>/trisque.log. "
               "Ctrl-C stops them.", flush=True)
         reported: set[int] = set()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cli.bench_servers import BenchServer, command
+from bench.servers import BenchServer, command
 from tests.support.server import REPO, ServerProcess
 
 JOBS = 2000
@@ -118,7 +118,7 @@ def test_refused_command_is_reported_not_counted(redis: BenchServer) -> None:
 
 
 def test_unreachable_node_fails_fast() -> None:
-    from cli.bench_servers import free_port
+    from tests.support.server import free_port
 
     argv = [sys.executable, "-m", "cli.bench", "-p", str(free_port()), "-n", "10"]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)

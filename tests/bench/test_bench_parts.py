@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from array import array
 
+from bench.profile import categorize, summarize
 from cli.bench import build_parser, options_to_spec, percentiles, split
 from cli.bench_load import Budget, jobs_in_reply, stamped_template
-from cli.bench_profile import categorize, summarize
 
 
 def spec_of(*argv: str):  # type: ignore[no-untyped-def]

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from cli import bench_pipe
+from bench import pipe
 from cli.bench_load import BenchError
 from tests.support.server import ServerProcess
 
 
 def test_a_short_real_row() -> None:
-    res = bench_pipe.run(runs=1, n=2000)
-    text = bench_pipe.render(res)
+    res = pipe.run(runs=1, n=2000)
+    text = pipe.render(res)
     assert text.startswith("(p) --pipe, 2,000 ADDJOB into one trisque node: medians of 1 run")
     assert "trisque --pipe" in text and "start-up" in text
     if shutil.which("redis-cli"):
@@ -26,8 +26,8 @@ def test_a_short_real_row() -> None:
 
 def test_a_client_that_does_not_deliver_every_command_fails_the_run(tmp_path: Path) -> None:
     data = tmp_path / "commands.resp"
-    bench_pipe.write_commands(data, 10)
+    pipe.write_commands(data, 10)
     # Claims success for 10 replies but sends nothing.
     liar = ["sh", "-c", "cat >/dev/null; echo 'errors: 0, replies: 10'", "liar"]
     with ServerProcess() as node, pytest.raises(BenchError, match="0 jobs queued"):
-        bench_pipe.one_run(liar, node.port, data, 10, timeout=30)
+        pipe.one_run(liar, node.port, data, 10, timeout=30)

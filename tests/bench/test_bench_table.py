@@ -1,4 +1,4 @@
-"""``make bench``'s table (cli/bench_table.py, cli/bench_report.py): the verdicts, the reading of
+"""``make bench``'s table (bench/table.py, bench/report.py): the verdicts, the reading of
 redis-benchmark's output, the choice of the reference, and one short real run.
 
 The real run is bounded: one case, one run of 0.3 s per server after a warm-up of a few
@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.bench_load import BenchError
-from cli.bench_report import (
+from bench.report import (
     DISQUE_TARGETS,
     Figures,
     Row,
@@ -28,8 +27,9 @@ from cli.bench_report import (
     parse_redis_benchmark_csv,
     render,
 )
-from cli.bench_servers import DISQUE_ENV, disque_binary
-from cli.bench_table import Contender
+from bench.servers import DISQUE_ENV, disque_binary
+from bench.table import Contender
+from cli.bench_load import BenchError
 from tests.support.server import REPO, ServerProcess, repo_env
 
 # What redis-benchmark 7.0 --csv printed for one run against a Disque server.
@@ -108,7 +108,7 @@ class TestDisqueBinary:
         monkeypatch.setenv(DISQUE_ENV, str(tmp_path / "missing"))
         with pytest.raises(ValueError, match=DISQUE_ENV):
             disque_binary()
-        proc = subprocess.run([sys.executable, "-m", "cli.bench_table", "--quick"], cwd=REPO,
+        proc = subprocess.run([sys.executable, "-m", "bench.table", "--quick"], cwd=REPO,
                               env={**repo_env(), DISQUE_ENV: str(tmp_path)}, capture_output=True,
                               text=True, timeout=60)
         assert proc.returncode == 2
@@ -143,7 +143,7 @@ def test_error_replies_do_not_count_as_jobs(monkeypatch: pytest.MonkeyPatch) -> 
         with pytest.raises(BenchError, match="Error from server: PAUSED"):
             contender.c_run(2000, timeout=60)
         # ... older ones count it; then the queue's length is what tells.
-        monkeypatch.setattr("cli.bench_table.redis_benchmark", lambda *a: Sample(1e6))
+        monkeypatch.setattr("bench.table.redis_benchmark", lambda *a: Sample(1e6))
         with pytest.raises(BenchError, match="0 jobs in the queue after 2000 requests, "
                                              "expected 2000: not every reply was a job"):
             contender.c_run(2000, timeout=60)
@@ -152,7 +152,7 @@ def test_error_replies_do_not_count_as_jobs(monkeypatch: pytest.MonkeyPatch) -> 
 @needs_redis_benchmark
 def test_one_short_real_run(tmp_path: Path) -> None:
     out = tmp_path / "latest.json"
-    argv = [sys.executable, "-m", "cli.bench_table", "--only", "a", "--runs", "1",
+    argv = [sys.executable, "-m", "bench.table", "--only", "a", "--runs", "1",
             "--duration", "0.3", "--alt-runs", "0", "--out", str(out)]
     proc = subprocess.run(argv, cwd=REPO, env=repo_env(), capture_output=True, text=True,
                           timeout=300)

@@ -2,7 +2,7 @@
 
 tracemalloc sees every object the core allocates, compiled or not; if a job or a queue grows
 (a new field, a copy kept), these fail and the constant must be measured again
-(``python -m tools.measure_memory``).
+(``python -m bench.job_memory``).
 """
 
 from __future__ import annotations

@@ -7,14 +7,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from cli.bench_servers import command
-from cli.churn import rss_bytes
+from bench.churn import rss_bytes
+from tests.support.server import send_command
 
 MIB = 1 << 20
 
 
 def info_fields(port: int, section: str) -> dict[str, int]:
-    text = command(port, "INFO", section).decode()
+    text = send_command(port, "INFO", section).decode()
     return {k: int(v) for k, v in (line.split(":", 1) for line in text.split("\r\n")
                                    if ":" in line and not line.startswith("#"))}
 
@@ -41,7 +41,7 @@ def footprint(port: int, pid: int, settle_s: float = 0.3) -> Footprint:
     time.sleep(settle_s)
     alloc = info_fields(port, "allocations")
     if alloc["registered_jobs"] == 0:
-        assert command(port, "DEBUG", "FLUSHALL") == b"OK"
+        assert send_command(port, "DEBUG", "FLUSHALL") == b"OK"
         time.sleep(0.05)
     blocks = info_fields(port, "allocations")["allocated_blocks"]
     return Footprint(rss_bytes(pid), blocks, alloc["registered_jobs"], alloc["timer_entries"])

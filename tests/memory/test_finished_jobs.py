@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from cli import churn
+from bench import churn
 from protocol import core_build
 from tests.memory.footprint import assert_flat, footprint
 from tests.support.server import ServerProcess

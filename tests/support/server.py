@@ -15,12 +15,15 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from protocol.resp import NEED_DATA, ReplyReader, encode_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,17 +42,35 @@ def repo_env() -> dict[str, str]:
 
 
 def free_port() -> int:
-    """A port p such that p and p + 10000 (the cluster bus) are both free."""
-    from cli.bench_servers import free_port as pick
+    """A free loopback port whose cluster-bus twin (port + 10000) is free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 > 65535:
+            continue
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port found")
 
-    return pick()
 
-
-def send_command(port: int, *args: bytes | str, timeout: float = 5.0) -> Any:
+def send_command(port: int, *args: bytes | str | int, timeout: float = 5.0) -> Any:
     """One command over a fresh connection; the parsed reply (errors as protocol.resp.Error)."""
-    from cli.bench_servers import command
-
-    return command(port, *args, timeout=timeout)
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(encode_command(*args))
+        reader = ReplyReader()
+        while True:
+            reply = reader.next()
+            if reply is not NEED_DATA:
+                return reply
+            data = s.recv(65536)
+            if not data:
+                raise ConnectionError("server closed the connection")
+            reader.feed(data)
 
 
 class ServerProcess:

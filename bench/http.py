@@ -27,9 +27,9 @@ from urllib.parse import quote
 import httpx
 import trio
 
+from bench.servers import BenchServer
 from cli.bench import run_benchmark
 from cli.bench_load import BenchError, Spec, preload
-from cli.bench_servers import BenchServer
 
 CLIENTS = 16
 BODY = b"x" * 16
@@ -88,7 +88,7 @@ def http_rate(base: str, kind: str, queue: str, duration: float) -> dict[str, fl
 
 def _resp(node: BenchServer, workload: str, queue: str, duration: float, procs: int,
           jobs: int = 50_000_000, preload_jobs: int | None = None) -> float:
-    """trisque-benchmark's rate with CLIENTS connections, no pipeline (as bench_table's rows)."""
+    """trisque-benchmark's rate with CLIENTS connections, no pipeline (as bench.table's rows)."""
     spec = Spec(workload=workload, nodes=[("127.0.0.1", node.port)], clients=CLIENTS,
                 pipeline=1, body_size=len(BODY), jobs=jobs, duration=duration, queues=[queue],
                 ack="none", producers=CLIENTS // 2)

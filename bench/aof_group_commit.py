@@ -1,4 +1,4 @@
-"""Group commit, in-process (a program, not a test): ``python -m tests.aof.bench_group_commit``.
+"""Group commit, in-process (a program, not a test): ``python -m bench.aof_group_commit``.
 
 C client tasks each run ADDJOB through the real broker core and wait for the log before their
 next command, as a connection does, for D seconds; once with ``appendfsync always`` and once

@@ -8,7 +8,7 @@ The row gives the medians and trisque's speed as a multiple of redis-cli's (the 
 at least 1.00x, as fast). Under each client, its start-up: the median of runs with nothing on
 stdin (process start, connect, the closing ECHO), the part of a run that does not depend on
 the commands (a Python interpreter's start-up against a C program's), and the rest, the
-transfer. ``python -m cli.bench_pipe`` runs it alone.
+transfer. ``python -m bench.pipe`` runs it alone.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.servers import REPO, BenchServer, command
 from cli.bench_load import BenchError
-from cli.bench_servers import REPO, BenchServer, command
 
 COMMANDS = 100_000
 BODY = b"x" * 16
@@ -118,7 +118,7 @@ def render(res: dict[str, object]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cli.bench_pipe", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.pipe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=5, help="measured runs per client (default 5)")
     p.add_argument("--commands", type=int, default=COMMANDS)

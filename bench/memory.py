@@ -2,7 +2,7 @@
 
 A fresh server of each kind (trisque, and the reference Disque when given) takes a warm-up of
 jobs, then ``jobs`` more, each added, taken with GETJOB and acknowledged with ACKJOB in
-pipelined batches (``cli.churn``), so its queue never holds more than one batch. The growth of
+pipelined batches (``bench.churn``), so its queue never holds more than one batch. The growth of
 its RSS between the two, scaled to a million jobs, is what finished jobs leave behind: 0 for a
 node that frees everything (a few pages of noise either way). Before the timer wheel
 cancelled timers, trisque grew by about 85 MB per million.
@@ -14,9 +14,9 @@ import os
 import time
 from collections.abc import Callable
 
-from cli import churn
-from cli.bench_report import Figures, Sample
-from cli.bench_servers import BenchServer, DisqueServer
+from bench import churn
+from bench.report import Figures, Sample
+from bench.servers import BenchServer, DisqueServer
 
 WARM_UP = 50_000
 

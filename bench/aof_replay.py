@@ -1,4 +1,4 @@
-"""Replay speed of a large append log (a program, not a test): ``python -m tests.aof.bench_replay``.
+"""Replay speed of a large append log (a program, not a test): ``python -m bench.aof_replay``.
 
 Writes a log of N jobs (default 1,000,000; 64-byte bodies, real ``Job.to_record()`` records,
 plus an ACK for every tenth job), then times the two halves of a start: reading and checking

@@ -1,6 +1,6 @@
 """The compiled core against the pure-Python one: two single nodes, the same load, interleaved.
 
-``python -m cli.bench_builds [--runs 5] [--requests 200000]`` (after ``make build``) starts one
+``python -m bench.builds [--runs 5] [--requests 200000]`` (after ``make build``) starts one
 trisque node on the pure-Python core (``TRISQUE_CORE=pure``) and one on the compiled core
 (``TRISQUE_CORE=compiled``: it refuses to start on anything else), then runs every case with
 redis-benchmark against each node in turn, the order alternating from one round to the next,
@@ -33,9 +33,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.servers import REPO, BenchServer, command
+from bench.table import redis_benchmark
 from cli.bench_load import BenchError
-from cli.bench_servers import REPO, BenchServer, command
-from cli.bench_table import redis_benchmark
 
 BUILDS = ("pure", "compiled")
 CASES = (  # (key, title, redis-benchmark arguments, pipeline depth)
@@ -66,12 +66,12 @@ def node(build: str) -> Iterator[BenchServer]:
             os.environ["TRISQUE_CORE"] = saved
     try:
         if not server.ok:
-            raise SystemExit(f"bench_builds: the {build} node did not start: {server.failure}")
+            raise SystemExit(f"bench.builds: the {build} node did not start: {server.failure}")
         info = command(server.port, "INFO", "server")
         shown = next((line.split(":", 1)[1] for line in info.decode().split("\r\n")
                       if line.startswith("trisque_core:")), "?")
         if shown != build:
-            raise SystemExit(f"bench_builds: the {build} node runs the {shown} core")
+            raise SystemExit(f"bench.builds: the {build} node runs the {shown} core")
         yield server
     finally:
         server.stop()
@@ -83,7 +83,7 @@ def one_run(server: BenchServer, args: list[str], pipeline: int, n: int) -> dict
     try:
         sample = redis_benchmark(server.port, args, n, pipeline, timeout=600)
     except BenchError as exc:
-        raise SystemExit(f"bench_builds: {server.label}: {exc}") from None
+        raise SystemExit(f"bench.builds: {server.label}: {exc}") from None
     cpu = cpu_seconds(server.pid) - before
     return {"rps": sample.ops_per_sec, "cpu_us_per_request": cpu / n * 1e6}
 
@@ -141,10 +141,10 @@ def core_loop(n: int) -> dict[str, float]:
 def core_run(build: str, n: int) -> dict[str, float]:
     """``core_loop`` in a child process on the given core."""
     env = dict(os.environ, TRISQUE_CORE=build)
-    child = subprocess.run([sys.executable, "-m", "cli.bench_builds", "--core-loop", str(n)],
+    child = subprocess.run([sys.executable, "-m", "bench.builds", "--core-loop", str(n)],
                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     if child.returncode != 0:
-        raise SystemExit(f"bench_builds: the {build} core loop failed:\n{child.stderr}")
+        raise SystemExit(f"bench.builds: the {build} core loop failed:\n{child.stderr}")
     result: dict[str, float] = json.loads(child.stdout.strip().splitlines()[-1])
     return result
 
@@ -154,7 +154,7 @@ def median(values: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cli.bench_builds", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.builds", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=5, help="rounds (default 5)")
     p.add_argument("--requests", type=int, default=200_000, help="requests per run")
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(core_loop(args.core_loop)))
         return 0
     if not shutil.which("redis-benchmark"):
-        print("bench_builds: redis-benchmark is needed (apt-get install redis-tools)",
+        print("bench.builds: redis-benchmark is needed (apt-get install redis-tools)",
               file=sys.stderr)
         return 1
     results: dict[str, dict[str, list[dict[str, Any]]]] = {

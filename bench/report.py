@@ -1,6 +1,6 @@
 """``make bench``'s single-node table: targets, medians, ratios, verdicts and the printed table.
 
-Pure: it takes the samples ``cli.bench_table`` measured and turns them into rows. Each row
+Pure: it takes the samples ``bench.table`` measured and turns them into rows. Each row
 compares trisque with one reference server, measured in the same invocation with the runs
 interleaved: the reference Disque (issue 12's targets, when a binary is given) or
 redis-server (the yardstick; targets of the first ``make bench``). Every figure is the median

@@ -6,7 +6,7 @@ its replies are read back before the next batch, so a path's steps (ADDJOB, then
 ACKJOB of the IDs it got) are each one round trip for ``batch`` jobs. Every reply is checked:
 a refused job (``-OOM``, ``-NOREPL``, a job not deleted) raises ``ChurnError`` at once
 instead of being counted. Used by the memory tests (tests/memory/) and ``make bench``'s
-memory-churn row (``cli.bench_memory``); works against the reference Disque too.
+memory-churn row (``bench.memory``); works against the reference Disque too.
 """
 
 from __future__ import annotations

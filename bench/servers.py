@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,41 +18,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from protocol.resp import NEED_DATA, ReplyReader, encode_command
+from tests.support.server import free_port, send_command
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    """A free loopback port whose cluster-bus twin (port + 10000) is free too."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + 10000 > 65535:
-            continue
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", port + 10000))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port found")
-
-
 def command(port: int, *args: bytes | str | int, timeout: float = 10.0) -> Any:
-    """One command on a fresh connection; the parsed reply (error replies as values)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(encode_command(*args))
-        reader = ReplyReader()
-        while True:
-            reply = reader.next()
-            if reply is not NEED_DATA:
-                return reply
-            data = s.recv(65536)
-            if not data:
-                raise ConnectionError("server closed the connection")
-            reader.feed(data)
+    """One command on a fresh connection; the parsed reply (error replies as values). The
+    tests' ``send_command``, given longer by default: a node under load may answer slowly."""
+    return send_command(port, *args, timeout=timeout)
 
 
 def rss_bytes(pid: int) -> int:

@@ -29,7 +29,7 @@ interleaved and the medians reported (the machine is shared and noisy):
   (l) a big job: one ADDJOB of a 40 MB body with REPLICATE 3 on node0, synchronous
       (answered once three nodes hold a copy), then FASTACK: seconds, median of the runs.
 
-``--disque PATH`` (or ``TRISQUE_BENCH_DISQUE=PATH``, as for ``cli.bench_table``) runs the
+``--disque PATH`` (or ``TRISQUE_BENCH_DISQUE=PATH``, as for ``bench.table``) runs the
 same cases against Disque's own server binary (loopback only), for its ratio in the same run.
 The load generator is ``trisque-benchmark``'s (cycles and blocked consumers are beyond
 redis-benchmark). ``--quick``: one run of 1 s per case, 10 s idle. Each case also prints
@@ -49,9 +49,9 @@ import sys
 import time
 from typing import Any
 
+from bench.servers import DISQUE_ENV, BenchServer, DisqueServer, command, disque_binary
 from cli.bench import run_benchmark
 from cli.bench_load import BenchError, Spec
-from cli.bench_servers import DISQUE_ENV, BenchServer, DisqueServer, command, disque_binary
 from protocol.resp import encode_command
 
 BODY = 16
@@ -254,7 +254,7 @@ def measure(kind: str, binary: str | None, runs: int, duration: float,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cli.bench_cluster", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, help="runs per case (default 3, quick 1)")
     p.add_argument("--duration", type=float,

@@ -14,11 +14,11 @@ https://github.com/antirez/disque); redis-server, the yardstick, always. 50 conn
   (e) ADDJOB with appendonly yes, appendfsync always: against Disque and redis-server with
       the same settings, and (e1) against trisque without the log
   (m) RSS growth per million jobs processed (ADDJOB, GETJOB, ACKJOB) with an empty queue:
-      what finished jobs leave behind (``cli/bench_memory.py``); against Disque only
+      what finished jobs leave behind (``bench/memory.py``); against Disque only
 
-Then, after the table: (k) the HTTP API next to RESP (``cli/bench_http.py``), (p) ``trisque
---pipe`` next to ``redis-cli --pipe`` into the same node (``cli/bench_pipe.py``) and (f) the
-Spark data source (``python -m pipeline.bench``). ``python -m cli.bench_cluster`` has the
+Then, after the table: (k) the HTTP API next to RESP (``bench/http.py``), (p) ``trisque
+--pipe`` next to ``redis-cli --pipe`` into the same node (``bench/pipe.py``) and (f) the
+Spark data source (``python -m bench.spark``). ``python -m bench.cluster`` has the
 cluster cases (g)-(j).
 
 Each throughput case first gives every server one short unmeasured run (warm-up, and the rate
@@ -56,9 +56,7 @@ from pathlib import Path
 
 import trio
 
-from cli.bench import run_benchmark
-from cli.bench_load import BenchError, Spec, preload
-from cli.bench_report import (
+from bench.report import (
     DISQUE_TARGETS,
     REDIS_TARGETS,
     Figures,
@@ -67,7 +65,7 @@ from cli.bench_report import (
     parse_redis_benchmark_csv,
     render,
 )
-from cli.bench_servers import (
+from bench.servers import (
     DISQUE_ENV,
     REPO,
     BenchServer,
@@ -75,6 +73,8 @@ from cli.bench_servers import (
     command,
     disque_binary,
 )
+from cli.bench import run_benchmark
+from cli.bench_load import BenchError, Spec, preload
 
 BODY = 16
 QUEUE = "rbq"
@@ -372,7 +372,7 @@ def run_table(s: Settings, disque: str | None, only: set[str], c_gen: bool
         vs_redis.append(Row("d", title, mem["trisque"], mem["redis"], unit="B/job",
                             target=REDIS_TARGETS["d"], absolute=True))
     if "m" in only:
-        from cli.bench_memory import churn_case
+        from bench.memory import churn_case
 
         log(f"(m) RSS growth over {s.churn_jobs:,} jobs through an empty queue ...")
         churn_kinds: list[tuple[str, str | None]] = [("trisque", None)]
@@ -452,7 +452,7 @@ def table(s: Settings, disque: str | None, only: set[str], c_gen: bool, out: Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cli.bench_table", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.table", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--disque", metavar="PATH",
                    help=f"the reference disque-server binary (default: ${DISQUE_ENV} if set; "
@@ -498,53 +498,53 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def http_case(s: Settings, quick: bool) -> None:
-    """(k): the HTTP API next to RESP, 16 clients each (cli/bench_http.py)."""
-    from cli import bench_http
+    """(k): the HTTP API next to RESP, 16 clients each (bench/http.py)."""
+    from bench import http
 
     log("(k) HTTP API ...")
-    res = bench_http.run(runs=1 if quick else min(s.runs, 3), duration=s.duration, procs=s.procs,
-                         preload_jobs=20_000 if quick else 60_000)
-    print("\n" + bench_http.render(res), flush=True)
+    res = http.run(runs=1 if quick else min(s.runs, 3), duration=s.duration, procs=s.procs,
+                   preload_jobs=20_000 if quick else 60_000)
+    print("\n" + http.render(res), flush=True)
     out = REPO / "bench-results" / "http.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
 
 
 def pipe_case(s: Settings, quick: bool) -> None:
-    """(p): trisque --pipe against redis-cli --pipe, 100,000 ADDJOB (cli/bench_pipe.py)."""
-    from cli import bench_pipe
+    """(p): trisque --pipe against redis-cli --pipe, 100,000 ADDJOB (bench/pipe.py)."""
+    from bench import pipe
 
     log("(p) --pipe ...")
     try:
-        res = bench_pipe.run(runs=1 if quick else s.runs)
+        res = pipe.run(runs=1 if quick else s.runs)
     except BenchError as exc:
         print(f"\n(p) --pipe: n/a: {exc}", flush=True)
         return
-    print("\n" + bench_pipe.render(res), flush=True)
+    print("\n" + pipe.render(res), flush=True)
     out = REPO / "bench-results" / "pipe.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
 
 
 def spark_case(quick: bool) -> None:
-    """(f): pipeline.bench in a process of its own (it starts its node and a JVM)."""
+    """(f): bench.spark in a process of its own (it starts its node and a JVM)."""
     import importlib.util
 
-    print("\n(f) Spark data source (python -m pipeline.bench)", flush=True)
+    print("\n(f) Spark data source (python -m bench.spark)", flush=True)
     if importlib.util.find_spec("pyspark") is None or shutil.which("java") is None:
         print("n/a: the spark extra or Java 17 is not installed", flush=True)
         return
-    argv = [sys.executable, "-m", "pipeline.bench"]
+    argv = [sys.executable, "-m", "bench.spark"]
     if quick:
         argv += ["--jobs", "200000", "--runs", "1", "--stream-jobs", "50000"]
     out = REPO / "bench-results" / "spark.json"
     try:
         done = subprocess.run(argv + ["--json", str(out)], cwd=REPO, timeout=3600)
     except subprocess.TimeoutExpired:
-        print("n/a: pipeline.bench did not finish within an hour", flush=True)
+        print("n/a: bench.spark did not finish within an hour", flush=True)
         return
     if done.returncode:
-        print(f"n/a: pipeline.bench exited with {done.returncode}", flush=True)
+        print(f"n/a: bench.spark exited with {done.returncode}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ For every run it records the throughput redis-benchmark reports, the server's CP
 request (utime + stime from /proc/PID/stat, a second measure that noise from other processes
 affects less) and the 1-minute load average; it prints each run and then the medians.
 
-    python -m tools.ab_bench --trisque new=/work/wt-x --trisque old=/work/main \\
+    python -m bench.ab --trisque new=/work/wt-x --trisque old=/work/main \\
         --disque /tmp/disque-src/src/disque-server --cases addjob,getjob --runs 5
 
 Cases: ``ping`` (PING, -c 50: the node's per-request I/O floor), ``addjob`` (ADDJOB, -c 50),
@@ -32,7 +32,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from cli.bench_servers import command, free_port
+from bench.servers import command
+from tests.support.server import free_port
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -1,4 +1,4 @@
-"""Where does trisque-server spend its time under load? ``python -m cli.bench_profile``.
+"""Where does trisque-server spend its time under load? ``python -m bench.profile``.
 
 Starts a trisque-server on a free loopback port, drives it with ``trisque-benchmark`` (ADDJOB by
 default), samples the server with py-spy (``pip install py-spy``) for the length of the run and
@@ -17,9 +17,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench.servers import REPO, BenchServer
 from cli.bench import run_benchmark
 from cli.bench_load import Spec
-from cli.bench_servers import REPO, BenchServer
 
 # A sample is charged to the first rule that matches, walking from the sampled frame to the root:
 # so a lock taken inside Connection.send counts as "trio locks", the send syscall as "socket send".
@@ -92,7 +92,7 @@ def _short(frame: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench_profile", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", default="produce", choices=("produce", "consume", "cycle"))
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--pipeline", type=int, default=1)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = p.parse_args(argv)
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(pyspy).exists():
-        print("bench_profile: py-spy not found (pip install py-spy)", file=sys.stderr)
+        print("bench.profile: py-spy not found (pip install py-spy)", file=sys.stderr)
         return 2
     settings = dict(item.split("=", 1) for item in opts.server_arg)
     out_dir = REPO / "bench-results"
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     raw_path = out_dir / f"profile-{opts.workload}-c{opts.clients}-P{opts.pipeline}.txt"
     with BenchServer("trisque", "trisque", **settings) as server:
         if not server.ok:
-            print(f"bench_profile: trisque-server: {server.failure}", file=sys.stderr)
+            print(f"bench.profile: trisque-server: {server.failure}", file=sys.stderr)
             return 2
         spy = subprocess.Popen([pyspy, "record", "--pid", str(server.pid), "--rate", str(opts.rate),
                                 "--duration", str(int(opts.duration + 1)), "--format", "raw",
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{opts.workload}: {result['ops_per_sec']:,.0f} ops/s while sampling "
           f"(p50 {result['latency_ms']['p50']:.2f} ms, p99 {result['latency_ms']['p99']:.2f} ms)")
     if not raw_path.exists():
-        print(f"bench_profile: py-spy wrote nothing: {err.decode(errors='replace')[-500:]}",
+        print(f"bench.profile: py-spy wrote nothing: {err.decode(errors='replace')[-500:]}",
               file=sys.stderr)
         return 2
     print(summarize(raw_path.read_text(), opts.top))

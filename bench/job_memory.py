@@ -1,6 +1,6 @@
 """What a job costs in memory, measured: the source of the constants in broker/memory.py.
 
-    python -m tools.measure_memory [--jobs N] [--body BYTES]
+    python -m bench.job_memory [--jobs N] [--body BYTES]
 
 Adds N jobs to a single broker core (no runtime) and prints the bytes per job beyond its body:
 traced by tracemalloc (exact for the pure core; the compiled core's objects are allocated by C
@@ -65,7 +65,7 @@ def measure(jobs: int, body: int, deliver: bool, trace: bool) -> tuple[float, fl
 
 def _in_child(jobs: int, body: int, deliver: bool, trace: bool) -> tuple[float, float, float]:
     """``measure`` in a fresh process: memory freed by an earlier run would hide RSS growth."""
-    out = subprocess.run([sys.executable, "-m", "tools.measure_memory", "--child",
+    out = subprocess.run([sys.executable, "-m", "bench.job_memory", "--child",
                           json.dumps([jobs, body, deliver, trace])],
                          check=True, capture_output=True, text=True).stdout
     traced, rss, counted = json.loads(out)

@@ -1,5 +1,5 @@
 """What a rewrite costs the clients (a program, not a test):
-``python -m tests.aof.bench_rewrite_latency [--jobs 300000] [--clients 16]``.
+``python -m bench.aof_rewrite_latency [--jobs 300000] [--clients 16]``.
 
 Starts a real trisque-server with ``appendfsync always``, loads it with --jobs jobs, then runs
 --clients connections doing ADDJOB one at a time (each waits for its reply, so each latency

@@ -1,6 +1,6 @@
 """What parsing one request costs, with and without the RESP fast path.
 
-Usage: python -m tools.bench_resp [--rounds 2000] [--repeat 25]
+Usage: python -m bench.request_parser [--rounds 2000] [--repeat 25]
 
 For each shape of input the server commonly reads (one command per read, as with 50
 unpipelined clients; 16 pipelined commands per read, as with ``-P 16``; other commands; a
@@ -69,7 +69,7 @@ def commands_of(reads: list[bytes], make: Callable[[], RequestParser]) -> list[l
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench_resp", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.request_parser", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2_000, help="rounds per run (default 2000)")
     p.add_argument("--repeat", type=int, default=25, help="runs per figure; the best is shown (default 25)")

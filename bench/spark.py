@@ -1,4 +1,4 @@
-"""``python -m pipeline.bench [--jobs N] [--runs R]``: the data source's speed against the node's own.
+"""``python -m bench.spark [--jobs N] [--runs R]``: the data source's speed against the node's own.
 
 On one fresh node (append log off, the node's default), in one run, each case ``--runs`` times
 interleaved (the order rotates from run to run) and the medians reported, because the machine
@@ -40,7 +40,7 @@ TARGET = 0.8
 
 
 def log(msg: str) -> None:
-    print(f"[pipeline.bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    print(f"[bench.spark {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def uptime() -> str:
@@ -52,7 +52,7 @@ def uptime() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pipeline.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="bench.spark", description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=1_000_000, help="jobs per run (default 1,000,000)")
     p.add_argument("--runs", type=int, default=3, help="interleaved runs per case (default 3)")
     p.add_argument("--stream-jobs", type=int, default=200_000,
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    # Spark's Python workers must import this checkout's pipeline/ and protocol/.
+    # Spark's Python workers must import this checkout's pipeline/, client/ and protocol/.
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [here] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x])
@@ -219,8 +219,7 @@ class _Progress:
 
 
 def _start_node() -> tuple[subprocess.Popen[bytes], int, str]:
-    """A fresh trisque-server on a free loopback port, its data in a temporary directory.
-    (pipeline may not import cli, so this is not cli.bench_servers.)"""
+    """A fresh trisque-server on a free loopback port, its data in a temporary directory."""
     import socket
 
     with socket.socket() as s:

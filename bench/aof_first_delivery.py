@@ -2,7 +2,7 @@
 the reply, plus encoding the log records it emits) on jobs never delivered before, and the log
 bytes each consumed job (ADDJOB, GETJOB, ACKJOB) adds, by command.
 
-    PYTHONPATH=. python -m tests.aof.bench_first_delivery [jobs] [runs]
+    PYTHONPATH=. python -m bench.aof_first_delivery [jobs] [runs]
 
 Prints the best and the median of ``runs`` runs, in microseconds per GETJOB.
 """
