@@ -23,7 +23,9 @@ from node.persistence import Persistence
 
 async def run(directory: str, appendonly: bool, clients: int, seconds: float) -> None:
     config = Config()
-    config.dir, config.appendonly, config.appendfsync = directory, appendonly, "always"
+    config.set("dir", [directory])
+    config.set("appendfsync", ["always"])
+    config.appendonly = appendonly
     now = int(time.time() * 1000)
     broker = Broker(config, "abcdef01" * 5, os.urandom(8), now_ms=now)
     p = Persistence(config, broker)

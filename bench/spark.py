@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 got = c.qlen("bench")
             if got != args.jobs:
                 raise RuntimeError(f"data source loaded {got} jobs, expected {args.jobs}")
-            return args.jobs / elapsed
+            return got / elapsed
 
         cases: dict[str, Any] = {
             "addjob_50x100": lambda: ref(50, 100),

@@ -60,9 +60,11 @@ class NodeConnection:
     def open_socket(self) -> None:
         try:
             # An ASCII name goes as bytes: a str is IDNA-encoded first, which imports the
-            # IDNA codec (a few ms of start-up).
+            # IDNA codec (a few ms of start-up). getaddrinfo takes bytes, and so does
+            # create_connection, which passes the host on; only its stub says str.
             host = self.host.encode() if self.host.isascii() else self.host
-            self.sock = socket.create_connection((host, self.port), timeout=CONNECT_TIMEOUT)
+            self.sock = socket.create_connection(
+                (host, self.port), timeout=CONNECT_TIMEOUT)  # type: ignore[arg-type]
         except OSError as exc:
             raise NodeGone(f"Could not connect to trisque at {self.name}: {reason(exc)}") from None
         # Replies to blocking commands (GETJOB) may take as long as the user asked for.

@@ -10,9 +10,10 @@ import sys
 import trio
 
 from broker.config import Config, ConfigError
+from broker.version import VERSION
 from node import config_file
 from node.persistence import StartupError
-from node.server import VERSION, Server, ServerError, adjust_max_clients, log
+from node.server import Server, ServerError, adjust_max_clients, log
 from protocol import core_build
 
 

@@ -81,7 +81,7 @@ DEBUG_LEVEL = "0"
 
 def modules(root: str = ROOT) -> list[str]:
     """The sources to compile, relative to ``root``, sorted."""
-    found = []
+    found: list[str] = []
     for package in PACKAGES:
         if package in PARTLY_COMPILED:
             found += PARTLY_COMPILED[package]
@@ -219,7 +219,7 @@ def compiled_files(root: str) -> list[str]:
     """Every file a build puts in ``root``: extension modules, the group library, the stamp."""
     from importlib.machinery import EXTENSION_SUFFIXES
 
-    found = []
+    found: list[str] = []
     for pattern in [os.path.join(root, p, "*") for p in PACKAGES] + [
             os.path.join(root, GROUP_LIBRARY + "*")]:
         found += [p for p in glob.glob(pattern) if any(p.endswith(s) for s in EXTENSION_SUFFIXES)]

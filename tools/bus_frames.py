@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +94,7 @@ def _job_record(job_id: bytes, queue: bytes, holders: list[str], now: int) -> li
 
 
 def sample_bodies(node_ids: list[str], ports: list[int],
-                  job_ids: list[bytes] = ()) -> list[tuple[MessageType, dict[str, Any]]]:
+                  job_ids: Sequence[bytes] = ()) -> list[tuple[MessageType, dict[str, Any]]]:
     """Real bodies of every message type a node sends, from ``node_ids[0]`` (the sender) to
     ``node_ids[1]``; ``job_ids`` are jobs the cluster holds (more are made up)."""
     policies, timers, made_ids = _records(node_ids)
@@ -249,7 +250,7 @@ class Mutator:
         closes = not isinstance(body, dict) or mtype in (
             MessageType.PING, MessageType.PONG, MessageType.MEET, MessageType.FAIL)
         try:
-            data = encode_message(mtype, sender, body)  # type: ignore[arg-type]
+            data = encode_message(mtype, sender, body)
         except Exception:  # noqa: BLE001 - a value msgpack cannot hold: send the sample
             data = b""
         if not data or (len(data) > 1 << 20 and rng.random() < 0.9):  # big frames: a few

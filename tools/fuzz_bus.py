@@ -289,13 +289,13 @@ def main(argv: list[str] | None = None) -> int:
             secret_dir.mkdir()
             secret_port = ports[3] if len(ports) > 3 else free_port()
             problems += secret_storm(secret_dir, secret_port, args.secret_frames, seed)
-    recovered = f"{stats['recovered_s']:.1f}" if stats["recovered_s"] is not None else "-"
+    recovered_text = f"{stats['recovered_s']:.1f}" if stats["recovered_s"] is not None else "-"
     print(f"{stats['frames']} frames ({stats['bytes'] / 1e6:.0f} MB) in "
           f"{stats['seconds']:.0f} s over {stats['links']} links "
           f"({stats['closed_by_node']} closed early; node 1 counted {stats['received']} "
           f"messages received), {stats['pings']} PINGs answered in at "
           f"most {stats['max_ping_s']:.2f} s, replicating again after "
-          f"{recovered} s, "
+          f"{recovered_text} s, "
           f"{stats['unexpected']} unexpected errors counted by the nodes, "
           f"{args.secret_frames} frames to a node with a secret; {len(problems)} problems",
           flush=True)
