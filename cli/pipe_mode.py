@@ -77,7 +77,10 @@ def _transfer(sock: _socket.socket, stdin_fd: int, out: TextIO, err: TextIO, tim
     sock.setblocking(False)
     poller = select.poll()
     fd = sock.fileno()
-    pending = b""  # read from stdin, not yet sent
+    # Reused buffers, so no 256 KiB object is allocated (and its pages faulted in) per read.
+    chunk = bytearray(CHUNK)
+    replies_in = bytearray(RECV)
+    pending = memoryview(chunk)[:0]  # read from stdin, not yet sent
     sent = 0
     eof = done = False
     errors = replies = 0
@@ -89,17 +92,17 @@ def _transfer(sock: _socket.socket, stdin_fd: int, out: TextIO, err: TextIO, tim
         mask = events[0][1] if events else 0
         if mask & (select.POLLIN | select.POLLHUP | select.POLLERR):
             try:
-                data = sock.recv(RECV)
+                got: int | None = sock.recv_into(replies_in)
             except BlockingIOError:
-                data = None
+                got = None
             except OSError as exc:
                 raise PipeFailed(f"Error reading replies from server: {reason(exc)}") from None
-            if data is not None:
-                if data:
+            if got is not None:
+                if got:
                     last_read = time.monotonic()
                     if reader is None:  # a reply before anything was sent: an error, surely
                         reader, error_type = _reader()
-                    reader.feed(data)
+                    reader.feed(replies_in, 0, got)  # copied into the reader's own buffer
                     batch = list(iter(reader.gets, NEED_DATA))
                     if error_type in map(type, batch):
                         for reply in batch:
@@ -111,19 +114,19 @@ def _transfer(sock: _socket.socket, stdin_fd: int, out: TextIO, err: TextIO, tim
                         out.write("Last reply received from server.\n")
                         replies -= 1
                         done = True
-                if not data and not done:
+                if not got and not done:
                     raise PipeFailed(f"Error: connection to trisque at {name} lost: "
                                      "Server closed the connection")
         if mask & select.POLLOUT and not done:
             if sent == len(pending) and not eof:
-                pending, sent = os.read(stdin_fd, CHUNK), 0
+                pending, sent = memoryview(chunk)[:os.readv(stdin_fd, [chunk])], 0
                 if not pending:
                     eof = True
-                    pending = final
+                    pending = memoryview(final)
                     out.write("All data transferred. Waiting for the last reply...\n")
                     out.flush()
             try:
-                sent += sock.send(memoryview(pending)[sent:])
+                sent += sock.send(pending[sent:])
             except BlockingIOError:
                 pass
             except OSError as exc:
