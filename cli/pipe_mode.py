@@ -11,9 +11,11 @@ when there was any error.
 Replies are only counted, so hiredis's C reader parses them (the Python reply parser would
 cost more than the node's work per command), all that one ``recv`` brought in one C-level call
 (``list(iter(gets, NEED_DATA))``), with no Python code per reply unless the batch holds an error.
-Reads from stdin and from the socket are 256 KiB at a time, so few system calls keep the node's
-input full and its replies drained. hiredis is imported after the first chunk is sent, while the
-node works on it.
+Reads from stdin and from the socket are 256 KiB at a time, into two buffers made once, so few
+system calls keep the node's input full and its replies drained. hiredis is imported after the
+first chunk is sent, while the node works on it. Start-up is most of what this mode costs beyond
+redis-cli: ``cli.main`` imports this module and ``cli.connection`` (sockets of ``_socket``) and
+nothing else, and ends the process with ``exit_now``.
 """
 
 from __future__ import annotations
