@@ -8,7 +8,10 @@ The row gives the medians and trisque's speed as a multiple of redis-cli's (the 
 at least 1.00x, as fast). Under each client, its start-up: the median of runs with nothing on
 stdin (process start, connect, the closing ECHO), the part of a run that does not depend on
 the commands (a Python interpreter's start-up against a C program's), and the rest, the
-transfer. ``python -m bench.pipe`` runs it alone.
+transfer. trisque runs as the ``trisque`` command of this environment (or ``--trisque
+PATH``: another installation's, e.g. a regular ``pip install .`` next to this editable one),
+with this checkout's code first on its path and bytecode caching on, as in a user's shell.
+``python -m bench.pipe`` runs it alone.
 """
 
 from __future__ import annotations
@@ -37,12 +40,24 @@ def write_commands(path: Path, n: int) -> None:
     path.write_bytes(one * n)
 
 
-def clients() -> dict[str, list[str]]:
-    found = {"trisque": [sys.executable, "-m", "cli.main"]}
+def clients(trisque: str | None = None) -> dict[str, list[str]]:
+    script = Path(sys.executable).parent / "trisque"
+    if trisque:
+        found = {"trisque": [trisque]}
+    elif script.exists():
+        found = {"trisque": [str(script)]}
+    else:
+        found = {"trisque": [sys.executable, "-m", "cli.main"]}
     redis_cli = shutil.which("redis-cli")
     if redis_cli:
         found["redis-cli"] = [redis_cli]
     return found
+
+
+def client_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
 
 
 def one_run(argv: list[str], port: int, data: Path, n: int, timeout: float) -> float:
@@ -50,7 +65,7 @@ def one_run(argv: list[str], port: int, data: Path, n: int, timeout: float) -> f
     with data.open("rb") as stdin:
         start = time.perf_counter()
         done = subprocess.run(argv + ["-p", str(port), "--pipe"], stdin=stdin, cwd=REPO,
-                              capture_output=True, timeout=timeout)
+                              env=client_env(), capture_output=True, timeout=timeout)
         elapsed = time.perf_counter() - start
     summary = f"errors: 0, replies: {n}\n".encode()
     if done.returncode or not done.stdout.endswith(summary):
@@ -68,13 +83,14 @@ def startup(argv: list[str], port: int, runs: int = 5) -> float:
     for _ in range(runs):
         start = time.perf_counter()
         subprocess.run(argv + ["-p", str(port), "--pipe"], stdin=subprocess.DEVNULL, cwd=REPO,
-                       capture_output=True, timeout=60)
+                       env=client_env(), capture_output=True, timeout=60)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def run(runs: int, n: int = COMMANDS, timeout: float = 300.0) -> dict[str, object]:
-    tools = clients()
+def run(runs: int, n: int = COMMANDS, timeout: float = 300.0,
+        trisque: str | None = None) -> dict[str, object]:
+    tools = clients(trisque)
     times: dict[str, list[float]] = {name: [] for name in tools}
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="trisque-bench-pipe-") as tmp, \
@@ -122,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=5, help="measured runs per client (default 5)")
     p.add_argument("--commands", type=int, default=COMMANDS)
+    p.add_argument("--trisque", metavar="PATH", help="the trisque command to run (default: "
+                   "this environment's)")
     opts = p.parse_args(argv)
-    print(render(run(opts.runs, opts.commands)), flush=True)
+    print(render(run(opts.runs, opts.commands, trisque=opts.trisque)), flush=True)
     return 0
 
 

@@ -3,12 +3,15 @@
 Every reply is read with ``client.typed_reply.TypedReplyParser`` so status, bulk and error
 replies stay apart for the formatters (``cli.reply_format``). The protocol modules are imported
 when the first command is sent, not with this module: ``--pipe`` only opens the socket, and
-Python's start-up is most of what a ``--pipe`` run costs beyond redis-cli's.
+Python's start-up is most of what a ``--pipe`` run costs beyond redis-cli's. For the same
+reason the socket is the C type of ``_socket``, the module under ``socket``: what the client
+uses of a socket is all there, and ``socket``'s enums, selectors and wrappers (with ``enum``,
+``functools`` and ``collections`` under them) are a few ms of start-up it does not need.
 """
 
 from __future__ import annotations
 
-import socket
+import _socket
 import sys
 
 # The typing module is for type checkers only here (annotations are not evaluated): importing
@@ -36,7 +39,7 @@ class NodeConnection:
     def __init__(self, host: str, port: int, password: str | None,
                  user: str | None = None) -> None:
         self.host, self.port, self.password, self.user = host, port, password, user
-        self.sock: socket.socket | None = None
+        self.sock: _socket.socket | None = None
         self.parser: Any = None  # a TypedReplyParser once connected
 
     @property
@@ -63,13 +66,12 @@ class NodeConnection:
             # IDNA codec (a few ms of start-up). getaddrinfo takes bytes, and so does
             # create_connection, which passes the host on; only its stub says str.
             host = self.host.encode() if self.host.isascii() else self.host
-            self.sock = socket.create_connection(
-                (host, self.port), timeout=CONNECT_TIMEOUT)  # type: ignore[arg-type]
+            self.sock = connect_to(host, self.port, CONNECT_TIMEOUT)
         except OSError as exc:
             raise NodeGone(f"Could not connect to trisque at {self.name}: {reason(exc)}") from None
         # Replies to blocking commands (GETJOB) may take as long as the user asked for.
         self.sock.settimeout(None)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
 
     def call(self, args: list[bytes], timeout: float | None = None) -> Any:
         """Send one command and read its reply. With ``timeout``, a reply that takes longer
@@ -105,3 +107,21 @@ class NodeConnection:
             except OSError:
                 pass
             self.sock = None
+
+
+def connect_to(host: str | bytes, port: int, timeout: float) -> _socket.socket:
+    """A socket connected to the first address of ``host`` that answers, as
+    ``socket.create_connection`` does it; the last address's error if none does."""
+    failure: OSError | None = None
+    for family, kind, proto, _, address in _socket.getaddrinfo(host, port, 0,
+                                                               _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            failure = exc
+        else:
+            return sock
+    raise failure or OSError(f"no address found for {host!r}")

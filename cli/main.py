@@ -25,7 +25,6 @@ not be reached or went away, 2 for a usage error.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -39,6 +38,8 @@ def run_tool(name: str, argv: list[str]) -> int:
         sys.stderr.write(f"trisque: unknown tool '{name}' (tools: {', '.join(TOOLS)})\n")
         return 2
     module_name, func_name = spec
+    import importlib
+
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -64,7 +65,18 @@ def run_mode(conn: NodeConnection, opts: Options, output: str) -> int:
                                    output, sys.stdout)
 
 
+def exit_now(status: int) -> None:
+    """End the process without the interpreter's teardown (freeing every module and object:
+    about 2 ms, a fifth of ``--pipe``'s start-up): nothing is left to do once the output is
+    flushed, the kernel closes the socket."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``trisque`` command; ``argv`` None means run as the program (``sys.argv``), which
+    ``--pipe`` then leaves with ``exit_now``."""
     args = sys.argv[1:] if argv is None else argv
     try:
         opts = parse_argv(args)
@@ -86,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     conn = NodeConnection(opts.host, opts.port, opts.password, opts.user)
     try:
         if opts.mode is not None:
-            return run_mode(conn, opts, output)
+            status = run_mode(conn, opts, output)
+            if opts.mode == "pipe" and argv is None:
+                exit_now(status)
+            return status
         # Imported here, not above: --pipe runs without the reply formatters (start-up time).
         from cli.command_loop import Printer, command_from, run_commands, run_stdin
 

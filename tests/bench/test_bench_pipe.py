@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,10 @@ def test_a_client_that_does_not_deliver_every_command_fails_the_run(tmp_path: Pa
     liar = ["sh", "-c", "cat >/dev/null; echo 'errors: 0, replies: 10'", "liar"]
     with ServerProcess() as node, pytest.raises(BenchError, match="0 jobs queued"):
         pipe.one_run(liar, node.port, data, 10, timeout=30)
+
+
+def test_trisque_runs_as_the_installed_command_or_the_one_given() -> None:
+    assert pipe.clients("/opt/other/bin/trisque")["trisque"] == ["/opt/other/bin/trisque"]
+    script = Path(sys.executable).parent / "trisque"
+    expected = [str(script)] if script.exists() else [sys.executable, "-m", "cli.main"]
+    assert pipe.clients()["trisque"] == expected

@@ -63,6 +63,40 @@ def test_pipe_one_command_per_line_with_errors(node: ServerProcess) -> None:
     assert node.call("QPEEK", "lines", "1")[0][2] == b"a b"
 
 
+def test_pipe_counts_integer_zero_replies(node: ServerProcess) -> None:
+    # hiredis's "no reply yet" is False by default, which equals the reply 0: the batch
+    # of replies must not end at a 0, nor the last reply be missed behind it.
+    lines = b"QLEN nothing-here\n" * 3 + b"PING\n"
+    r = trisque("-p", str(node.port), "--pipe", "--pipe-timeout", "5", stdin=lines)
+    assert (r.stdout, r.stderr, r.returncode) == \
+        (SUMMARY + b"errors: 0, replies: 4\n", b"", 0)
+
+
+def test_pipe_with_a_password() -> None:
+    with ServerProcess(requirepass="s3cret") as n:
+        r = trisque("-p", str(n.port), "-a", "s3cret", "--pipe", stdin=resp(b"PING") * 3)
+        assert (r.stdout, r.returncode) == (SUMMARY + b"errors: 0, replies: 3\n", 0)
+        r = trisque("-p", str(n.port), "--pipe", stdin=resp(b"PING"))
+        assert r.returncode == 1 and r.stderr.startswith(b"NOAUTH")
+
+
+def test_pipe_starts_without_the_other_modes_imports(node: ServerProcess) -> None:
+    """Start-up is what --pipe costs beyond redis-cli: none of these may load on its path."""
+    code = ("import sys\n"
+            "from cli.main import main\n"
+            f"status = main(['-p', '{node.port}', '--pipe'])\n"
+            "print(status, sorted(sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=repo_env(),
+                       input=resp(b"PING"), capture_output=True, timeout=60)
+    status, modules = r.stdout.decode().splitlines()[-1].split(" ", 1)
+    assert status == "0", r.stdout + r.stderr
+    loaded = set(json.loads(modules.replace("'", '"')))
+    heavy = {"socket", "selectors", "typing", "trio", "prompt_toolkit", "protocol",
+             "cli.command_loop", "cli.reply_format", "cli.prompt"}
+    assert "cli.pipe_mode" in loaded and "hiredis" in loaded
+    assert not heavy & loaded
+
+
 @needs_redis_cli
 @pytest.mark.parametrize("data", [
     b"".join(resp(b"ADDJOB", b"same", b"x", b"0") for _ in range(1000)) + resp(b"BOGUS"),
