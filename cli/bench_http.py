@@ -52,8 +52,8 @@ def _response(buf: bytes) -> tuple[bytes, bytes, int] | None:
     end = buf.find(b"\r\n\r\n")
     if end < 0:
         return None
-    head = buf[:end].lower()
-    at = head.find(b"\r\ncontent-length:")
+    head = buf[:end]
+    at = head.lower().find(b"\r\ncontent-length:")
     length = 0
     if at >= 0:
         stop = head.find(b"\r\n", at + 2)
@@ -64,7 +64,7 @@ def _response(buf: bytes) -> tuple[bytes, bytes, int] | None:
 
 
 def _message_id(head: bytes) -> str:
-    at = head.find(b"\r\nx-message-id:") + len(b"\r\nx-message-id:")
+    at = head.lower().find(b"\r\nx-message-id:") + len(b"\r\nx-message-id:")
     return head[at:head.find(b"\r\n", at)].strip().decode()
 
 
@@ -147,7 +147,7 @@ def _resp(node: BenchServer, workload: str, queue: str, duration: float, procs: 
     return float(result["ops_per_sec"])
 
 
-def run(runs: int = 3, duration: float = 2.0, procs: int = 2, preload_jobs: int = 60_000,
+def run(runs: int = 3, duration: float = 2.0, procs: int = 2, preload_jobs: int = 80_000,
         ) -> dict[str, Any]:
     http_port = _free_port()
     results: dict[str, list[float]] = {k: [] for k in (
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per run")
     args = parser.parse_args(argv)
     runs, duration = (1, 1.0) if args.quick else (args.runs, args.duration)
-    out = run(runs=runs, duration=duration, preload_jobs=20_000 if args.quick else 60_000)
+    out = run(runs=runs, duration=duration, preload_jobs=40_000 if args.quick else 80_000)
     print(render(out))
     print("load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(json.dumps(out["median_ops_per_s"] if "median_ops_per_s" in out else out))

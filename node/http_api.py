@@ -146,14 +146,14 @@ class Bridge:
     def _client(self, peer: str) -> Client:
         server = self.server
         server.next_client_id += 1
-        # MONITOR shows where the request came from: "http:<address>:<port>".
-        client = Client(server.next_client_id, f"http:{peer}", server.clock.now_ms(), _Handle())
+        client = Client(server.next_client_id, peer, server.clock.now_ms(), _Handle())
         client.authenticated = True  # the HTTP layer checked the password (requirepass)
         return client
 
     async def call(self, *args: str | bytes, peer: str, after: Callable[[Any], None] | None = None,
                    wait_s: float = 0) -> Any:
-        """Run one command for the client at ``peer`` through the node's command path (as a
+        """Run one command for the client at ``peer`` (``http:<address>:<port>``, as MONITOR
+        shows it) through the node's command path (as a
         RESP connection runs it); its reply once its log records are durable. ``after(reply)``
         runs right after the command, before anything else can (same loop turn)."""
         server = self.server
@@ -339,7 +339,7 @@ def _same_origin(request: Request) -> bool:
 
 def _peer(request: Request) -> str:
     client = request.client
-    return f"{client.host}:{client.port}" if client is not None else "unknown"
+    return f"http:{client.host}:{client.port}" if client is not None else "http:unknown"
 
 
 def _name(raw: str) -> bytes:
@@ -496,7 +496,9 @@ class Api:
             raise HttpError(503, "not replicated in time", {"Retry-After": RETRY_AFTER_S})
         job_id = str(reply)
         headers = {"X-MQS-MESSAGE-ID": job_id, "X-Message-Id": job_id}
-        return json_answer({"id": job_id}, 200 if duplicate else 201, headers)
+        # As json_answer would render it: a job ID has nothing JSON escapes.
+        return Answer(200 if duplicate else 201, b'{"id":"%s"}' % reply.encode(), "application/json",
+                      headers)
 
     async def _receive(self, request: Request, name: bytes) -> Answer:
         async def watch(scope: trio.CancelScope) -> None:

@@ -179,7 +179,7 @@ class Front:
         except OSError:
             sock.close()
             return
-        peer = f"{host}:{port}"
+        peer = f"http:{host}:{port}"  # as MONITOR shows the client
         buf = b""
         waiting = _Waiting()
         self.waiting.add(waiting)
@@ -192,15 +192,20 @@ class Front:
                             request = self._parse(buf)
                             if request is None:
                                 break  # the head is not all here yet
-                            answer, used = request
-                            out.append(encode_answer(await answer(peer), self.date.header()))
+                            (method, *args), used = request
+                            try:
+                                answer = await method(peer, *args)
+                            except HttpError as exc:
+                                answer = error_answer(exc)
+                            out.append(encode_answer(answer, self.date.header()))
                             buf = buf[used:]
                     except _Handover:
                         break
                     if out:
                         await _send(sock, b"".join(out) if len(out) > 1 else out[0])
                     waiting.deadline = monotonic() + (self.read_s if buf else self.keep_alive_s)
-                    data = await _recv(sock)
+                    # Just answered: the next request is not here yet, wait for it at once.
+                    data = await _recv(sock, bool(out))
                     waiting.deadline = inf
                     if not data:
                         sock.close()
@@ -229,9 +234,9 @@ class Front:
             sock.close()
 
     def _parse(self, buf: bytes) -> tuple[Any, int] | None:
-        """The first request in ``buf`` as (coroutine function of the peer giving the
-        ``Answer``, bytes it used); None if its head is incomplete; _Handover if it is not
-        one this module serves."""
+        """The first request in ``buf`` as ((``Api`` coroutine method, its arguments after the
+        peer), bytes it used); None if its head is incomplete; _Handover if it is not one this
+        module serves."""
         end = buf.find(b"\r\n\r\n")
         if end < 0:
             if len(buf) > MAX_HEAD:
@@ -281,11 +286,11 @@ class Front:
             encoded = target_name.encode("utf-8", "surrogateescape")
             if method == b"POST" and encoded:
                 ctype = _header(headers, b"content-type")
-                return _call(api.publish, encoded, body, ctype), used
+                return (api.publish, encoded, body, ctype), used
             if method == b"GET" and encoded and "wait" not in query:
-                return _call(api.receive, encoded, query), used
+                return (api.receive, encoded, query), used
             if method == b"DELETE":
-                return _call(api.delete_message, encoded, None), used
+                return (api.delete_message, encoded, None), used
             raise _Handover
         if path.startswith("/mq/"):
             queue, _, rest = path[len("/mq/"):].partition("/")
@@ -295,13 +300,13 @@ class Front:
             if rest == "messages":
                 if method == b"POST":
                     ctype = _header(headers, b"content-type")
-                    return _call(api.publish, encoded, body, ctype), used
+                    return (api.publish, encoded, body, ctype), used
                 if method == b"GET" and "wait" not in query:
-                    return _call(api.receive, encoded, query), used
+                    return (api.receive, encoded, query), used
             elif rest.startswith("messages/") and len(rest) > len("messages/") \
                     and method == b"DELETE":
                 job_id = rest[len("messages/"):].encode("utf-8", "surrogateescape")
-                return _call(api.delete_message, job_id, encoded), used
+                return (api.delete_message, job_id, encoded), used
         raise _Handover
 
 
@@ -310,17 +315,6 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
         if key == name:
             return value.decode("latin-1")
     return "application/octet-stream"
-
-
-def _call(method: Any, *args: Any) -> Any:
-    async def answer(peer: str) -> Answer:
-        try:
-            result: Answer = await method(peer, *args)
-            return result
-        except HttpError as exc:
-            return error_answer(exc)
-
-    return answer
 
 
 async def _send(sock: socket.socket, data: bytes) -> None:
@@ -336,16 +330,22 @@ async def _send(sock: socket.socket, data: bytes) -> None:
         await trio.lowlevel.wait_writable(sock)
 
 
-async def _recv(sock: socket.socket) -> bytes:
+async def _recv(sock: socket.socket, wait_first: bool) -> bytes:
     """What the client sent next (b"" at its end): trio's epoll is asked only when nothing is
     there yet (its socket methods would add two trips through the scheduler to every call);
     a read that finds data at once still takes a checkpoint, so a client that keeps its
     socket full cannot hold the node."""
     try:
+        if wait_first:
+            raise BlockingIOError
         data = sock.recv(READ_SIZE)
     except BlockingIOError:
-        await trio.lowlevel.wait_readable(sock)
-        return sock.recv(READ_SIZE)
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            try:
+                return sock.recv(READ_SIZE)
+            except BlockingIOError:
+                continue  # woken for nothing
     await trio.lowlevel.checkpoint()
     return data
 

@@ -41,14 +41,16 @@ def monitor_lines(monitor: Conn, until: str) -> list[str]:
 
 
 def raw_requests(port: int, *requests: bytes) -> bytes:
-    """Send ``requests`` at once on one keep-alive connection; everything answered."""
+    """Send ``requests`` at once on one keep-alive connection; what came back once the last
+    response (a JSON object) is complete."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(b"".join(requests))
-        s.shutdown(socket.SHUT_WR)
-        chunks = []
-        while data := s.recv(65536):
-            chunks.append(data)
-    return b"".join(chunks)
+        data = b""
+        while data.count(b"HTTP/1.1 ") < len(requests) or not data.endswith(b"}"):
+            chunk = s.recv(65536)
+            assert chunk, data
+            data += chunk
+    return data
 
 
 def test_http_commands_show_in_commandstats_and_monitor(node: Node, http: httpx.Client) -> None:
