@@ -1,17 +1,21 @@
 """HTTP requests run their commands through the node's one command path, as RESP's do: they
 show in INFO commandstats and to MONITOR clients (with the HTTP client's address), the
-dashboard's buttons included; and the HTTP front serves keep-alive and pipelined requests."""
+dashboard's buttons included, and CLIENT PAUSE holds them; the HTTP front serves keep-alive and
+pipelined requests and hands what it does not serve (another route, a wrong password) to the
+general server on the same connection."""
 
 from __future__ import annotations
 
 import re
 import socket
+import time
 from urllib.parse import quote
 
 import httpx
 
 from protocol.resp import NEED_DATA
 from tests.aof.test_server_durability import Conn
+from tests.http.conftest import start
 from tests.support.server import ServerProcess
 
 Node = tuple[ServerProcess, str]
@@ -111,3 +115,30 @@ def test_pipelined_keep_alive_requests_are_answered_in_order(node: Node,
     assert statuses == [b"201", b"201", b"200", b"200", b"204", b"200"], data
     assert data.index(b"\r\n\r\none") < data.index(b"\r\n\r\ntwo")
     assert b'"name":"pipe"' in data
+
+
+def test_client_pause_holds_http_requests(node: Node, http: httpx.Client) -> None:
+    conn = Conn(node[0].port)
+    assert http.put("/queues/held", json={}).status_code == 201
+    assert conn.call("CLIENT", "PAUSE", 1000) == b"OK"
+    started = time.monotonic()
+    assert http.post("/messages/held", content=b"x").status_code == 201
+    assert 0.5 <= time.monotonic() - started < 5  # held until the pause ended
+    conn.close()
+
+
+def test_message_routes_need_the_password() -> None:
+    srv, base = start(requirepass="s3cret")
+    port = int(base.rsplit(":", 1)[1])
+    try:
+        with httpx.Client(base_url=base, timeout=5) as c:
+            assert c.put("/queues/locked", json={}, auth=("any", "s3cret")).status_code == 201
+            for auth in (None, ("any", "wrong")):
+                assert c.post("/messages/locked", content=b"x", auth=auth).status_code == 401
+                assert c.get("/messages/locked", auth=auth).status_code == 401
+        post = (b"POST /messages/locked HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer %s\r\n"
+                b"Content-Length: 1\r\n\r\nx")
+        data = raw_requests(port, post % b"nope", post % b"s3cret")
+        assert re.findall(rb"HTTP/1\.1 (\d{3}) ", data) == [b"401", b"201"], data
+    finally:
+        srv.stop()
