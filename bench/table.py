@@ -503,7 +503,7 @@ def http_case(s: Settings, quick: bool) -> None:
 
     log("(k) HTTP API ...")
     res = http.run(runs=1 if quick else min(s.runs, 3), duration=s.duration, procs=s.procs,
-                   preload_jobs=20_000 if quick else 60_000)
+                   preload_jobs=40_000 if quick else 80_000)
     print("\n" + http.render(res), flush=True)
     out = REPO / "bench-results" / "http.json"
     out.parent.mkdir(parents=True, exist_ok=True)

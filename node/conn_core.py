@@ -101,6 +101,7 @@ class Host(Protocol):
     monitors: set[Any]
     cmdstats: dict[bytes, list[int]]
     counters: NodeCounters
+    command_path: CommandPath
 
     # Read-only here: the node's own types have more than these protocols ask for.
     @property
@@ -126,6 +127,43 @@ class Host(Protocol):
     def sample_memory(self) -> None: ...
 
 
+@final
+class CommandPath:
+    """The one way a client's command runs in this node, whatever brought it (a RESP
+    connection, an HTTP request, a dashboard button): counted (INFO's
+    total_commands_processed and commandstats, with its time), shown to MONITOR clients, a big
+    ADDJOB body judged against fresh memory figures, then ``Broker.execute``. What the caller
+    does with the reply (effects, intents, the log's ticket, encoding) is the caller's."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        # Taken once (the node never rebinds them): each read of the interpreted Server's
+        # attributes would be a dict lookup per command.
+        self.broker = host.broker
+        self.counters = host.counters
+        self.cmdstats = host.cmdstats
+        self.monitors = host.monitors
+
+    def run(self, client: Client, argv: list[bytes], now: int) -> Any:
+        """Run ``argv`` for ``client`` at ``now_ms``: the broker's reply, ``BLOCKED`` or an
+        ``Intent``."""
+        self.counters.commands += 1
+        name = argv[0].lower()
+        client.last_cmd = name
+        if self.monitors:
+            self.host.feed_monitors(client, argv)
+        if len(argv) > 2 and len(argv[2]) >= _BIG_ARGUMENT and name == b"addjob":
+            # A big body: judge it against the memory in use now, not a second ago.
+            self.host.sample_memory()
+        started = perf_counter_ns()
+        reply = self.broker.execute(argv, client, now)
+        stat = self.cmdstats.get(name)
+        if stat is not None:
+            stat[0] += 1
+            stat[1] += perf_counter_ns() - started
+        return reply
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ConnCore:
     """One client connection on a non-blocking socket (see ``node/connection.py``)."""
@@ -138,8 +176,7 @@ class ConnCore:
         self.broker = host.broker
         self.config = host.config
         self.counters = host.counters
-        self.cmdstats = host.cmdstats
-        self.monitors = host.monitors
+        self.command_path = host.command_path
         self.route = host.route
         # The append log's compiled core (``Persistence`` subclasses it): the release reads
         # its finished ticket and its failures as fields, not through Python calls.
@@ -482,10 +519,9 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
     host = conn.host
     broker = conn.broker
     counters = conn.counters
-    monitors = conn.monitors
+    command_path = conn.command_path
     client = conn.client
     parser = conn.parser
-    cmdstats = conn.cmdstats
     route = conn.route
     out = conn.out
     ran = written = 0
@@ -502,20 +538,7 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
             break  # NEED_DATA
         argv: list[bytes] = parsed
         ran += 1
-        counters.commands += 1
-        name = argv[0].lower()
-        client.last_cmd = name
-        if monitors:
-            host.feed_monitors(client, argv)
-        if len(argv) > 2 and len(argv[2]) >= _BIG_ARGUMENT and name == b"addjob":
-            # A big body: judge it against the memory in use now, not a second ago.
-            host.sample_memory()
-        started = perf_counter_ns()
-        reply = broker.execute(argv, client, now)
-        stat = cmdstats.get(name)
-        if stat is not None:
-            stat[0] += 1
-            stat[1] += perf_counter_ns() - started
+        reply = command_path.run(client, argv, now)
         if isinstance(reply, Intent):
             # A command only the runtime can finish (broker/intents.py): most are done at
             # once; the few that wait (CONFIG SET appendonly, SHUTDOWN) go to a task.

@@ -1,16 +1,20 @@
-"""The HTTP API: mqs's and MQ's routes on Starlette, served by hypercorn's trio worker
-inside the node's nursery (``serve``). docs/http.md is the user's reference; ``OPENAPI``
-(node/http_openapi.py) is the document served at ``/openapi.json``.
+"""The HTTP API: mqs's and MQ's routes, as Starlette routes (``make_app``) and as ``Api``
+methods that node/http_front.py calls directly for the message routes. docs/http.md is the
+user's reference; ``OPENAPI`` (node/http_openapi.py) is the document served at
+``/openapi.json``.
 
 Theory of operation
 -------------------
-No HTTP is parsed here: hypercorn speaks HTTP/1.1, Starlette routes. Every route turns into
-RESP commands run by the broker exactly as a connection runs them (``Bridge.call``): the
-broker's effects go through ``Server.route``, the reply waits until its log records are durable
-(a failed write answers 503 with Retry-After, as MQ does), blocked GETJOBs (long polling) are
-answered through ``Server.deliver`` like any blocked client, whose handle here is a
-``_Handle`` that decodes the RESP reply instead of writing it to a socket. So HTTP and RESP
-clients see one broker: jobs added over HTTP are consumed over RESP and the other way round.
+No HTTP is parsed here: node/http_front.py and hypercorn speak HTTP/1.1, Starlette routes.
+Every route turns into commands run through the node's command path
+(``node.conn_core.CommandPath``, the one RESP connections use: counted in commandstats, shown
+to MONITOR as ``http:<address>:<port>``) by ``Bridge.call``, which then does what a
+connection does after a command: the broker's effects go through ``Server.route``, the reply
+waits until its log records are durable (a failed write answers 503 with Retry-After, as MQ
+does), blocked GETJOBs (long polling) are answered through ``Server.deliver`` like any blocked
+client, whose handle here is a ``_Handle`` that decodes the RESP reply instead of writing it
+to a socket, and a CLIENT PAUSE holds the request. So HTTP and RESP clients see one broker:
+jobs added over HTTP are consumed over RESP and the other way round.
 
 A queue exists for ``/queues`` (mqs) and ``/mq`` (MQ) when it has a policy
 (broker/policies.py): PUT creates one, DELETE deletes it and the jobs of the queue this node
@@ -26,13 +30,11 @@ import binascii
 import hmac
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve as hypercorn_serve
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -40,6 +42,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from broker.clients import BLOCKED, Client
+from broker.intents import Intent
 from broker.job import JobState
 from node.http_openapi import MAX_COUNT, MAX_WAIT_S, OPENAPI, QUEUE_FIELDS
 from protocol.jobid import is_valid
@@ -71,6 +74,33 @@ def _error(status: int, text: str, headers: dict[str, str] | None = None) -> JSO
     return JSONResponse({"error": text}, status_code=status, headers=headers)
 
 
+class Answer:
+    """A route's reply before it is a Starlette ``Response`` (``response``) or the bytes the
+    HTTP front writes itself (node/http_front.py): the same status, headers and body."""
+
+    __slots__ = ("status", "body", "media_type", "headers")
+
+    def __init__(self, status: int, body: bytes = b"", media_type: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        self.status, self.body, self.media_type = status, body, media_type
+        self.headers = headers
+
+    def response(self) -> Response:
+        return Response(self.body, self.status, self.headers, self.media_type)
+
+
+def json_answer(content: Any, status: int = 200, headers: dict[str, str] | None = None,
+                ) -> Answer:
+    """As Starlette's JSONResponse renders ``content``."""
+    body = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                      separators=(",", ":")).encode("utf-8")
+    return Answer(status, body, "application/json", headers)
+
+
+def error_answer(exc: HttpError) -> Answer:
+    return json_answer({"error": exc.text}, exc.status, exc.headers)
+
+
 # =============================================================================================
 # The bridge to the broker
 
@@ -86,41 +116,62 @@ class _Handle:
     def __init__(self) -> None:
         self.closing = False
         self.blocked = False
-        self.reader = ReplyReader()
+        # Made when the command blocks (most never do).
+        self.reader: ReplyReader | None = None
         self.value: Any = NEED_DATA
-        self.done = trio.Event()
+        self.done = _NOT_BLOCKED
 
     def send_nowait(self, data: bytes) -> None:
+        if self.reader is None:
+            self.reader = ReplyReader()
         self.reader.feed(data)
         value = self.reader.next()
-        if value is not NEED_DATA and not self.done.is_set():
+        if value is not NEED_DATA and self.value is NEED_DATA:
             self.value = value
             self.done.set()
+
+    def blocked_on(self) -> trio.Event:
+        """The event set when the blocked command's reply comes."""
+        self.done = trio.Event()
+        return self.done
+
+
+_NOT_BLOCKED: Final = trio.Event()  # never waited on (``_Handle.blocked_on`` replaces it)
 
 
 class Bridge:
     def __init__(self, server: Any) -> None:
         self.server = server
 
-    def _client(self) -> Client:
+    def _client(self, peer: str) -> Client:
         server = self.server
         server.next_client_id += 1
-        client = Client(server.next_client_id, "http", server.clock.now_ms(), _Handle())
-        client.authenticated = True  # the HTTP layer checked the password
+        client = Client(server.next_client_id, peer, server.clock.now_ms(), _Handle())
+        client.authenticated = True  # the HTTP layer checked the password (requirepass)
         return client
 
-    async def call(self, *args: str | bytes, after: Callable[[Any], None] | None = None,
+    async def call(self, *args: str | bytes, peer: str, after: Callable[[Any], None] | None = None,
                    wait_s: float = 0) -> Any:
-        """Run one command; its reply once its log records are durable. ``after(reply)`` runs
-        right after the command, before anything else can (same loop turn)."""
+        """Run one command for the client at ``peer`` (``http:<address>:<port>``, as MONITOR
+        shows it) through the node's command path (as a
+        RESP connection runs it); its reply once its log records are durable. ``after(reply)``
+        runs right after the command, before anything else can (same loop turn)."""
         server = self.server
         broker = server.broker
-        if server.stopping:
-            raise HttpError(503, "the node is shutting down", {"Retry-After": RETRY_AFTER_S})
-        client = self._client()
+        counters = server.counters
+        while True:
+            if counters.stopping:
+                raise HttpError(503, "the node is shutting down", {"Retry-After": RETRY_AFTER_S})
+            now = server.clock.now_ms()
+            if now >= counters.paused_until:
+                break
+            # CLIENT PAUSE: a request waits, as a RESP client's commands do.
+            await trio.sleep((counters.paused_until - now) / 1000)
+        client = self._client(peer)
         argv = [a if isinstance(a, bytes) else a.encode() for a in args]
-        server.commands += 1
-        reply = broker.execute(argv, client, server.clock.now_ms())
+        reply = server.command_path.run(client, argv, now)
+        if isinstance(reply, Intent):  # no route sends a command the runtime must finish
+            raise HttpError(400, "command not available over HTTP")
         if after is not None:
             after(reply)
         others: list[Any] = []
@@ -131,14 +182,15 @@ class Bridge:
             server.dispatch(others, ticket)  # replies to other clients, once durable
         if reply is BLOCKED:
             handle: _Handle = client.handle
+            done = handle.blocked_on()
             try:
                 with trio.move_on_after(wait_s + 5):  # the broker's own timeout comes first
-                    await handle.done.wait()
+                    await done.wait()
             finally:
-                if not handle.done.is_set():
+                if not done.is_set():
                     handle.closing = True
                     broker.client_gone(client)
-            reply = handle.value if handle.done.is_set() else None
+            reply = handle.value if done.is_set() else None
         if ticket:
             failures = await server.wait_durable({ticket})
             if failures:
@@ -265,8 +317,8 @@ async def _json_body(request: Request, empty: Any) -> Any:
         raise HttpError(400, "malformed JSON") from None
 
 
-def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
+def _int_param(query: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = query.get(name)
     if raw is None:
         return default
     if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
@@ -283,6 +335,11 @@ def _same_origin(request: Request) -> bool:
         return True
     host = request.headers.get("host", "")
     return origin in (f"http://{host}", f"https://{host}")
+
+
+def _peer(request: Request) -> str:
+    client = request.client
+    return f"http:{client.host}:{client.port}" if client is not None else "http:unknown"
 
 
 def _name(raw: str) -> bytes:
@@ -309,18 +366,19 @@ class Api:
     async def queue(self, request: Request) -> Response:
         name = _name(request.path_params["name"])
         method = request.method
+        peer = _peer(request)
         if method == "GET":
-            reply = await self.bridge.call("QPOLICY", "GET", name)
+            reply = await self.bridge.call("QPOLICY", "GET", name, peer=peer)
             if reply is None:
                 raise HttpError(404, "queue not found")
             body = _policy_json(reply)
             body["status"] = self._status(name)
             return JSONResponse(body)
         if method == "DELETE":
-            reply = await self.bridge.call("QPOLICY", "GET", name)
+            reply = await self.bridge.call("QPOLICY", "GET", name, peer=peer)
             if reply is None:
                 raise HttpError(404, "queue not found")
-            await self._delete_queue(name)
+            await self._delete_queue(name, peer)
             return JSONResponse(_policy_json(reply))
         if method == "POST":
             await self._require_queue(name)  # mqs: 404 before parsing the body
@@ -328,11 +386,11 @@ class Api:
             raise HttpError(409, "queue already exists")
         opts = _queue_options(await _json_body(request, {}))
         reply = await self.bridge.call("QPOLICY", "CREATE" if method == "PUT" else "UPDATE",
-                                       name, *opts)
+                                       name, *opts, peer=peer)
         _raise_for(reply)
         return JSONResponse(_policy_json(reply), status_code=201 if method == "PUT" else 200)
 
-    async def _delete_queue(self, name: bytes) -> None:
+    async def _delete_queue(self, name: bytes, peer: str) -> None:
         from broker import policies
 
         broker = self.bridge.server.broker
@@ -341,7 +399,7 @@ class Api:
             if reply == 1:
                 policies.purge(broker, name, self.bridge.server.clock.now_ms())
 
-        _raise_for(await self.bridge.call("QPOLICY", "DEL", name, after=purge))
+        _raise_for(await self.bridge.call("QPOLICY", "DEL", name, peer=peer, after=purge))
 
     def _status(self, name: bytes) -> dict[str, int]:
         broker = self.bridge.server.broker
@@ -354,10 +412,11 @@ class Api:
                 "oldest_message_age": max(0, (now - oldest) // 1000)}
 
     async def queues(self, request: Request) -> Response:
-        offset = _int_param(request, "offset", 0, 0, 2**31 - 1)
-        limit = _int_param(request, "limit", 2**31 - 1, 0, 2**31 - 1)
+        query = request.query_params
+        offset = _int_param(query, "offset", 0, 0, 2**31 - 1)
+        limit = _int_param(query, "limit", 2**31 - 1, 0, 2**31 - 1)
         total, items = await self.bridge.call("QPOLICY", "LIST", "OFFSET", str(offset),
-                                              "LIMIT", str(limit))
+                                              "LIMIT", str(limit), peer=_peer(request))
         return JSONResponse({"total": total, "queues": [_policy_json(i) for i in items]})
 
     async def redrive(self, request: Request) -> Response:
@@ -367,19 +426,21 @@ class Api:
             raise HttpError(403, "cross-origin request refused")
         name = _name(request.path_params["name"])
         await self._require_queue(name)
+        peer = _peer(request)
         job = request.query_params.get("job")
         if job is not None:  # one dead letter (the dashboard's row button)
             job_id = job.encode("utf-8", "surrogateescape")
             if not is_valid(job_id):
                 raise HttpError(400, "not a valid message ID (a job ID: D-...)")
-            reply = await self.bridge.call("QPOLICY", "REDRIVE", name, "JOB", job_id)
+            reply = await self.bridge.call("QPOLICY", "REDRIVE", name, "JOB", job_id, peer=peer)
             _raise_for(reply)
             return JSONResponse({"moved": reply})
-        limit = _int_param(request, "count", 2**31 - 1, 1, 2**31 - 1)
+        limit = _int_param(request.query_params, "count", 2**31 - 1, 1, 2**31 - 1)
         moved = 0
         while moved < limit:
             step = min(REDRIVE_SLICE, limit - moved)
-            reply = await self.bridge.call("QPOLICY", "REDRIVE", name, "COUNT", str(step))
+            reply = await self.bridge.call("QPOLICY", "REDRIVE", name, "COUNT", str(step),
+                                           peer=peer)
             if isinstance(reply, Error) and moved == 0:
                 _raise_for(reply)
             if not isinstance(reply, int):
@@ -392,19 +453,26 @@ class Api:
 
     # -- messages (mqs) --------------------------------------------------------------------------
 
-    async def messages(self, request: Request) -> Response:
+    async def messages(self, request: Request) -> Response | Answer:
         target = request.path_params["name"]
         if request.method == "DELETE":
-            return await self._delete_message(target.encode("utf-8", "surrogateescape"), None)
+            return await self.delete_message(_peer(request),
+                                             target.encode("utf-8", "surrogateescape"), None)
         name = _name(target)
         if request.method == "POST":
             return await self._publish(request, name)
         return await self._receive(request, name)
 
-    async def _publish(self, request: Request, name: bytes) -> Response:
+    async def _publish(self, request: Request, name: bytes) -> Answer:
         await self._require_queue(name)
         body = await _read_body(request)
-        ctype = request.headers.get("content-type", OCTET)[:1024]
+        return await self.publish(_peer(request), name, body,
+                                  request.headers.get("content-type", OCTET))
+
+    async def publish(self, peer: str, name: bytes, body: bytes, ctype: str) -> Answer:
+        """ADDJOB of ``body`` to queue ``name`` (which has a policy)."""
+        await self._require_queue(name)
+        ctype = ctype[:1024]
         broker = self.bridge.server.broker
         duplicate = False
 
@@ -419,7 +487,7 @@ class Api:
             broker.policies.set_content_type(broker, job_id, ctype)
 
         # On a cluster an ADDJOB waits until replicated (at most ADDJOB_TIMEOUT_MS).
-        reply = await self.bridge.call("ADDJOB", name, body, str(ADDJOB_TIMEOUT_MS),
+        reply = await self.bridge.call("ADDJOB", name, body, str(ADDJOB_TIMEOUT_MS), peer=peer,
                                        after=remember, wait_s=ADDJOB_TIMEOUT_MS / 1000)
         if isinstance(reply, bytes):  # a blocked ADDJOB's reply, decoded from RESP
             reply = reply.decode("ascii")
@@ -428,24 +496,37 @@ class Api:
             raise HttpError(503, "not replicated in time", {"Retry-After": RETRY_AFTER_S})
         job_id = str(reply)
         headers = {"X-MQS-MESSAGE-ID": job_id, "X-Message-Id": job_id}
-        return JSONResponse({"id": job_id}, status_code=200 if duplicate else 201,
-                            headers=headers)
+        # As json_answer would render it: a job ID has nothing JSON escapes.
+        return Answer(200 if duplicate else 201, b'{"id":"%s"}' % reply.encode(), "application/json",
+                      headers)
 
-    async def _receive(self, request: Request, name: bytes) -> Response:
+    async def _receive(self, request: Request, name: bytes) -> Answer:
+        async def watch(scope: trio.CancelScope) -> None:
+            await _watch_disconnect(request, scope)
+
+        return await self.receive(_peer(request), name, request.query_params, watch)
+
+    async def receive(self, peer: str, name: bytes, query: Mapping[str, str],
+                      watch: Callable[[trio.CancelScope], Any] | None = None) -> Answer:
+        """GETJOB from queue ``name``; with ``?wait=`` a long poll that ``watch`` (cancelling
+        the scope it is given when the client leaves) may end early."""
         await self._require_queue(name)
-        wait = _int_param(request, "wait", 0, 0, MAX_WAIT_S)
-        batch = "count" in request.query_params
-        count = _int_param(request, "count", 1, 1, MAX_COUNT)
+        wait = _int_param(query, "wait", 0, 0, MAX_WAIT_S)
+        batch = "count" in query
+        count = _int_param(query, "count", 1, 1, MAX_COUNT)
         args = ["GETJOB", *(("TIMEOUT", str(wait * 1000)) if wait else ("NOHANG",)),
                 "COUNT", str(count), "WITHCOUNTERS", "FROM"]
         reply: Any = None  # stays None if the client leaves while waiting
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_disconnect, request, nursery.cancel_scope)
-            reply = await self.bridge.call(*args, name, wait_s=wait)
-            nursery.cancel_scope.cancel()
+        if wait and watch is not None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch, nursery.cancel_scope)
+                reply = await self.bridge.call(*args, name, peer=peer, wait_s=wait)
+                nursery.cancel_scope.cancel()
+        else:
+            reply = await self.bridge.call(*args, name, peer=peer, wait_s=wait)
         _raise_for(reply)
         if not isinstance(reply, list) or not reply:  # NULL_ARRAY: nothing within the wait
-            return Response(status_code=204)
+            return Answer(204)
         types = self.bridge.server.broker.policies.content_types
         if not batch:
             (_, job_id, body, _, nacks, _, deliveries), = reply
@@ -456,26 +537,29 @@ class Api:
             if origin is not None:  # a dead letter: where it came from
                 headers["X-Original-Message-Id"] = origin[0].decode()
                 headers["X-Original-Queue"] = quote(origin[1], safe="")
-            return Response(body, media_type=types.get(job_id, OCTET), headers=headers)
-        return JSONResponse({"messages": [
+            return Answer(200, body, types.get(job_id, OCTET), headers)
+        return json_answer({"messages": [
             {"id": job_id.decode(), "queue": queue.decode("utf-8", "replace"),
              "content_type": types.get(job_id, OCTET),
              "body_base64": base64.b64encode(body).decode(), "nacks": nacks,
              "additional_deliveries": deliveries}
             for queue, job_id, body, _, nacks, _, deliveries in reply]})
 
-    async def _delete_message(self, job_id: bytes, queue: bytes | None) -> Response:
+    async def delete_message(self, peer: str, job_id: bytes, queue: bytes | None) -> Answer:
+        """ACKJOB; with ``queue``, only a job of that queue (MQ's route)."""
+        if queue is not None:
+            await self._require_queue(queue)
         if not is_valid(job_id):
             raise HttpError(400, "not a valid message ID (a job ID: D-...; send / as %2F)")
         if queue is not None:
             job = self.bridge.server.broker.jobs.get(job_id)
             if job is None or job.queue != queue:
                 raise HttpError(404, "message not found")
-        reply = await self.bridge.call("ACKJOB", job_id)
+        reply = await self.bridge.call("ACKJOB", job_id, peer=peer)
         _raise_for(reply)
         if reply != 1:
             raise HttpError(404, "message not found")
-        return Response(status_code=204)
+        return Answer(204)
 
     # -- MQ's routes -----------------------------------------------------------------------------
 
@@ -488,24 +572,23 @@ class Api:
             await _read_body(request)  # MQ: the body is discarded
             if exists:
                 return Response(status_code=200)
-            _raise_for(await self.bridge.call("QPOLICY", "CREATE", name))
+            _raise_for(await self.bridge.call("QPOLICY", "CREATE", name, peer=_peer(request)))
             return Response(status_code=201)
         if not exists:
             raise HttpError(404, "queue not found")
-        await self._delete_queue(name)
+        await self._delete_queue(name, _peer(request))
         return Response(status_code=200)
 
-    async def mq_messages(self, request: Request) -> Response:
+    async def mq_messages(self, request: Request) -> Answer:
         name = _name(request.path_params["queue"])
         if request.method == "POST":
             return await self._publish(request, name)
         return await self._receive(request, name)
 
-    async def mq_message(self, request: Request) -> Response:
+    async def mq_message(self, request: Request) -> Answer:
         name = _name(request.path_params["queue"])
-        await self._require_queue(name)
-        return await self._delete_message(
-            request.path_params["id"].encode("utf-8", "surrogateescape"), name)
+        return await self.delete_message(
+            _peer(request), request.path_params["id"].encode("utf-8", "surrogateescape"), name)
 
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(OPENAPI)
@@ -527,17 +610,18 @@ async def _watch_disconnect(request: Request, scope: trio.CancelScope) -> None:
 def _wrap(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
     async def endpoint(request: Request) -> Response:
         try:
-            response: Response = await handler(request)
-            return response
+            response: Response | Answer = await handler(request)
+            return response.response() if isinstance(response, Answer) else response
         except HttpError as exc:
             return _error(exc.status, exc.text, exc.headers)
 
     return endpoint
 
 
-def _authorized(scope: Scope, password: str) -> bool:
-    """The same password as RESP's AUTH (compared in constant time)."""
-    for key, value in scope.get("headers", []):
+def authorized(headers: list[tuple[bytes, bytes]], password: str) -> bool:
+    """The same password as RESP's AUTH (compared in constant time), from the request's
+    headers (names in lower case)."""
+    for key, value in headers:
         if key != b"authorization":
             continue
         kind, _, cred = value.decode("latin-1").partition(" ")
@@ -561,7 +645,7 @@ class _Auth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         password = self.config.requirepass
         if (scope["type"] == "http" and password and scope["path"] != "/openapi.json"
-                and not _authorized(scope, password)):
+                and not authorized(scope.get("headers", []), password)):
             response = _error(401, "authentication required", {
                 "WWW-Authenticate": 'Basic realm="trisque", Bearer realm="trisque"'})
             await response(scope, receive, send)
@@ -569,11 +653,12 @@ class _Auth:
         await self.app(scope, receive, send)
 
 
-def make_app(server: Any) -> ASGIApp:
+def make_app(server: Any, api: Api | None = None) -> ASGIApp:
     from node import metrics
     from node.dashboard import Dashboard
 
-    api = Api(Bridge(server))
+    if api is None:
+        api = Api(Bridge(server))
     dashboard = Dashboard(server)
     routes = [
         Route("/openapi.json", _wrap(api.openapi), methods=["GET"]),
@@ -597,20 +682,3 @@ def make_app(server: Any) -> ASGIApp:
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
     return _Auth(app, server.config)
-
-
-async def serve(server: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """Run the HTTP API on ``http-port`` at the client listeners' addresses until cancelled."""
-    cfg = server.config
-    hosts = [h for h, _ in server.listening] or ["127.0.0.1"]
-    hyper = HyperConfig()
-    hyper.bind = [f"[{h}]:{cfg.http_port}" if ":" in h else f"{h}:{cfg.http_port}"
-                  for h in dict.fromkeys(hosts)]
-    hyper.accesslog = None
-    hyper.errorlog = log
-    hyper.h11_max_incomplete_size = 64 * 1024
-    hyper.keep_alive_timeout = 30
-    # A client that stalls mid-request (headers) is dropped; long polls keep the connection
-    # quiet for up to MAX_WAIT_S, so the limit is above that.
-    hyper.read_timeout = MAX_WAIT_S + 30
-    await hypercorn_serve(make_app(server), hyper, task_status=task_status)  # type: ignore[arg-type]

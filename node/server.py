@@ -89,7 +89,7 @@ from cluster.policy_sync import PolicySync
 from node import client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
-from node.conn_core import NodeCounters
+from node.conn_core import CommandPath, NodeCounters
 from node.connection import MUST_WAIT, Connection, set_keepalive
 from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
@@ -217,6 +217,8 @@ class Server:
         # INFO commandstats: [calls, nanoseconds] per command the node knows.
         self.cmdstats: dict[bytes, list[int]] = {name: [0, 0] for name in COMMANDS}
         self.monitors: set[Connection] = set()
+        # Every client command runs through it: RESP connections, the HTTP API, the dashboard.
+        self.command_path = CommandPath(self)
         self._install_info()
 
     def _warn(self, key: str, text: str) -> None:
@@ -626,11 +628,11 @@ class Server:
             nursery.start_soon(self.timers)
             for core_timer in self.core_timers:
                 nursery.start_soon(core_timer.run)
-            if cfg.http_port:  # the HTTP API (node/http_api.py), off by default
-                from node import http_api
+            if cfg.http_port:  # the HTTP API (node/http_front.py, http_api.py), off by default
+                from node import http_front
 
                 try:
-                    await nursery.start(http_api.serve, self)
+                    await nursery.start(http_front.serve, self)
                 except OSError as exc:
                     raise ServerError(f"Can't listen for HTTP on port {cfg.http_port}: "
                                       f"{exc.strerror or exc}") from None

@@ -267,9 +267,13 @@ class _FailingLogServer:
         self.config = Config()
         self.broker = Broker(self.config, "ab" * 20, b"seed", now_ms=1_000_000,
                              rng=random.Random(1))
+        from node.conn_core import CommandPath, NodeCounters
+
         self.next_client_id = 0
-        self.commands = 0
-        self.stopping = False
+        self.counters = NodeCounters()
+        self.cmdstats: dict[bytes, list[int]] = {}
+        self.monitors: set[object] = set()
+        self.command_path = CommandPath(self)  # type: ignore[arg-type]
         self.entries: list[object] = []
         self.cluster = type("C", (), {"outbox": []})()
         self.bus = type("B", (), {"flush": staticmethod(lambda: None)})()
