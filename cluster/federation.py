@@ -264,7 +264,7 @@ class FederationCore:
                 recent.pop(job.id, None)
                 recent[job.id] = now_ms
                 self.stats["imported"] += 1
-                q = b._queue_for(job.queue, now_ms)
+                q = b.queue_for(job.queue, now_ms)
                 st = self._state(q, now_ms)
                 if sender not in st.responders:
                     st.bcast_attempt = 0  # a new source: broadcast sooner again

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every node holds every policy (``broker.policies.PolicyTable``), each stamped ``(ms,
+Every node holds every policy (``broker.policy_table.PolicyTable``), each stamped ``(ms,
 node_id)``; a deletion is a tombstone with its stamp. Merging keeps the greater stamp, so the
 order in which versions arrive does not matter and a version received twice changes nothing.
 One message type, ``QPOLICY`` (40), carries ``{"policies": [record, ...]}`` (the append log's
@@ -21,7 +21,8 @@ import random
 from typing import Any
 
 from broker.core import Broker
-from broker.policies import Policy, apply_remote, validate_record
+from broker.policies import apply_remote
+from broker.policy_table import Policy, validate_record
 from cluster.membership import Membership
 from cluster.table_sync import TableSync
 from cluster.wire import MalformedBody, MessageType

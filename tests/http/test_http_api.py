@@ -298,7 +298,7 @@ async def test_503_with_retry_after_when_the_log_write_fails() -> None:
     from node.http_api import make_app
 
     server = _FailingLogServer()
-    server.broker.policies.put(__import__("broker.policies", fromlist=["Policy"]).Policy(b"d"))
+    server.broker.policies.put(__import__("broker.policy_table", fromlist=["Policy"]).Policy(b"d"))
     transport = httpx.ASGITransport(app=make_app(server))
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
         r = await c.post("/messages/d", content=b"x")
