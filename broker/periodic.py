@@ -23,8 +23,9 @@ versions arrive does not matter:
 This module is the table, its log records, the TIMER command and the fire itself (an ADDJOB
 with a job ID derived from the name and the due time: the deduplication key). *When* to fire
 and *who* fires needs the membership view, so it is decided by the cluster core
-(``cluster/periodic_sync.py``), which also sets ``owner_of`` for the listing; without that
-core (a broker alone, in tests) nothing fires by itself.
+(``cluster/periodic_sync.py``), whose view of the owners the listing shows (``owner_of``, set
+by ``cluster/wiring.py``); without that core (a broker alone, in tests) nothing fires by
+itself.
 
 Log records (kind ``timer``): ``[name, fields | None, stamp_ms, stamp_node, [done_ms, seq,
 holder, fired_due_ms, fired_by]]``, the whole state of one name; replay keeps the greatest of
@@ -189,8 +190,9 @@ class PeriodicTable:
     def __init__(self) -> None:
         self.entries: dict[bytes, Entry] = {}
         self.live = 0  # entries that are not tombstones
-        # Set by the cluster core: who owns a timer in this node's view (the listing shows
-        # it), and what to do with an entry changed here (send it to the other nodes).
+        # Set by cluster/wiring.py to the cluster core's: who owns a timer in this node's view
+        # (the listing shows it), and what to do with an entry changed here (send it to the
+        # other nodes).
         self.owner_of: Callable[[bytes], str] | None = None
         self.on_change: Callable[[Entry], None] | None = None
         self.now_ms = 0  # the latest time this table was told (commands, core ticks)

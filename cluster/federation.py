@@ -134,7 +134,6 @@ class FederationCore:
         self._recent: dict[bytes, int] = {}  # job ID -> when imported (insertion order)
         # While a YOURJOBS is being queued: the "last job taken" calls, run after it.
         self._deferred: list[Queue] | None = None
-        broker.federation = self
 
     # =========================================================================================
     # The runtime's side (cluster/effects.py)

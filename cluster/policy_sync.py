@@ -38,7 +38,6 @@ class PolicySync(TableSync):
                  rng: random.Random | None = None, now_ms: int = 0) -> None:
         super().__init__(membership, rng, now_ms)
         self.broker = broker
-        broker.policies.on_change = self._changed
 
     def records(self) -> list[Any]:
         return [p.to_record() for p in self.broker.policies.by_name.values()]
@@ -59,5 +58,6 @@ class PolicySync(TableSync):
         return [p.to_record() for p in self.broker.policies.by_name.values()
                 if theirs.get(p.name, (-1, "")) < p.stamp]
 
-    def _changed(self, p: Policy) -> None:
+    def changed(self, p: Policy) -> None:
+        """A policy changed on this node (``PolicyTable.on_change``): sent to every node."""
         self.broadcast([p.to_record()])

@@ -24,15 +24,16 @@ The cluster: the node's ID and its peers come from ``cluster-config-file`` (``no
 a missing file is a new node, written at once; a corrupt one stops the start). The membership
 core (``cluster.membership.Membership``) is the broker's ``cluster`` view, and ``node/bus.py``
 runs its links and timers. The job core (``cluster.jobs.JobCore``, issue 9) is built right
-after it, before the append log is replayed, and becomes ``broker.replication``; the bus
-routes it the frames of its ``HANDLES``. After every event - a bus frame, a tick, a reactor
+after it, before the append log is replayed; the bus routes it the frames of its
+``HANDLES``. Once every core is built, ``cluster.wiring.attach`` plugs them into the broker
+(its ``cluster`` view, ``replication``, ``federation``, the policy and timer tables' hooks),
+in one call, before the log is replayed. After every event - a bus frame, a tick, a reactor
 round's client commands (each command's broker effects are routed as it runs, the bus is
 flushed once at the end of the round) - the broker's effects are routed before the cluster
 cores' (``Bus.flush`` calls
 ``Server.settle_broker`` first): a replica's log record reaches the log before its GOTJOB
 is sent, and the bus holds a GOTJOB until the log says it is durable. The federation core
-(``cluster.federation.FederationCore``, issue 10) is built next to the job core and becomes
-``broker.federation``; its effects follow the job core's after every event (client
+(``cluster.federation.FederationCore``, issue 10) is built next to the job core; its effects follow the job core's after every event (client
 commands included: GETJOB and ADDJOB emit NEEDJOBS), the bus holds a YOURJOBS like a GOTJOB
 (the ``del`` of an at-most-once job that left must be durable first), and
 a ``CoreTimer`` ticks it at its ``next_deadline()``, re-read after every flush. The
@@ -86,6 +87,7 @@ from cluster.jobs import JobCore
 from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
+from cluster.wiring import attach
 from node import client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
@@ -149,7 +151,6 @@ class Server:
         self.broker = Broker(config, self.node_id, os.urandom(20), now_ms=now_ms)
         self.cluster = Membership(config, self.node_id, random.Random(os.urandom(16)), now_ms,
                                   saved)
-        self.broker.cluster = self.cluster
         if self.cluster.leaving:  # CLUSTER LEAVING yes survives a restart, as in Disque
             self.broker.set_leaving(True)
         self.nodes_file = NodesFileWriter(nodes_path)
@@ -169,8 +170,8 @@ class Server:
         # The broker's warnings (an ADDJOB body over job-max-body-len), rate-limited per key.
         self._warnings = LogLimiter(log, self.clock)
         self.broker.warn = self._warn
-        # Replicated jobs: built before the log is replayed (run() loads it), since replay
-        # keeps acked cluster jobs only when broker.replication is set.
+        # Replicated jobs: built (and attached below) before the log is replayed (run() loads
+        # it), since replay keeps acked cluster jobs only when broker.replication is set.
         self.jobs = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
         self.bus.add_core(self.jobs)
         # Federation (issue 10): NEEDJOBS/YOURJOBS; ticked at its own next deadline
@@ -186,6 +187,8 @@ class Server:
         self.periodic_sync = PeriodicSync(self.broker, self.cluster,
                                           random.Random(os.urandom(16)), now_ms)
         self.bus.add_core(self.periodic_sync)
+        attach(self.broker, membership=self.cluster, jobs=self.jobs, federation=self.federation,
+               policies=self.policy_sync, timers=self.periodic_sync)
         self.core_timers = [CoreTimer(self, self.federation), CoreTimer(self, self.periodic_sync)]
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
