@@ -27,7 +27,7 @@ import hmac
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
 import trio
@@ -44,6 +44,9 @@ from broker.job import JobState
 from node.http_openapi import MAX_COUNT, MAX_WAIT_S, OPENAPI, QUEUE_FIELDS
 from protocol.jobid import is_valid
 from protocol.resp import NEED_DATA, Error, ReplyReader
+
+if TYPE_CHECKING:
+    from node.server import Server
 
 log = logging.getLogger("trisque.http")
 
@@ -99,7 +102,7 @@ class _Handle:
 
 
 class Bridge:
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
 
     def _client(self) -> Client:
@@ -569,7 +572,7 @@ class _Auth:
         await self.app(scope, receive, send)
 
 
-def make_app(server: Any) -> ASGIApp:
+def make_app(server: Server) -> ASGIApp:
     from node import metrics
     from node.dashboard import Dashboard
 
@@ -599,7 +602,7 @@ def make_app(server: Any) -> ASGIApp:
     return _Auth(app, server.config)
 
 
-async def serve(server: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def serve(server: Server, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Run the HTTP API on ``http-port`` at the client listeners' addresses until cancelled."""
     cfg = server.config
     hosts = [h for h, _ in server.listening] or ["127.0.0.1"]

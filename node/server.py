@@ -61,7 +61,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -106,6 +106,13 @@ log = logging.getLogger("trisque")
 IDLE_CHECK_S = 1.0
 
 
+#: What serves the HTTP API (``node.http_api.serve``: started with the node's task status,
+#: given the server) when ``http-port`` is set. The caller passes it in (cli/server.py):
+#: node/http_api.py types the server it serves as ``Server``, so this module does not import
+#: it (tests/test_layering.py refuses the cycle, typing imports included).
+HttpService = Callable[..., Awaitable[None]]
+
+
 class ServerError(Exception):
     """A start-up problem worth one clear line (bad directive, port in use, ...)."""
 
@@ -134,8 +141,10 @@ def _repr_arg(arg: bytes) -> bytes:
 
 
 class Server:
-    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+    def __init__(self, config: Config, clock: Clock | None = None,
+                 http: HttpService | None = None) -> None:
         self.config = config
+        self.http = http
         # commands, stats_in, stats_out and stopping live here (properties below), where the
         # compiled hot path counts them without a dict lookup per request.
         self.counters = NodeCounters()
@@ -630,10 +639,11 @@ class Server:
             for core_timer in self.core_timers:
                 nursery.start_soon(core_timer.run)
             if cfg.http_port:  # the HTTP API (node/http_api.py), off by default
-                from node import http_api
-
+                if self.http is None:
+                    raise ServerError("http-port is set, but this node was built without the "
+                                      "HTTP API")
                 try:
-                    await nursery.start(http_api.serve, self)
+                    await nursery.start(self.http, self)
                 except OSError as exc:
                     raise ServerError(f"Can't listen for HTTP on port {cfg.http_port}: "
                                       f"{exc.strerror or exc}") from None
