@@ -609,6 +609,9 @@ class Server:
 
     async def _start(self, task_status: Any) -> None:
         cfg = self.config
+        if cfg.http_port and self.http is None:
+            raise ServerError("http-port is set, but this node was built without the HTTP API "
+                              "(Server's http argument)")
         self.persistence.load(self.clock.now_ms())
         # Every job is an object the cyclic garbage collector tracks, and jobs never form
         # cycles. With the default thresholds a node holding a million jobs stops for a full
@@ -638,10 +641,7 @@ class Server:
             nursery.start_soon(self.timers)
             for core_timer in self.core_timers:
                 nursery.start_soon(core_timer.run)
-            if cfg.http_port:  # the HTTP API (node/http_api.py), off by default
-                if self.http is None:
-                    raise ServerError("http-port is set, but this node was built without the "
-                                      "HTTP API")
+            if cfg.http_port and self.http is not None:  # the HTTP API, off by default
                 try:
                     await nursery.start(self.http, self)
                 except OSError as exc:
