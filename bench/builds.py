@@ -102,6 +102,7 @@ def core_loop(n: int) -> dict[str, float]:
     from cluster.federation import FederationCore
     from cluster.jobs import JobCore
     from cluster.membership import Membership
+    from cluster.wiring import attach
     from protocol.resp import NEED_DATA, RequestParser, encode_command, encode_into
 
     gc.set_threshold(50_000, 20, 100)  # as a node runs (node/server.py)
@@ -111,9 +112,10 @@ def core_loop(n: int) -> dict[str, float]:
     node_id = "ab" * 20
     broker = Broker(config, node_id, b"seed" * 5, now_ms=now, rng=random.Random(1))
     membership = Membership(config, node_id, random.Random(2), now, None)
-    broker.cluster = membership
-    cores: list[JobCore | FederationCore] = [JobCore(broker, membership, random.Random(3)),
-                                             FederationCore(broker, membership)]
+    jobs = JobCore(broker, membership, random.Random(3))
+    federation = FederationCore(broker, membership)
+    attach(broker, membership=membership, jobs=jobs, federation=federation)
+    cores: list[JobCore | FederationCore] = [jobs, federation]
     client = Client(1)
     out: dict[str, float] = {}
     for name, request in (("addjob", encode_command("ADDJOB", "q", "body", "0")),

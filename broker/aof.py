@@ -67,7 +67,7 @@ _FRAME = struct.Struct(">III")
 FRAME_HEADER_SIZE: Final = _FRAME.size  # 12
 _MASK: Final = 0xFFFFFFFF
 
-# qpolicy: broker/policies.py; timer: broker/periodic.py
+# qpolicy: broker/policy_table.py; timer: broker/periodic.py
 KINDS: Final = ("job", "ack", "del", "flushall", "dlv", "qpolicy", "timer")
 # Records that describe, not decide: see the module docstring. The runtime neither waits for
 # them nor undoes them (node/persistence.py).

@@ -27,17 +27,15 @@ every node that may have a copy confirmed (GOTACK), with a ``del`` record.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from broker.clients import BLOCKED, Client
+from broker.core_api import BrokerCore
 from broker.effects import LogRecord, Reply
 from broker.job import FLAG_QUEUED_BEFORE, FLAG_REPLICA, FLAG_WILLQUEUE, Job, JobState
+from broker.replication import Replication
 from protocol.commands import AddJob
 from protocol.resp import Error, Status
-
-#: ``broker.core.Broker``, which imports this module: naming the class here would be an
-#: import cycle (tests/test_layering.py), so the handlers take it untyped.
-Broker = Any
 
 #: While a synchronous ADDJOB waits, one more node is asked this often (Disque's
 #: DELAYED_JOB_ADD_NODE_MIN_PERIOD).
@@ -87,7 +85,13 @@ class ReplWait:
         self.started = added  # the ADDJOB, when its first REPLJOBs left (replication latency)
 
 
-def _rep(b: Broker) -> Any:
+class ReplicatingBroker(BrokerCore, Protocol):
+    """The broker core with its ADDJOBs waiting for their replication (``Broker.repl_wait``)."""
+
+    repl_wait: dict[bytes, ReplWait]
+
+
+def _rep(b: BrokerCore) -> Replication:
     assert b.replication is not None
     return b.replication
 
@@ -95,7 +99,7 @@ def _rep(b: Broker) -> Any:
 # =============================================================================================
 # ADDJOB
 
-def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
+def addjob(b: ReplicatingBroker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
            external: bool, ttl: int, retry: int, queue: bytes, job_id: bytes) -> Any:
     """Disque's addjobCommand after the checks ``Broker._addjob`` already made (which also
     chose the job's ID). ``Broker._addjob`` calls it only when other nodes take part
@@ -106,16 +110,16 @@ def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
     # Every local job shares the broker's one (myself,) tuple, and ttl/retry come interned
     # (Broker._addjob): a tuple and two ints per job were ~60 bytes of each queued job.
     job = Job(job_id, queue, cmd.body, repl=replicate, ttl=ttl,
-              retry=retry, delay=cmd.delay, ctime=b._new_ctime(now_ms),
-              delivered=() if external else b._myself, state=_WAIT_REPL)
+              retry=retry, delay=cmd.delay, ctime=b.new_ctime(now_ms),
+              delivered=() if external else b.myself, state=_WAIT_REPL)
     job.flags |= FLAG_REPLICA
     job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000
     additional = replicate if external else replicate - 1
     reply: Any
     log_now = False
     if (replicate > 1 or external) and not cmd.async_:
-        job.confirmed = () if external else b._myself
-        b._register(job, schedule=False)
+        job.confirmed = () if external else b.myself
+        b.register(job, schedule=False)
         wait = ReplWait(client, now_ms + cmd.timeout_ms if cmd.timeout_ms else 0, now_ms)
         b.repl_wait[job.id] = wait
         b.blocked_clients += 1
@@ -124,12 +128,12 @@ def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
     else:
         if not discard_local_copy:
             if job.delay == 0 and not external:
-                b._register(job, schedule=False)
-                b._enqueue(job, now_ms)
+                b.register(job, schedule=False)
+                b.enqueue(job, now_ms)
             else:
                 job.transition(_ACTIVE)
                 job.awake = job.compute_awake()
-                b._register(job)
+                b.register(job)
             log_now = True
         else:
             job.transition(_ACTIVE)
@@ -137,13 +141,13 @@ def addjob(b: Broker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
     if additional > 0:
         rep.replicate(job, additional, cmd.async_, now_ms)
     if log_now:
-        b._log_job(job, None)  # after replicate: the record names the nodes asked
+        b.log_job(job, None)  # after replicate: the record names the nodes asked
     if discard_local_copy:
         rep.enqueue_elsewhere(job, job.delay)
     return reply
 
 
-def _schedule_wait(b: Broker, job: Job, wait: ReplWait, now_ms: int) -> None:
+def _schedule_wait(b: ReplicatingBroker, job: Job, wait: ReplWait, now_ms: int) -> None:
     at = max(wait.added + resend_period(job), now_ms + 1)
     if wait.deadline:
         at = min(at, wait.deadline)
@@ -151,16 +155,16 @@ def _schedule_wait(b: Broker, job: Job, wait: ReplWait, now_ms: int) -> None:
     b.timers.schedule(job, job.awake)
 
 
-def replication_timer(b: Broker, job: Job, now_ms: int) -> None:
+def replication_timer(b: ReplicatingBroker, job: Job, now_ms: int) -> None:
     """The timer of a job in WAIT_REPL: the ADDJOB timeout, or one more node every 50 ms."""
     wait = b.repl_wait.get(job.id)
     if wait is None or b.replication is None:
         # Nobody waits any more (cannot happen: client_gone drops the job); do not leak it.
-        b._unregister(job)
+        b.unregister(job)
         return
     if wait.deadline and now_ms >= wait.deadline:
         abort_wait(b, job, NOREPL_TIMEOUT)
-        b._unregister(job)
+        b.unregister(job)
         return
     if now_ms - wait.added >= resend_period(job):
         # The next try is 50 ms from this one whether or not a node was added: with no node
@@ -172,7 +176,7 @@ def replication_timer(b: Broker, job: Job, now_ms: int) -> None:
     _schedule_wait(b, job, wait, now_ms)
 
 
-def abort_wait(b: Broker, job: Job, reply: Error) -> None:
+def abort_wait(b: ReplicatingBroker, job: Job, reply: Error) -> None:
     """The blocked ADDJOB of ``job`` fails with ``reply``; best-effort DELJOB of the copies.
     The caller unregisters the job."""
     wait = b.repl_wait.pop(job.id, None)
@@ -184,7 +188,7 @@ def abort_wait(b: Broker, job: Job, reply: Error) -> None:
         b.replication.deljob(job.id, job.delivered)
 
 
-def client_gone(b: Broker, client: Client) -> None:
+def client_gone(b: ReplicatingBroker, client: Client) -> None:
     """A client blocked in ADDJOB disconnected: as Disque, the job is dropped (DELJOB)."""
     for job_id, wait in list(b.repl_wait.items()):
         if wait.client is client:
@@ -194,10 +198,10 @@ def client_gone(b: Broker, client: Client) -> None:
             if job is not None:
                 if b.replication is not None:
                     b.replication.deljob(job_id, job.delivered)
-                b._unregister(job)
+                b.unregister(job)
 
 
-def got_job(b: Broker, job_id: bytes, sender: str, now_ms: int) -> bool:
+def got_job(b: ReplicatingBroker, job_id: bytes, sender: str, now_ms: int) -> bool:
     """GOTJOB from ``sender``: counted only from a node this node asked (in
     ``job.delivered``): a node never asked cannot hold the copy the client is promised."""
     job = b.jobs.get(job_id)
@@ -210,7 +214,7 @@ def got_job(b: Broker, job_id: bytes, sender: str, now_ms: int) -> bool:
     return True
 
 
-def replication_achieved(b: Broker, job: Job, now_ms: int) -> bool:
+def replication_achieved(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
     """Disque's jobReplicationAchieved. False if the job left this node (external)."""
     wait = b.repl_wait.pop(job.id, None)
     if wait is not None:
@@ -223,13 +227,13 @@ def replication_achieved(b: Broker, job: Job, now_ms: int) -> bool:
         _rep(b).enqueue_elsewhere(job, job.delay)
         if wait is not None:
             b.outbox.append(Reply(wait.client, Status(job.id.decode("ascii"))))
-        b._unregister(job)
+        b.unregister(job)
         return False
     if job.delay == 0:
-        b._enqueue(job, now_ms)
+        b.enqueue(job, now_ms)
     else:
-        b._reschedule(job)
-    b._log_job(job, None)
+        b.reschedule(job)
+    b.log_job(job, None)
     if wait is not None:
         b.outbox.append(Reply(wait.client, Status(job.id.decode("ascii"))))
     return True
@@ -238,7 +242,7 @@ def replication_achieved(b: Broker, job: Job, now_ms: int) -> bool:
 # =============================================================================================
 # Acknowledgements
 
-def acknowledge(b: Broker, job: Job, now_ms: int) -> bool:
+def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
     """Disque's ACK-JOB: False if the job was acked already."""
     if job.state is _ACKED:
         return False
@@ -247,19 +251,19 @@ def acknowledge(b: Broker, job: Job, now_ms: int) -> bool:
         if not replication_achieved(b, job, now_ms):
             return False
     prev = job.to_record()
-    b._dequeue(job)
+    b.dequeue(job)
     job.transition(_ACKED)
     job.confirmed = ()
     job.flags |= FLAG_REPLICA
     # The next GC attempt (ACKJOB also tries at once; a SETACK receiver waits): Disque's
     # updateJobAwakeTime for an acked job.
     job.qtime = now_ms + GC_MIN_PERIOD_MS + b.rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2
-    b._reschedule(job)
-    b._log_job(job, prev)
+    b.reschedule(job)
+    b.log_job(job, prev)
     return True
 
 
-def dummy_ack(b: Broker, job_id: bytes, now_ms: int) -> Job | None:
+def dummy_ack(b: ReplicatingBroker, job_id: bytes, now_ms: int) -> Job | None:
     """An ACK for a job this node does not know: held as an acked job with no
     ``delivered`` nodes, only for at-least-once IDs (odd TTL field), on a cluster of more
     than one node, and never on a leaving node (Disque's ackjobCommand)."""
@@ -277,31 +281,31 @@ def dummy_ack(b: Broker, job_id: bytes, now_ms: int) -> Job | None:
     job.flags |= FLAG_REPLICA
     job.qtime = now_ms
     job.awake = job.compute_awake()
-    b._register(job)
-    b._log_job(job, None)
+    b.register(job)
+    b.log_job(job, None)
     return job
 
 
-def gc(b: Broker, job: Job, now_ms: int) -> None:
+def gc(b: ReplicatingBroker, job: Job, now_ms: int) -> None:
     """One GC attempt on an acked job (its timer, ACKJOB, or a SETACK that asks for it)."""
     nxt = _rep(b).try_gc(job, now_ms)
     if not nxt:
         free(b, job)
         return
     job.qtime = nxt
-    b._reschedule(job)
+    b.reschedule(job)
 
 
-def free(b: Broker, job: Job) -> None:
+def free(b: ReplicatingBroker, job: Job) -> None:
     """Forget a job for good (GC done, DELJOB, FASTACK), with its ``del`` record."""
     if b.jobs.get(job.id) is not job:
         return
     prev = job.to_record()
-    b._unregister(job)
+    b.unregister(job)
     b.outbox.append(LogRecord("del", job.id, prev))
 
 
-def ack_command(b: Broker, name: str, ids: tuple[bytes, ...] | list[bytes],
+def ack_command(b: ReplicatingBroker, name: str, ids: tuple[bytes, ...] | list[bytes],
                 now_ms: int) -> int:
     """ACKJOB / FASTACK on a cluster node; returns Disque's count."""
     rep = _rep(b)
@@ -325,9 +329,9 @@ def ack_command(b: Broker, name: str, ids: tuple[bytes, ...] | list[bytes],
             # acked job record (with its body) and a later ``del`` (Disque's tryJobGC frees
             # such a job at once too).
             prev = job.to_record()
-            b._dequeue(job)
+            b.dequeue(job)
             job.transition(_ACKED)
-            b._unregister(job)
+            b.unregister(job)
             b.outbox.append(LogRecord("ack", job_id, prev))
             known += 1
             continue
@@ -341,7 +345,7 @@ def ack_command(b: Broker, name: str, ids: tuple[bytes, ...] | list[bytes],
 # =============================================================================================
 # What peers' messages do to a job (called by cluster/jobs.py)
 
-def add_replica(b: Broker, job: Job, now_ms: int) -> None:
+def add_replica(b: ReplicatingBroker, job: Job, now_ms: int) -> None:
     """A REPLJOB's job (ACTIVE, as ``cluster.job_messages`` checked), new here: a later
     queueing of it broadcasts QUEUED."""
     job.confirmed = ()
@@ -353,10 +357,10 @@ def add_replica(b: Broker, job: Job, now_ms: int) -> None:
         # (Disque keeps the sender's qtime: every holder of a delayed job would queue it when
         # the delay ends.)
         base = max(job.qtime, now_ms) if job.delay else now_ms
-        job.qtime = b._requeue_time(job, base)
+        job.qtime = b.requeue_time(job, base)
     job.awake = job.compute_awake()
-    b._register(job)
-    b._log_job(job, None)
+    b.register(job)
+    b.log_job(job, None)
 
 
 def merge_delivered(job: Job, nodes: tuple[str, ...] | list[str]) -> bool:
@@ -366,37 +370,37 @@ def merge_delivered(job: Job, nodes: tuple[str, ...] | list[str]) -> bool:
     return bool(new)
 
 
-def enqueue(b: Broker, job: Job, now_ms: int, delay: int) -> None:
+def enqueue(b: ReplicatingBroker, job: Job, now_ms: int, delay: int) -> None:
     """ENQUEUE from the node that created the job without keeping a copy."""
     prev = job.to_record()
     job.flags &= ~FLAG_QUEUED_BEFORE  # the first queueing: no QUEUED broadcast
     if delay == 0:
-        if not b._enqueue(job, now_ms):
+        if not b.enqueue(job, now_ms):
             return
     else:
         job.qtime = now_ms + delay * 1000
-        b._reschedule(job)
-    b._log_job(job, prev)
+        b.reschedule(job)
+    b.log_job(job, prev)
 
 
-def requeue_later(b: Broker, job: Job, now_ms: int, dequeue: bool, nack: bool,
+def requeue_later(b: ReplicatingBroker, job: Job, now_ms: int, dequeue: bool, nack: bool,
                   deliv: bool) -> None:
     """QUEUED / WORKING from another holder: dequeue (if told), move the retry time."""
     prev = job.to_record()
     if dequeue:
-        b._dequeue(job)
+        b.dequeue(job)
     if job.retry:
         job.flags |= FLAG_WILLQUEUE
-        job.qtime = b._requeue_time(job, now_ms)
-        b._reschedule(job)
+        job.qtime = b.requeue_time(job, now_ms)
+        b.reschedule(job)
     if nack:
         job.nacks += 1
     if deliv:
         job.deliveries += 1
-    b._log_job(job, prev)
+    b.log_job(job, prev)
 
 
-def set_pause(b: Broker, queue: bytes, flags: int, now_ms: int) -> None:
+def set_pause(b: ReplicatingBroker, queue: bytes, flags: int, now_ms: int) -> None:
     """PAUSE from a peer (PAUSE ... BCAST on another node): the queue's flags become these."""
     from broker.queue import PAUSE_OUT
 
@@ -404,10 +408,10 @@ def set_pause(b: Broker, queue: bytes, flags: int, now_ms: int) -> None:
     if q is None:
         if not flags:
             return
-        q = b._queue_for(queue, now_ms)
+        q = b.queue_for(queue, now_ms)
     was_out = q.pause & PAUSE_OUT
     q.pause = flags
     if was_out and not flags & PAUSE_OUT and q.waiters:
-        b._serve_waiters(q, now_ms)
+        b.serve_waiters(q, now_ms)
 
 

@@ -21,7 +21,17 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import admin, cluster_jobs, eviction, memory, parking, periodic, policies
+from broker import (
+    admin,
+    cluster_jobs,
+    dead_letters,
+    eviction,
+    memory,
+    parking,
+    periodic,
+    policies,
+    policy_table,
+)
 from broker.clients import BLOCKED as BLOCKED  # re-exported: node/server.py imports it here
 from broker.clients import Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
@@ -125,7 +135,7 @@ class Broker:
                  rng: random.Random | None = None) -> None:
         self.config = config
         self.node_id = node_id
-        self._myself: tuple[str, ...] = (node_id,)
+        self.myself: tuple[str, ...] = (node_id,)
         self.ids = IdGenerator(node_id, seed)
         self.rng = rng or random.Random(seed)
         self.jobs: dict[bytes, Job] = {}
@@ -171,8 +181,8 @@ class Broker:
         self._ctime_seq = 0
         self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
         self._last_tick_ms = 0
-        # Queue policies (broker/policies.py); empty unless a client sets one.
-        self.policies = policies.PolicyTable()
+        # Queue policies (broker/policy_table.py); empty unless a client sets one.
+        self.policies = policy_table.PolicyTable()
         # What script workers report of the jobs they run (JOBRUN, broker/runs.py).
         self.runs = RunTable(node_id)
         # Periodic timers (broker/periodic.py; fired by cluster/periodic_sync.py).
@@ -273,7 +283,7 @@ class Broker:
     # =========================================================================================
     # Jobs: registration, queueing, timers
 
-    def _new_ctime(self, now_ms: int) -> int:
+    def new_ctime(self, now_ms: int) -> int:
         if now_ms > self._last_ctime_ms:
             self._last_ctime_ms = now_ms
             self._ctime_seq = 0
@@ -293,14 +303,14 @@ class Broker:
         cost = len(job.body) + self.job_overhead
         return cost + memory.CLUSTER_JOB_BYTES if job.repl > 1 else cost
 
-    def _register(self, job: Job, *, schedule: bool = True) -> None:
+    def register(self, job: Job, *, schedule: bool = True) -> None:
         self.job_bytes += self._job_cost(job)
         self.jobs[job.id] = job
         self.job_scan.add(job)
         if schedule:
             self.timers.schedule(job, job.awake)
 
-    def _unregister(self, job: Job) -> None:
+    def unregister(self, job: Job) -> None:
         if self.repl_wait and job.id in self.repl_wait:
             # Gone before its replication level was reached (TTL, DELJOB, DEBUG commands):
             # its client is answered and the partial copies are deleted, as Disque's
@@ -315,32 +325,32 @@ class Broker:
         if self.replication is not None:
             self.replication.forget(job.id)
         self.job_bytes -= self._job_cost(job)
-        self.job_scan.discard(self._job_alive)
+        self.job_scan.discard(self.job_alive)
         # The scan list may keep the object until it compacts; its body goes now.
         job.body = b""
 
-    def _job_alive(self, job: Job) -> bool:
+    def job_alive(self, job: Job) -> bool:
         return self.jobs.get(job.id) is job
 
-    def _reschedule(self, job: Job) -> None:
+    def reschedule(self, job: Job) -> None:
         job.awake = job.compute_awake()
         self.timers.schedule(job, job.awake)
 
-    def _queue_for(self, name: bytes, now_ms: int) -> Queue:
+    def queue_for(self, name: bytes, now_ms: int) -> Queue:
         q = self.queues.get(name)
         if q is None:
             q = self.queues[name] = Queue(name, now_ms)
             self.queue_scan.add(q)
         return q
 
-    def _requeue_time(self, job: Job, now_ms: int) -> int:
+    def requeue_time(self, job: Job, now_ms: int) -> int:
         """Arm the retry: the job comes back to a queue at the returned time (0: never)."""
         if not job.retry:
             return 0
         job.flags |= FLAG_WILLQUEUE
         return now_ms + job.retry * 1000 + requeue_jitter(self.rng)
 
-    def _enqueue(self, job: Job, now_ms: int, *, nack: bool = False) -> bool:
+    def enqueue(self, job: Job, now_ms: int, *, nack: bool = False) -> bool:
         """Put a job in its queue. Returns whether it was queued now.
 
         Refused for a job already queued or acked, one with no retry armed (qtime 0: an
@@ -352,7 +362,7 @@ class Broker:
             return False
         if not job.qtime or (not job.retry and job.flags & FLAG_DELIVERED):
             return False
-        if self.policies.redrive and policies.dead_letter(self, job, now_ms, nack):
+        if self.policies.redrive and dead_letters.dead_letter(self, job, now_ms, nack):
             return False  # moved to its dead-letter queue instead
         job.transition(_QUEUED)
         if self.replication is not None and (nack or job.flags & FLAG_QUEUED_BEFORE):
@@ -366,9 +376,9 @@ class Broker:
             job.deliveries += 1
         else:
             job.flags |= FLAG_QUEUED_BEFORE
-        job.qtime = self._requeue_time(job, now_ms)
-        self._reschedule(job)
-        q = self._queue_for(job.queue, now_ms)
+        job.qtime = self.requeue_time(job, now_ms)
+        self.reschedule(job)
+        q = self.queue_for(job.queue, now_ms)
         q.push(job)
         if nack:
             q.nacks += 1
@@ -377,10 +387,10 @@ class Broker:
         q.atime = now_ms
         if q.waiters:
             # Waiters mean the queue was empty: the one served gets this job.
-            self._serve_waiters(q, now_ms)
+            self.serve_waiters(q, now_ms)
         return True
 
-    def _dequeue(self, job: Job) -> bool:
+    def dequeue(self, job: Job) -> bool:
         if job.state is not _QUEUED:
             return False
         q = self.queues.get(job.queue)
@@ -417,14 +427,14 @@ class Broker:
         if now_ms >= job.etime:
             # TTL reached: the job goes away whatever its state.
             prev = job.to_record()
-            self._unregister(job)
+            self.unregister(job)
             self.outbox.append(LogRecord("del", job.id, prev))
             return
         if job.state is _ACKED:
             if self.replication is not None:
                 cluster_jobs.gc(self, job, now_ms)
             else:
-                self._unregister(job)
+                self.unregister(job)
             return
         if job.state is _WAIT_REPL:
             cluster_jobs.replication_timer(self, job, now_ms)
@@ -438,24 +448,24 @@ class Broker:
             if job.state is _ACTIVE:
                 q = self.queues.get(job.queue)
                 if job.retry and q is not None and q.pause & PAUSE_IN:
-                    job.qtime = self._requeue_time(job, now_ms)  # input paused: try later
+                    job.qtime = self.requeue_time(job, now_ms)  # input paused: try later
                 else:
                     prev = job.to_record()
-                    if self._enqueue(job, now_ms):
-                        self._log_job(job, prev)
+                    if self.enqueue(job, now_ms):
+                        self.log_job(job, prev)
                         return
                     if self.jobs.get(job.id) is not job or job.state is not _ACTIVE:
-                        return  # dead-lettered (broker/policies.py)
+                        return  # dead-lettered (broker/dead_letters.py)
                     job.qtime = 0
             elif job.state is _QUEUED and job.retry:
                 # Still waiting for a consumer: nothing to redo, look again after RETRY.
-                job.qtime = self._requeue_time(job, now_ms)
-        self._reschedule(job)
+                job.qtime = self.requeue_time(job, now_ms)
+        self.reschedule(job)
 
     # =========================================================================================
     # Logging
 
-    def _log_job(self, job: Job, prev: Any) -> None:
+    def log_job(self, job: Job, prev: Any) -> None:
         if self.log_wanted:  # no one to write it: not even built (see __init__)
             # _new_tuple: NamedTuple's own __new__ is interpreted code (see _deliver).
             self.outbox.append(_new_tuple(_LOG_RECORD, ("job", job.to_record(), prev)))
@@ -463,7 +473,7 @@ class Broker:
     def undo_entry(self, entry: tuple[str, Any, Any], now_ms: int) -> None:
         """Put back the state from before ``entry`` (its write to the log failed)."""
         kind, payload, prev = entry
-        if kind == policies.RECORD_KIND:
+        if kind == policy_table.RECORD_KIND:
             self.policies.undo(payload, prev)
             return
         if kind == periodic.RECORD_KIND:
@@ -474,7 +484,7 @@ class Broker:
             return
         current = self.jobs.get(job_id)
         if current is not None:
-            self._unregister(current)
+            self.unregister(current)
         if prev is not None:
             self._restore(Job.from_record(prev), now_ms)
 
@@ -482,22 +492,22 @@ class Broker:
         """Register a job again exactly as recorded (undo of a failed log write)."""
         queued = job.state is _QUEUED
         job.awake = job.compute_awake()
-        self._register(job)
+        self.register(job)
         if queued:
-            q = self._queue_for(job.queue, now_ms)
+            q = self.queue_for(job.queue, now_ms)
             q.push(job)
             q.jobs_in -= 1  # the job is back, not new: QSTAT's jobs-in must not grow
             if q.waiters:
                 # Someone may have blocked on this queue meanwhile; it gets the job now (a
                 # first delivery emits its dlv record, written with the next batch).
-                self._serve_waiters(q, now_ms)
+                self.serve_waiters(q, now_ms)
 
     # -- replay and snapshot (the append log drives these) --------------------------------------
 
     @staticmethod
     def validate_record(kind: str, data: Any) -> str | None:
-        if kind == policies.RECORD_KIND:
-            return policies.validate_record(data)
+        if kind == policy_table.RECORD_KIND:
+            return policy_table.validate_record(data)
         if kind == periodic.RECORD_KIND:
             return periodic.validate_record(data)
         return validate_record(kind, data)
@@ -508,7 +518,7 @@ class Broker:
             job = Job.from_record(payload)
             old = self.jobs.get(job.id)
             if old is not None:
-                self._unregister(old)
+                self.unregister(old)
             if job.etime <= now_ms:
                 return
             self.jobs[job.id] = job
@@ -517,8 +527,8 @@ class Broker:
         elif kind in ("ack", "del"):
             old = self.jobs.get(payload)
             if old is not None:
-                self._unregister(old)
-        elif kind == policies.RECORD_KIND:
+                self.unregister(old)
+        elif kind == policy_table.RECORD_KIND:
             self.policies.load(payload)
         elif kind == periodic.RECORD_KIND:
             self.periodic.load(payload)
@@ -550,7 +560,7 @@ class Broker:
                     job.awake = job.compute_awake()
                     self.timers.schedule(job, job.awake)
                 else:
-                    self._unregister(job)
+                    self.unregister(job)
                 continue
             was_queued = job.state is _QUEUED
             if job.state is not _ACTIVE:
@@ -559,12 +569,12 @@ class Broker:
                 job.transition(_QUEUED)
                 job.awake = job.compute_awake()
                 self.timers.schedule(job, job.awake)
-                q = self._queue_for(job.queue, now_ms)
+                q = self.queue_for(job.queue, now_ms)
                 q.push(job)
                 q.jobs_in -= 1  # a restored job was counted when it first came in
                 continue
             if job.retry:
-                job.qtime = self._requeue_time(job, now_ms) + job.delay * 1000
+                job.qtime = self.requeue_time(job, now_ms) + job.delay * 1000
             else:
                 job.qtime = 0
             job.awake = job.compute_awake()
@@ -635,13 +645,13 @@ class Broker:
                                        q.name if q is not None else cmd.queue, job_id)
         # One copy, here: what cluster_jobs.addjob does for REPLICATE 1 on a cluster node too
         # (no message, no wait), kept here so the common ADDJOB makes no call through the
-        # untyped broker reference of that module. A cluster node's job is a replica
+        # Protocol-typed broker of that module (broker/core_api.py). A cluster node's job is a replica
         # (FLAG_REPLICA: its ACK takes part in the cluster's ack GC).
         job = Job(
             # Jobs of one queue share its name object instead of holding a copy each.
             job_id, q.name if q is not None else cmd.queue, cmd.body,
             repl=replicate, ttl=_intern(ttl), retry=_intern(retry),
-            delay=cmd.delay, ctime=self._new_ctime(now_ms), delivered=self._myself,
+            delay=cmd.delay, ctime=self.new_ctime(now_ms), delivered=self.myself,
         )
         if self.replication is not None:
             job.flags = FLAG_REPLICA
@@ -650,11 +660,11 @@ class Broker:
         job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000 or now_ms
         if cmd.delay:
             job.awake = job.compute_awake()
-            self._register(job)
+            self.register(job)
         else:
-            self._register(job, schedule=False)  # the enqueue arms its timer
-            self._enqueue(job, now_ms)
-        self._log_job(job, None)
+            self.register(job, schedule=False)  # the enqueue arms its timer
+            self.enqueue(job, now_ms)
+        self.log_job(job, None)
         return Status(job.id.decode("ascii"))
 
     def _body_too_big(self, size: int) -> Error:
@@ -671,7 +681,7 @@ class Broker:
         names = cmd.queues
         if len(names) > 1:
             names = tuple(dict.fromkeys(names))  # each queue once, in order
-        queues = [self._queue_for(name, now_ms) for name in names]
+        queues = [self.queue_for(name, now_ms) for name in names]
         found: list[Job] = []
         want = cmd.max_jobs
         # Round robin: one job per queue per pass, left to right, until COUNT or a dry pass.
@@ -715,7 +725,7 @@ class Broker:
                     b"additional-deliveries", job.deliveries]
         return [job.queue, job.id, job.body]
 
-    def _serve_waiters(self, q: Queue, now_ms: int) -> None:
+    def serve_waiters(self, q: Queue, now_ms: int) -> None:
         """Hand jobs of ``q`` to its blocked clients, first come first served, one each."""
         if q.pause & PAUSE_OUT:
             return
@@ -773,26 +783,26 @@ class Broker:
                 if job.state is _ACKED:
                     continue
                 prev = job.to_record()
-                self._dequeue(job)
+                self.dequeue(job)
                 job.transition(_ACKED)
                 # One node: nobody else may hold a copy, so the ACK can be collected at once.
-                self._unregister(job)
+                self.unregister(job)
                 self.outbox.append(LogRecord("ack", job_id, prev))
             elif name in ("FASTACK", "DELJOB"):
                 prev = job.to_record()
-                self._unregister(job)
+                self.unregister(job)
                 self.outbox.append(LogRecord("del", job_id, prev))
             elif name == "DEQUEUE":
                 prev = job.to_record()
-                if not self._dequeue(job):
+                if not self.dequeue(job):
                     continue
-                self._reschedule(job)
-                self._log_job(job, prev)
+                self.reschedule(job)
+                self.log_job(job, prev)
             else:  # NACK, ENQUEUE
                 prev = job.to_record()
-                if not self._enqueue(job, now_ms, nack=name == "NACK"):
+                if not self.enqueue(job, now_ms, nack=name == "NACK"):
                     continue
-                self._log_job(job, prev)
+                self.log_job(job, prev)
             count += 1
         return count
 
@@ -804,11 +814,11 @@ class Broker:
             return errors.TOOLATE
         prev = job.to_record()
         # The worker holds the job: take it out of the queue so nobody else gets it meanwhile.
-        self._dequeue(job)
+        self.dequeue(job)
         if job.retry and job.qtime:
-            job.qtime = self._requeue_time(job, now_ms)
-        self._reschedule(job)
-        self._log_job(job, prev)
+            job.qtime = self.requeue_time(job, now_ms)
+        self.reschedule(job)
+        self.log_job(job, prev)
         if self.replication is not None:
             self.replication.working(job)
         return job.retry
@@ -906,12 +916,12 @@ class Broker:
             if q is None:
                 if new == PAUSE_NONE:
                     return Status("none")
-                q = self._queue_for(cmd.queue, now_ms)
+                q = self.queue_for(cmd.queue, now_ms)
             was_out = q.pause & PAUSE_OUT
             q.pause = new
             if was_out and not new & PAUSE_OUT and q.waiters:
                 # Output resumed: clients blocked meanwhile get the jobs that piled up.
-                self._serve_waiters(q, now_ms)
+                self.serve_waiters(q, now_ms)
         if "bcast" in cmd.options and self.replication is not None:
             self.replication.pause(cmd.queue, q.pause if q is not None else PAUSE_NONE)
         return Status(PAUSE_NAMES[q.pause] if q is not None else "none")
@@ -941,7 +951,7 @@ class Broker:
         """The node's ID changed (CLUSTER RESET HARD, ``cluster.effects.NewNodeId``): HELLO and
         new job IDs use the new one. Jobs are gone already: the reset flushed them."""
         self.node_id = node_id
-        self._myself = (node_id,)
+        self.myself = (node_id,)
         self.ids = IdGenerator(node_id, seed)
         self.runs.prefix = node_id[:8].encode()
 

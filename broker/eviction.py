@@ -12,17 +12,16 @@ gives up after the same run of misses, so each call costs a bounded number of lo
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final, Protocol
 
+from broker.core_api import BrokerCore
 from broker.effects import LogRecord
-from broker.job import FLAG_DELIVERED, JobState
+from broker.job import FLAG_DELIVERED, Job, JobState
 
 # Disque's DISQUE_NOT_FREED_MAX_LEN: consecutive jobs that cannot be freed before giving up.
 MAX_MISSES: Final = 10
 # Jobs looked at per call at most, freed or not (Disque bounds the loop by time instead).
 MAX_LOOKS: Final = 1000
-
-Broker = Any  # broker.core.Broker (imported there: a cycle)
 
 # Scan list slots read per refill of the walk's batch.
 _BATCH: Final = 64
@@ -33,9 +32,9 @@ class Walk:
 
     def __init__(self) -> None:
         self.cursor = 0
-        self.batch: list[Any] = []
+        self.batch: list[Job] = []
 
-    def next_job(self, b: Broker) -> Any:
+    def next_job(self, b: BrokerCore) -> Job | None:
         """The next job still registered, wrapping around; None when there is none."""
         jobs = b.jobs
         empty_reads = 0
@@ -44,7 +43,7 @@ class Walk:
                 job = self.batch.pop()
                 if jobs.get(job.id) is job:
                     return job
-            self.cursor, found = b.job_scan.scan(self.cursor, _BATCH, b._job_alive)
+            self.cursor, found = b.job_scan.scan(self.cursor, _BATCH, b.job_alive)
             self.batch = found[::-1]
             empty_reads = 0 if found else empty_reads + 1
             if empty_reads > 2 and not self.cursor:
@@ -52,11 +51,17 @@ class Walk:
         return None
 
 
-def freeable(job: Any) -> bool:
+class EvictingBroker(BrokerCore, Protocol):
+    """The broker core with its walk over the jobs (``Broker.eviction``)."""
+
+    eviction: Walk
+
+
+def freeable(job: Job) -> bool:
     return job.state is JobState.ACKED or (job.retry == 0 and bool(job.flags & FLAG_DELIVERED))
 
 
-def free_memory(b: Broker, adding: int) -> bool:
+def free_memory(b: EvictingBroker, adding: int) -> bool:
     """Free jobs until the count with ``adding`` more bytes is at most 95 % of maxmemory.
     True when it is (the command may go on), False to refuse it with -OOM."""
     target = b.config.maxmemory // 100 * 95
@@ -73,10 +78,10 @@ def free_memory(b: Broker, adding: int) -> bool:
         if freeable(job):
             misses = 0
             if job.state is JobState.ACKED:
-                b._unregister(job)  # its ack is in the log already
+                b.unregister(job)  # its ack is in the log already
             else:
                 prev = job.to_record()
-                b._unregister(job)
+                b.unregister(job)
                 b.outbox.append(LogRecord("del", job.id, prev))
         else:
             misses += 1

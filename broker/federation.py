@@ -31,12 +31,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from broker.core_api import BrokerCore
 from broker.effects import LogRecord
 from broker.job import FLAG_DELIVERED, FLAG_QUEUED_BEFORE, FLAG_REPLICA, Job, JobState
 from broker.queue import Queue
-
-#: ``broker.core.Broker`` (which imports this module): untyped here to avoid an import cycle.
-Broker = Any
 
 
 class Federation(Protocol):
@@ -62,7 +60,7 @@ class Federation(Protocol):
         ...
 
 
-def export_jobs(b: Broker, q: Queue, count: int, to_node: str, now_ms: int,
+def export_jobs(b: BrokerCore, q: Queue, count: int, to_node: str, now_ms: int,
                 max_body: int) -> list[list[Any]]:
     """Take up to ``count`` of the oldest jobs out of ``q`` for a YOURJOBS to ``to_node``,
     stopping at a job whose body is over ``max_body`` (it could not be sent: it stays).
@@ -88,14 +86,14 @@ def export_jobs(b: Broker, q: Queue, count: int, to_node: str, now_ms: int,
         record[14] &= ~FLAG_DELIVERED  # a local fact (Disque clears it in every job message)
         out.append(record)
         if job.retry == 0:
-            b._unregister(job)
+            b.unregister(job)
             b.outbox.append(LogRecord("del", job.id, prev))
         else:
-            b._log_job(job, prev)
+            b.log_job(job, prev)
     return out
 
 
-def import_job(b: Broker, job: Job, myself: str, now_ms: int) -> bool:
+def import_job(b: BrokerCore, job: Job, myself: str, now_ms: int) -> bool:
     """A job received in YOURJOBS: queue it here. Returns whether it was queued (Disque
     counts only those towards the import rate and the sources of the queue)."""
     existing = b.jobs.get(job.id)
@@ -114,7 +112,7 @@ def import_job(b: Broker, job: Job, myself: str, now_ms: int) -> bool:
         job.confirmed = ()
         job.flags |= FLAG_REPLICA
         job.awake = job.compute_awake()
-        b._register(job)
+        b.register(job)
         prev = None
     if myself not in job.delivered:
         job.delivered += (myself,)
@@ -122,9 +120,9 @@ def import_job(b: Broker, job: Job, myself: str, now_ms: int) -> bool:
     job.flags &= ~FLAG_QUEUED_BEFORE
     if not job.qtime:
         job.qtime = now_ms  # an at-most-once job: queued once more (any value will do)
-    if not b._enqueue(job, now_ms):
+    if not b.enqueue(job, now_ms):
         if prev is None:
-            b._unregister(job)
+            b.unregister(job)
         return False
-    b._log_job(job, prev)
+    b.log_job(job, prev)
     return True

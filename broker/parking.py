@@ -5,7 +5,7 @@ Theory of operation
 RQ parks a message whose script failed in its ``err`` state, for an operator to look at; it is
 not run again unless someone asks. ``trisque worker`` does the same with
 ``QPOLICY PARK job-id exit-code|none log-file reason``, which moves a job this node holds out
-of its queue, now, as a dead letter (``policies.move_to_dead_letters``: the original is
+of its queue, now, as a dead letter (``dead_letters.move_to_dead_letters``: the original is
 acknowledged, the dead letter keeps its body and counters and records its origin, so
 ``QPOLICY REDRIVE`` runs it again):
 
@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from broker import policies
+from broker.dead_letters import move_to_dead_letters
 from broker.effects import LogRecord
 from broker.job import JobState
+from broker.policies import new_stamp, store
+from broker.policy_table import RECORD_KIND, Policy, PolicyBroker
 from protocol import errors
 from protocol.commands import QPolicy
-
-Broker = Any  # broker.core.Broker (which imports this module)
 
 ERROR_QUEUE_SUFFIX: Final = b".err"
 
@@ -44,7 +44,7 @@ def error_queue(queue: bytes) -> bytes:
     return queue + ERROR_QUEUE_SUFFIX
 
 
-def park(b: Broker, cmd: QPolicy, now_ms: int) -> Any:
+def park(b: PolicyBroker, cmd: QPolicy, now_ms: int) -> Any:
     table = b.policies
     job = b.jobs.get(cmd.target)
     if job is None or job.state is JobState.ACKED:
@@ -56,10 +56,10 @@ def park(b: Broker, cmd: QPolicy, now_ms: int) -> Any:
         name = error_queue(job.queue)
         dlq = table.get(name)
         if dlq is None:
-            dlq = policies.Policy(name, stamp=policies._stamp(b, name, now_ms))
-            policies.store(b, dlq)
-    new_id = policies.move_to_dead_letters(b, job, dlq, job.nacks, job.deliveries, now_ms)
+            dlq = Policy(name, stamp=new_stamp(b, name, now_ms))
+            store(b, dlq)
+    new_id = move_to_dead_letters(b, job, dlq, job.nacks, job.deliveries, now_ms)
     note = (fields["reason"], fields["exit"], fields["log"], now_ms)
     table.notes[new_id] = note
-    b.outbox.append(LogRecord(policies.RECORD_KIND, ["note", new_id, *note], None))
+    b.outbox.append(LogRecord(RECORD_KIND, ["note", new_id, *note], None))
     return [dlq.name, new_id]

@@ -23,8 +23,9 @@ versions arrive does not matter:
 This module is the table, its log records, the TIMER command and the fire itself (an ADDJOB
 with a job ID derived from the name and the due time: the deduplication key). *When* to fire
 and *who* fires needs the membership view, so it is decided by the cluster core
-(``cluster/periodic_sync.py``), which also sets ``owner_of`` for the listing; without that
-core (a broker alone, in tests) nothing fires by itself.
+(``cluster/periodic_sync.py``), whose view of the owners the listing shows (``owner_of``, set
+by ``cluster/wiring.py``); without that core (a broker alone, in tests) nothing fires by
+itself.
 
 Log records (kind ``timer``): ``[name, fields | None, stamp_ms, stamp_node, [done_ms, seq,
 holder, fired_due_ms, fired_by]]``, the whole state of one name; replay keeps the greatest of
@@ -35,18 +36,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from broker import policies
 from broker.clients import Client
 from broker.effects import LogRecord
+from broker.policy_table import PolicyBroker
 from protocol import errors
 from protocol.commands import AddJob, Timer, parse
 from protocol.resp import Error, Status
-
-#: ``broker.core.Broker``, which imports this module: naming the class here would be an import
-#: cycle (tests/test_layering.py), so the functions take it untyped, as broker/policies.py does.
-Broker = Any
 
 RECORD_KIND: Final = "timer"
 Record = list[Any]  # (an alias: PeriodicTable.list shadows the builtin in its class body)
@@ -192,8 +190,9 @@ class PeriodicTable:
     def __init__(self) -> None:
         self.entries: dict[bytes, Entry] = {}
         self.live = 0  # entries that are not tombstones
-        # Set by the cluster core: who owns a timer in this node's view (the listing shows
-        # it), and what to do with an entry changed here (send it to the other nodes).
+        # Set by cluster/wiring.py to the cluster core's: who owns a timer in this node's view
+        # (the listing shows it), and what to do with an entry changed here (send it to the
+        # other nodes).
         self.owner_of: Callable[[bytes], str] | None = None
         self.on_change: Callable[[Entry], None] | None = None
         self.now_ms = 0  # the latest time this table was told (commands, core ticks)
@@ -263,6 +262,13 @@ class PeriodicTable:
         self.put(restored)
 
 
+class PeriodicBroker(PolicyBroker, Protocol):
+    """The broker core with its timer table (``Broker.periodic``); a fire is an ADDJOB, which
+    a queue's policy may change (broker/policies.py)."""
+
+    periodic: PeriodicTable
+
+
 def _is_int(v: Any, low: int = 0) -> bool:
     return type(v) is int and v >= low
 
@@ -310,7 +316,7 @@ def validate_record(data: Any) -> str | None:
 # Changes made on this node
 
 
-def _stamp(b: Broker, name: bytes, now_ms: int) -> tuple[int, str]:
+def _stamp(b: PeriodicBroker, name: bytes, now_ms: int) -> tuple[int, str]:
     """A stamp newer than every version of ``name`` this node has seen, tombstones included
     (another node's clock may be ahead: a change made here must still win)."""
     old = b.periodic.entries.get(name)
@@ -318,7 +324,7 @@ def _stamp(b: Broker, name: bytes, now_ms: int) -> tuple[int, str]:
     return (ms, b.node_id)
 
 
-def store(b: Broker, e: Entry, prev: Entry | None) -> None:
+def store(b: PeriodicBroker, e: Entry, prev: Entry | None) -> None:
     """Install a version made on this node: log it and tell the cluster core."""
     table = b.periodic
     undo = prev.to_record() if prev is not None else None
@@ -328,7 +334,7 @@ def store(b: Broker, e: Entry, prev: Entry | None) -> None:
         table.on_change(e)
 
 
-def apply_remote(b: Broker, incoming: Entry) -> bool:
+def apply_remote(b: PeriodicBroker, incoming: Entry) -> bool:
     """A peer's version (cluster/periodic_sync.py): merged, and logged if it changed
     anything. Not sent on: the sender's broadcast and the periodic exchange reach every node."""
     table = b.periodic
@@ -341,7 +347,7 @@ def apply_remote(b: Broker, incoming: Entry) -> bool:
     return True
 
 
-def pass_baton(b: Broker, e: Entry, holder: str, done_ms: int | None = None) -> None:
+def pass_baton(b: PeriodicBroker, e: Entry, holder: str, done_ms: int | None = None) -> None:
     """Make ``holder`` the node that fires the next due time: a hand-over to the owner, or
     this node taking over from a holder it cannot reach (which also marks the due times that
     holder may have fired as done: ``done_ms``)."""
@@ -354,7 +360,7 @@ def pass_baton(b: Broker, e: Entry, holder: str, done_ms: int | None = None) -> 
 _TIMER_CLIENT: Final = Client(0, "timer")
 
 
-def add_job(b: Broker, d: Definition, now_ms: int, id_key: tuple[str, bytes] | None) -> Any:
+def add_job(b: PeriodicBroker, d: Definition, now_ms: int, id_key: tuple[str, bytes] | None) -> Any:
     """ADDJOB of the timer's job, always asynchronous (nobody waits for a fire): the job ID,
     or the error ADDJOB gives (OOM, NOREPL, PAUSED, MAXLEN...)."""
     cmd = parse([b"ADDJOB", d.queue, d.body, b"0", *d.params])
@@ -367,7 +373,7 @@ def add_job(b: Broker, d: Definition, now_ms: int, id_key: tuple[str, bytes] | N
     return b._addjob(cmd, _TIMER_CLIENT, now_ms)
 
 
-def fire(b: Broker, e: Entry, due_ms: int, now_ms: int) -> Any:
+def fire(b: PeriodicBroker, e: Entry, due_ms: int, now_ms: int) -> Any:
     """Fire ``due_ms``: first the progress (logged and announced to every node), then the
     job, whose ID is derived from the timer's name and the due time. Called by the cluster
     core when this node holds the baton and owns the timer. Returns ADDJOB's reply."""
@@ -433,7 +439,7 @@ def reply(v: Periodic, now_ms: int) -> list[Any]:
     ]
 
 
-def command(b: Broker, cmd: Timer, now_ms: int) -> Any:
+def command(b: PeriodicBroker, cmd: Timer, now_ms: int) -> Any:
     table = b.periodic
     table.now_ms = max(table.now_ms, now_ms)
     sub = cmd.sub
@@ -469,7 +475,7 @@ def command(b: Broker, cmd: Timer, now_ms: int) -> Any:
     return Status("OK")
 
 
-def _add(b: Broker, cmd: Timer, e: Entry | None, now_ms: int) -> Any:
+def _add(b: PeriodicBroker, cmd: Timer, e: Entry | None, now_ms: int) -> Any:
     if e is not None and not cmd.replace:
         return EXISTS
     least = b.config.timer_min_period

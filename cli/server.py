@@ -78,7 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(config.pidfile, "w") as fh:
             fh.write(f"{os.getpid()}\n")
     try:
-        trio.run(Server(config).run)
+        http = None
+        if config.http_port:  # the HTTP API's packages are imported only when it is on
+            from node import http_front
+
+            http = http_front.serve
+        trio.run(Server(config, http=http).run)
     except (ServerError, StartupError) as exc:
         # One clear line where the operator looks (the log file and the terminal), no
         # traceback: these are problems with the data or the setup, not bugs.

@@ -134,7 +134,6 @@ class FederationCore:
         self._recent: dict[bytes, int] = {}  # job ID -> when imported (insertion order)
         # While a YOURJOBS is being queued: the "last job taken" calls, run after it.
         self._deferred: list[Queue] | None = None
-        broker.federation = self
 
     # =========================================================================================
     # The runtime's side (cluster/effects.py)
@@ -264,7 +263,7 @@ class FederationCore:
                 recent.pop(job.id, None)
                 recent[job.id] = now_ms
                 self.stats["imported"] += 1
-                q = b._queue_for(job.queue, now_ms)
+                q = b.queue_for(job.queue, now_ms)
                 st = self._state(q, now_ms)
                 if sender not in st.responders:
                     st.bcast_attempt = 0  # a new source: broadcast sooner again

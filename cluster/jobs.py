@@ -80,7 +80,6 @@ class JobCore:
         # Big jobs only: job ID -> node -> when its REPLJOB was last sent there.
         self.big_sent: dict[bytes, dict[str, int]] = {}
         self.stats: dict[str, int] = {"sent": 0, "received": 0, "malformed": 0}
-        broker.replication = self
 
     # =========================================================================================
     # The runtime's side (cluster/effects.py)

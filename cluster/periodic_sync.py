@@ -121,15 +121,12 @@ class PeriodicSync(TableSync):
         self._due: list[tuple[int, bytes]] = []
         self._view: tuple[Any, ...] = ()
         self._rescan_at: int | None = now_ms
-        self.table.owner_of = self.owner
-        self.table.on_change = self._changed
         self.table.now_ms = max(self.table.now_ms, now_ms)
         self.counters = {"fired": 0, "refused": 0, "handed_over": 0, "taken_over": 0}
         # What fires a due time. An attribute, so that a test can watch the fires: compiled
         # with mypyc, this module calls a module-level function directly, past any
         # replacement of it from outside.
         self.fire_due: Callable[[Broker, Entry, int, int], Any] = fire
-        broker.info_sources["timers"] = self.info
 
     # -- the table's records (cluster/table_sync.py) ------------------------------------------
 
@@ -176,7 +173,8 @@ class PeriodicSync(TableSync):
         return (256 + len(rec[0]) + len(fields["queue"]) + len(fields["body"])
                 + sum(len(p) + 2 for p in fields["params"]))
 
-    def _changed(self, e: Entry) -> None:
+    def changed(self, e: Entry) -> None:
+        """A timer changed on this node (``PeriodicTable.on_change``): sent to every node."""
         self.broadcast([e.to_record()])
         self._note(e)
 

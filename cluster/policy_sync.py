@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every node holds every policy (``broker.policies.PolicyTable``), each stamped ``(ms,
+Every node holds every policy (``broker.policy_table.PolicyTable``), each stamped ``(ms,
 node_id)``; a deletion is a tombstone with its stamp. Merging keeps the greater stamp, so the
 order in which versions arrive does not matter and a version received twice changes nothing.
 One message type, ``QPOLICY`` (40), carries ``{"policies": [record, ...]}`` (the append log's
@@ -21,7 +21,8 @@ import random
 from typing import Any
 
 from broker.core import Broker
-from broker.policies import Policy, apply_remote, validate_record
+from broker.policies import apply_remote
+from broker.policy_table import Policy, validate_record
 from cluster.membership import Membership
 from cluster.table_sync import TableSync
 from cluster.wire import MalformedBody, MessageType
@@ -37,7 +38,6 @@ class PolicySync(TableSync):
                  rng: random.Random | None = None, now_ms: int = 0) -> None:
         super().__init__(membership, rng, now_ms)
         self.broker = broker
-        broker.policies.on_change = self._changed
 
     def records(self) -> list[Any]:
         return [p.to_record() for p in self.broker.policies.by_name.values()]
@@ -58,5 +58,6 @@ class PolicySync(TableSync):
         return [p.to_record() for p in self.broker.policies.by_name.values()
                 if theirs.get(p.name, (-1, "")) < p.stamp]
 
-    def _changed(self, p: Policy) -> None:
+    def changed(self, p: Policy) -> None:
+        """A policy changed on this node (``PolicyTable.on_change``): sent to every node."""
         self.broadcast([p.to_record()])

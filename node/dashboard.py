@@ -37,7 +37,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
 import jinja2
@@ -50,6 +50,9 @@ from broker.version import VERSION
 from node import dashboard_view as view
 from node.ansi import AnsiToHtml
 from protocol.jobid import is_valid
+
+if TYPE_CHECKING:
+    from node.server import Server
 
 ASSETS: Final = Path(__file__).with_name("dashboard_assets")
 POLL_S: Final = 0.25
@@ -115,7 +118,7 @@ def make_templates() -> jinja2.Environment:
 
 
 class Dashboard:
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
         self.templates = make_templates()
         self.rates = view.RateTracker()

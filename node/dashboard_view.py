@@ -17,12 +17,16 @@ A counter that went down (the queue was evicted and came back) restarts its samp
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
 from broker.parking import ERROR_QUEUE_SUFFIX
 from broker.queue import PAUSE_NAMES
 from cluster.nodes_file import show_flags
+
+if TYPE_CHECKING:
+    from broker.core import Broker
+    from node.server import Server
 
 MAX_QUEUES_SHOWN: Final = 500
 MAX_DEAD_LETTERS_SHOWN: Final = 20
@@ -83,7 +87,7 @@ def short_id(node_id: str) -> str:
 # The overview page
 
 
-def overview(server: Any, rates: RateTracker) -> dict[str, Any]:
+def overview(server: Server, rates: RateTracker) -> dict[str, Any]:
     now = server.clock.now_ms()
     broker = server.broker
     return {
@@ -99,7 +103,7 @@ def overview(server: Any, rates: RateTracker) -> dict[str, Any]:
     }
 
 
-def _node(server: Any, now: int) -> dict[str, Any]:
+def _node(server: Server, now: int) -> dict[str, Any]:
     from broker.version import VERSION
 
     broker = server.broker
@@ -119,7 +123,7 @@ def _node(server: Any, now: int) -> dict[str, Any]:
     }
 
 
-def _nodes(server: Any) -> list[dict[str, Any]]:
+def _nodes(server: Server) -> list[dict[str, Any]]:
     rows = []
     for n in server.cluster.saved_nodes():
         if "handshake" in n.flags:
@@ -136,13 +140,13 @@ def _nodes(server: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def _queues(broker: Any, rates: RateTracker, now: int) -> dict[str, Any]:
+def _queues(broker: Broker, rates: RateTracker, now: int) -> dict[str, Any]:
     policies = broker.policies
     names = set(broker.queues) | {p.name for p in policies.policies()}
     ordered = sorted(names)
     shown = ordered[:MAX_QUEUES_SHOWN]
     counters: dict[bytes, tuple[int, int]] = {}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in shown:
         q = broker.queues.get(name)
         p = policies.get(name)
@@ -165,7 +169,7 @@ def _queues(broker: Any, rates: RateTracker, now: int) -> dict[str, Any]:
     return {"queues": rows, "queues_hidden": len(ordered) - len(shown)}
 
 
-def _dead_letter_queues(broker: Any) -> list[dict[str, Any]]:
+def _dead_letter_queues(broker: Broker) -> list[dict[str, Any]]:
     """Dead-letter queues (named by a redrive policy) and the error queues script workers
     park failed jobs in (``<queue>.err`` with a policy, broker/parking.py)."""
     policies = broker.policies
@@ -207,7 +211,7 @@ def _dead_letter_queues(broker: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _timers(broker: Any, now: int) -> list[dict[str, Any]]:
+def _timers(broker: Broker, now: int) -> list[dict[str, Any]]:
     rows = []
     for t in broker.periodic.list(now):
         rows.append({
@@ -239,7 +243,7 @@ def run_row(run: Any, now: int) -> dict[str, Any]:
 # A job's page
 
 
-def job_page(server: Any, job_id: bytes) -> dict[str, Any] | None:
+def job_page(server: Server, job_id: bytes) -> dict[str, Any] | None:
     """The job (if this node holds it) and its newest run (if one was recorded here); None
     when the node knows neither."""
     broker = server.broker

@@ -31,7 +31,7 @@ import hmac
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
 import trio
@@ -47,6 +47,9 @@ from broker.job import JobState
 from node.http_openapi import MAX_COUNT, MAX_WAIT_S, OPENAPI, QUEUE_FIELDS
 from protocol.jobid import is_valid
 from protocol.resp import NEED_DATA, Error, ReplyReader
+
+if TYPE_CHECKING:
+    from node.server import Server
 
 log = logging.getLogger("trisque.http")
 
@@ -140,7 +143,7 @@ _NOT_BLOCKED: Final = trio.Event()  # never waited on (``_Handle.blocked_on`` re
 
 
 class Bridge:
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
 
     def _client(self, peer: str) -> Client:
@@ -653,7 +656,7 @@ class _Auth:
         await self.app(scope, receive, send)
 
 
-def make_app(server: Any, api: Api | None = None) -> ASGIApp:
+def make_app(server: Server, api: Api | None = None) -> ASGIApp:
     from node import metrics
     from node.dashboard import Dashboard
 

@@ -31,7 +31,7 @@ from email.utils import formatdate
 from http import HTTPStatus
 from math import inf
 from time import monotonic, time
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, unquote
 
 import trio
@@ -44,6 +44,9 @@ from starlette.types import ASGIApp
 
 from node.http_api import Answer, Api, Bridge, HttpError, authorized, error_answer, make_app
 from node.http_openapi import MAX_WAIT_S
+
+if TYPE_CHECKING:
+    from node.server import Server
 
 log = logging.getLogger("trisque.http")
 
@@ -129,7 +132,7 @@ def encode_answer(answer: Answer, date: bytes) -> bytes:
 class Front:
     """Accepts the HTTP API's connections (``serve``)."""
 
-    def __init__(self, server: Any, api: Api, app: ASGIApp, hyper: HyperConfig) -> None:
+    def __init__(self, server: Server, api: Api, app: ASGIApp, hyper: HyperConfig) -> None:
         self.server, self.api, self.hyper = server, api, hyper
         self.config = server.config
         self.app = ASGIWrapper(app)  # type: ignore[arg-type]
@@ -356,7 +359,7 @@ async def _recv(sock: socket.socket, wait_first: bool) -> bytes:
     return data
 
 
-async def serve(server: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def serve(server: Server, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Run the HTTP API on ``http-port`` at the client listeners' addresses until cancelled:
     ``Front`` accepts the connections and hands hypercorn what it does not serve."""
     cfg = server.config

@@ -27,7 +27,7 @@ Two names that would show the same (a name spelling another's escapes) share one
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 from prometheus_client import CollectorRegistry
@@ -45,6 +45,10 @@ from starlette.responses import Response
 from broker.queue import PAUSE_IN, PAUSE_OUT
 from broker.stats import Histogram
 from broker.version import VERSION
+
+if TYPE_CHECKING:
+    from node.dashboard import Dashboard
+    from node.server import Server
 
 RENDER_THREADS: Final = 2  # scrapes formatted at once (a third waits)
 
@@ -91,7 +95,7 @@ class NodeReading:
     and reading them is quick), turned into metric families and text in a worker thread
     (``render``), which is where the time goes with many queues."""
 
-    def __init__(self, server: Any, dashboard: Any = None) -> None:
+    def __init__(self, server: Server, dashboard: Dashboard | None = None) -> None:
         broker = server.broker
         self.queues = [(q.name, len(q), q.jobs_in, q.jobs_out, q.nacks, q.requeues,
                         len(q.waiters), q.pause) for q in broker.queues.values()]
@@ -138,7 +142,7 @@ def _queue_families(queues: list[tuple[Any, ...]],
 
 # -- jobs, clients, memory ----------------------------------------------------------------------
 
-def _jobs(server: Any) -> Iterator[Metric]:
+def _jobs(server: Server) -> Iterator[Metric]:
     broker = server.broker
     yield _gauge("trisque_jobs", "Jobs this node holds (any state, copies included)",
                  len(broker.jobs))
@@ -175,7 +179,7 @@ def _jobs(server: Any) -> Iterator[Metric]:
 
 # -- append log ---------------------------------------------------------------------------------
 
-def _persistence(server: Any) -> Iterator[Metric]:
+def _persistence(server: Server) -> Iterator[Metric]:
     p = server.persistence
     yield _gauge("trisque_aof_enabled", "1 when the append log is on (appendonly)",
                  int(p.enabled))
@@ -192,7 +196,7 @@ def _persistence(server: Any) -> Iterator[Metric]:
 
 # -- cluster, workers, timers -------------------------------------------------------------------
 
-def _cluster(server: Any) -> Iterator[Metric]:
+def _cluster(server: Server) -> Iterator[Metric]:
     bus = server.bus
     for name, by_type, doc in (
             ("trisque_bus_messages_received", bus.received_by_type,
@@ -218,7 +222,7 @@ def _cluster(server: Any) -> Iterator[Metric]:
                    "Jobs sent to other nodes (YOURJOBS)", fed["exported"])
 
 
-def _workers(server: Any, dashboard: Any) -> Iterator[Metric]:
+def _workers(server: Server, dashboard: Dashboard | None) -> Iterator[Metric]:
     runs = server.broker.runs
     yield _gauge("trisque_worker_runs_running", "Worker jobs running (JOBRUN) on this node",
                  len(runs.running()))
@@ -251,7 +255,7 @@ def render(reading: NodeReading, encoder: Callable[[CollectorRegistry], bytes]) 
     return encoder(registry)
 
 
-def endpoint(server: Any, dashboard: Any = None) -> Any:
+def endpoint(server: Server, dashboard: Dashboard | None = None) -> Any:
     threads = trio.CapacityLimiter(RENDER_THREADS)
 
     async def metrics(request: Request) -> Response:

@@ -24,15 +24,16 @@ The cluster: the node's ID and its peers come from ``cluster-config-file`` (``no
 a missing file is a new node, written at once; a corrupt one stops the start). The membership
 core (``cluster.membership.Membership``) is the broker's ``cluster`` view, and ``node/bus.py``
 runs its links and timers. The job core (``cluster.jobs.JobCore``, issue 9) is built right
-after it, before the append log is replayed, and becomes ``broker.replication``; the bus
-routes it the frames of its ``HANDLES``. After every event - a bus frame, a tick, a reactor
+after it, before the append log is replayed; the bus routes it the frames of its
+``HANDLES``. Once every core is built, ``cluster.wiring.attach`` plugs them into the broker
+(its ``cluster`` view, ``replication``, ``federation``, the policy and timer tables' hooks),
+in one call, before the log is replayed. After every event - a bus frame, a tick, a reactor
 round's client commands (each command's broker effects are routed as it runs, the bus is
 flushed once at the end of the round) - the broker's effects are routed before the cluster
 cores' (``Bus.flush`` calls
 ``Server.settle_broker`` first): a replica's log record reaches the log before its GOTJOB
 is sent, and the bus holds a GOTJOB until the log says it is durable. The federation core
-(``cluster.federation.FederationCore``, issue 10) is built next to the job core and becomes
-``broker.federation``; its effects follow the job core's after every event (client
+(``cluster.federation.FederationCore``, issue 10) is built next to the job core; its effects follow the job core's after every event (client
 commands included: GETJOB and ADDJOB emit NEEDJOBS), the bus holds a YOURJOBS like a GOTJOB
 (the ``del`` of an at-most-once job that left must be durable first), and
 a ``CoreTimer`` ticks it at its ``next_deadline()``, re-read after every flush. The
@@ -60,7 +61,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -86,6 +87,7 @@ from cluster.jobs import JobCore
 from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
+from cluster.wiring import attach
 from node import client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
@@ -102,6 +104,13 @@ log = logging.getLogger("trisque")
 
 # How often the timer task looks for idle clients (``timeout``), as Disque's clientsCron.
 IDLE_CHECK_S = 1.0
+
+
+#: What serves the HTTP API (``node.http_front.serve``: started with the node's task status,
+#: given the server) when ``http-port`` is set. The caller passes it in (cli/server.py):
+#: node/http_front.py and http_api.py type the server it serves as ``Server``, so this module does not import
+#: it (tests/test_layering.py refuses the cycle, typing imports included).
+HttpService = Callable[..., Awaitable[None]]
 
 
 class ServerError(Exception):
@@ -132,8 +141,10 @@ def _repr_arg(arg: bytes) -> bytes:
 
 
 class Server:
-    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+    def __init__(self, config: Config, clock: Clock | None = None,
+                 http: HttpService | None = None) -> None:
         self.config = config
+        self.http = http
         # commands, stats_in, stats_out and stopping live here (properties below), where the
         # compiled hot path counts them without a dict lookup per request.
         self.counters = NodeCounters()
@@ -149,7 +160,6 @@ class Server:
         self.broker = Broker(config, self.node_id, os.urandom(20), now_ms=now_ms)
         self.cluster = Membership(config, self.node_id, random.Random(os.urandom(16)), now_ms,
                                   saved)
-        self.broker.cluster = self.cluster
         if self.cluster.leaving:  # CLUSTER LEAVING yes survives a restart, as in Disque
             self.broker.set_leaving(True)
         self.nodes_file = NodesFileWriter(nodes_path)
@@ -169,8 +179,8 @@ class Server:
         # The broker's warnings (an ADDJOB body over job-max-body-len), rate-limited per key.
         self._warnings = LogLimiter(log, self.clock)
         self.broker.warn = self._warn
-        # Replicated jobs: built before the log is replayed (run() loads it), since replay
-        # keeps acked cluster jobs only when broker.replication is set.
+        # Replicated jobs: built (and attached below) before the log is replayed (run() loads
+        # it), since replay keeps acked cluster jobs only when broker.replication is set.
         self.jobs = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
         self.bus.add_core(self.jobs)
         # Federation (issue 10): NEEDJOBS/YOURJOBS; ticked at its own next deadline
@@ -186,6 +196,8 @@ class Server:
         self.periodic_sync = PeriodicSync(self.broker, self.cluster,
                                           random.Random(os.urandom(16)), now_ms)
         self.bus.add_core(self.periodic_sync)
+        attach(self.broker, membership=self.cluster, jobs=self.jobs, federation=self.federation,
+               policies=self.policy_sync, timers=self.periodic_sync)
         self.core_timers = [CoreTimer(self, self.federation), CoreTimer(self, self.periodic_sync)]
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
@@ -599,6 +611,9 @@ class Server:
 
     async def _start(self, task_status: Any) -> None:
         cfg = self.config
+        if cfg.http_port and self.http is None:
+            raise ServerError("http-port is set, but this node was built without the HTTP API "
+                              "(Server's http argument)")
         self.persistence.load(self.clock.now_ms())
         # Every job is an object the cyclic garbage collector tracks, and jobs never form
         # cycles. With the default thresholds a node holding a million jobs stops for a full
@@ -628,11 +643,9 @@ class Server:
             nursery.start_soon(self.timers)
             for core_timer in self.core_timers:
                 nursery.start_soon(core_timer.run)
-            if cfg.http_port:  # the HTTP API (node/http_front.py, http_api.py), off by default
-                from node import http_front
-
+            if cfg.http_port and self.http is not None:  # the HTTP API, off by default
                 try:
-                    await nursery.start(http_front.serve, self)
+                    await nursery.start(self.http, self)
                 except OSError as exc:
                     raise ServerError(f"Can't listen for HTTP on port {cfg.http_port}: "
                                       f"{exc.strerror or exc}") from None

@@ -19,6 +19,7 @@ from broker.effects import LogRecord
 from broker.job import FLAG_REPLICA, JobState, state_name
 from cluster.jobs import JobCore
 from cluster.membership import Membership
+from cluster.wiring import attach
 from protocol.commands import AddJob, parse, parse_int
 from protocol.jobid import IDS_PER_BLOCK, IdGenerator, is_valid, ttl_field
 
@@ -88,8 +89,7 @@ def _cluster_broker() -> Broker:
     config = Config()
     broker = Broker(config, NODE, b"seed" * 5, now_ms=NOW, rng=random.Random(1))
     membership = Membership(config, NODE, random.Random(2), NOW, None)
-    broker.cluster = membership
-    JobCore(broker, membership, random.Random(3))
+    attach(broker, membership=membership, jobs=JobCore(broker, membership, random.Random(3)))
     return broker
 
 

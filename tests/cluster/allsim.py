@@ -11,6 +11,7 @@ from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
 from cluster.sim import Sim, SimNode, _Link
 from cluster.wire import MessageType
+from cluster.wiring import attach
 from tests.cluster.jobsim import JobCluster, SimJobNode
 
 
@@ -44,10 +45,14 @@ class AllCoresCluster(JobCluster):
             return made[node.index]
 
         def policy_core(node: SimNode, now: int) -> Any:
-            return PolicySync(made[node.index].broker, node.membership, node.rng, now)
+            sync = PolicySync(made[node.index].broker, node.membership, node.rng, now)
+            attach(made[node.index].broker, policies=sync)
+            return sync
 
         def timer_core(node: SimNode, now: int) -> Any:
-            return PeriodicSync(made[node.index].broker, node.membership, node.rng, now)
+            sync = PeriodicSync(made[node.index].broker, node.membership, node.rng, now)
+            attach(made[node.index].broker, timers=sync)
+            return sync
 
         self.sim = RecordingSim(seed, tick_ms=tick_ms,
                                 core_factories=(job_core, policy_core, timer_core))

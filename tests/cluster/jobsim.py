@@ -23,6 +23,7 @@ from cluster.job_messages import FED_TYPES, JOB_TYPES
 from cluster.jobs import JobCore
 from cluster.sim import Sim, SimNode
 from cluster.wire import Frame, MessageType
+from cluster.wiring import attach
 
 
 class SimJobNode:
@@ -35,9 +36,9 @@ class SimJobNode:
         self.node = node
         seed = node.rng.getrandbits(64).to_bytes(8, "big")
         self.broker = Broker(node.config, node.node_id, seed, now_ms=now_ms, rng=node.rng)
-        self.broker.cluster = node.membership
         self.core = JobCore(self.broker, node.membership, node.rng)
         self.fed = FederationCore(self.broker, node.membership) if cluster.federation else None
+        attach(self.broker, membership=node.membership, jobs=self.core, federation=self.fed)
         log = cluster.logs.setdefault(node.index, [])
         if log:  # restarted: replay the append log (replication is set first)
             for rec in log:

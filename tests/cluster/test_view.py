@@ -10,6 +10,7 @@ from broker.config import Config
 from cluster.effects import Connect, SaveNodes
 from cluster.membership import Membership
 from cluster.nodes_file import parse
+from cluster.wiring import attach
 from protocol.resp import Error
 from tests.broker.harness import Node
 from tests.cluster.test_membership import TIMEOUT, full_mesh, joined
@@ -100,7 +101,7 @@ def test_config_set_cluster_node_timeout_applies_at_once() -> None:
 def test_the_broker_answers_cluster_and_hello_through_the_membership_core() -> None:
     sim = joined(3)
     n = Node(now=sim.now)
-    n.b.cluster = sim.nodes[0].membership
+    attach(n.b, membership=sim.nodes[0].membership)
     n.b.node_id = sim.nodes[0].node_id
     hello = n("HELLO")
     assert hello[:2] == [1, sim.nodes[0].node_id.encode()] and len(hello) == 5

@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import socket
 import time
+from pathlib import Path
 from urllib.parse import quote
 
 import httpx
+import pytest
 import trio
 
 from tests.aof.test_server_durability import Conn
@@ -302,7 +304,7 @@ async def test_503_with_retry_after_when_the_log_write_fails() -> None:
     from node.http_api import make_app
 
     server = _FailingLogServer()
-    server.broker.policies.put(__import__("broker.policies", fromlist=["Policy"]).Policy(b"d"))
+    server.broker.policies.put(__import__("broker.policy_table", fromlist=["Policy"]).Policy(b"d"))
     transport = httpx.ASGITransport(app=make_app(server))
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
         r = await c.post("/messages/d", content=b"x")
@@ -311,3 +313,17 @@ async def test_503_with_retry_after_when_the_log_write_fails() -> None:
         r = await c.post("/mq/d/messages", content=b"x")
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert not server.broker.jobs  # undone: nothing stored, nothing reported stored
+
+
+async def test_a_server_built_without_the_http_api_refuses_http_port(tmp_path: Path) -> None:
+    """cli/server.py hands the server what serves HTTP (node/server.py cannot import
+    node/http_api.py, which types the server it serves): a node built without it must not
+    start as if the API were on."""
+    from broker.config import Config
+    from node.server import Server, ServerError
+
+    cfg = Config()
+    cfg.set("dir", [str(tmp_path)])
+    cfg.set("http-port", ["1"])  # never bound: the start stops before
+    with trio.fail_after(10), pytest.raises(ServerError, match="http-port is set"):
+        await Server(cfg).run()

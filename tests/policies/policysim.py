@@ -7,6 +7,7 @@ from typing import Any
 
 from cluster.policy_sync import PolicySync
 from cluster.sim import Sim, SimNode
+from cluster.wiring import attach
 from tests.cluster.jobsim import JobCluster, SimJobNode
 
 
@@ -28,6 +29,7 @@ class PolicyCluster(JobCluster):
 
         def policy_core(node: SimNode, now: int) -> Any:
             sync = PolicySync(made[node.index].broker, node.membership, node.rng, now)
+            attach(made[node.index].broker, policies=sync)
             self.syncs[node.index] = sync
             return sync
 

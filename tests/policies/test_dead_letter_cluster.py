@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.policies import dead_letter_id
+from broker.policy_table import dead_letter_id
 from tests.cluster.jobsim import JobCluster
 
 

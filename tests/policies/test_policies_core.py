@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.policies import Policy, dead_letter_id, validate_record
+from broker.policy_table import Policy, dead_letter_id, validate_record
 from protocol.commands import INT32_MAX
 from protocol.jobid import is_valid
 from protocol.resp import Error

@@ -23,6 +23,7 @@ from broker.core import Broker
 from broker.effects import LogRecord
 from cluster.jobs import JobCore
 from cluster.membership import Membership
+from cluster.wiring import attach
 from node import logfile
 
 NOW = 1_795_315_000_000
@@ -111,8 +112,8 @@ def _replay(frames: list[bytes]) -> tuple[Broker, aof.ReadEnd | aof.LogCorrupt, 
     b = Broker(Config(), NODE, b"replayed", now_ms=NOW + 1000, rng=random.Random(1))
     # As a node replays: its cluster view and job core set first (an acked replica goes
     # back to ack GC through them).
-    b.cluster = Membership(b.config, NODE, random.Random(2), NOW)
-    JobCore(b, b.cluster, random.Random(3))
+    membership = Membership(b.config, NODE, random.Random(2), NOW)
+    attach(b, membership=membership, jobs=JobCore(b, membership, random.Random(3)))
     counted = _Counting(b)
     try:
         outcome: aof.ReadEnd | aof.LogCorrupt = logfile.load_into(path, counted, NOW + 1000)

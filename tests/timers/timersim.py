@@ -11,6 +11,7 @@ import pytest
 from broker import periodic
 from cluster.periodic_sync import PeriodicSync
 from cluster.sim import Sim, SimNode
+from cluster.wiring import attach
 from tests.cluster.jobsim import JobCluster, SimJobNode
 
 
@@ -35,6 +36,7 @@ class TimerCluster(JobCluster):
 
         def timer_core(node: SimNode, now: int) -> Any:
             sync = PeriodicSync(made[node.index].broker, node.membership, node.rng, now)
+            attach(made[node.index].broker, timers=sync)
             self.syncs[node.index] = sync
             # Each core's own fire function, not the module's: compiled, the module calls
             # broker.periodic.fire directly, past a monkeypatched module attribute.

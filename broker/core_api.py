@@ -1,0 +1,87 @@
+"""What the broker core (``broker.core.Broker``) offers the modules it delegates to.
+
+``broker/core.py`` hands one concern each to cluster_jobs.py, federation.py, policies.py,
+dead_letters.py, parking.py, periodic.py and eviction.py, and those call back into it. They
+cannot import ``broker.core`` (it imports them: tests/test_layering.py refuses the cycle, typing
+imports included), so they type the broker as ``BrokerCore``, this Protocol; a module whose
+code reads a table of its own (the policies, the timers, the eviction walk, the waiting
+ADDJOBs) extends it with that member. ``Broker`` satisfies each of them: mypy checks every call
+where the core passes ``self``.
+
+Compiled, a call through a Protocol is a Python-level attribute lookup, as it was through
+``Any``; the hot paths (ADDJOB with one copy, GETJOB, ACKJOB on one node) stay inside
+``Broker`` and make no such call.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Protocol
+
+from broker.clients import Client
+from broker.config import Config
+from broker.effects import Effect
+from broker.job import Job
+from broker.queue import Queue
+from broker.replication import Replication
+from broker.scan import ScanList
+from broker.stats import Histogram
+from broker.timers import TimerWheel
+from protocol.commands import AddJob, JobsCommand
+
+
+class BrokerCore(Protocol):
+    config: Config
+    node_id: str
+    myself: tuple[str, ...]  # (node_id,): shared by every job held only here
+    rng: random.Random
+    leaving: bool
+    jobs: dict[bytes, Job]
+    queues: dict[bytes, Queue]
+    timers: TimerWheel
+    job_scan: ScanList[Job]
+    outbox: list[Effect]
+    replication: Replication | None
+    blocked_clients: int
+    repl_latency: Histogram
+
+    @property
+    def used_memory(self) -> int: ...
+
+    def new_ctime(self, now_ms: int) -> int:
+        """A creation time unique on this node (ms * 1e6 + a sequence number)."""
+        ...
+
+    def register(self, job: Job, *, schedule: bool = True) -> None: ...
+
+    def unregister(self, job: Job) -> None: ...
+
+    def job_alive(self, job: Job) -> bool:
+        """Whether ``job`` is the registered job of its ID (a scan list keeps old objects)."""
+        ...
+
+    def reschedule(self, job: Job) -> None:
+        """Arm the job's timer at its next awake time."""
+        ...
+
+    def queue_for(self, name: bytes, now_ms: int) -> Queue:
+        """The queue of that name, created if missing."""
+        ...
+
+    def requeue_time(self, job: Job, now_ms: int) -> int: ...
+
+    def enqueue(self, job: Job, now_ms: int, *, nack: bool = False) -> bool: ...
+
+    def dequeue(self, job: Job) -> bool: ...
+
+    def serve_waiters(self, q: Queue, now_ms: int) -> None: ...
+
+    def log_job(self, job: Job, prev: Any) -> None:
+        """Emit the job's record (``prev``: its record before the change, for the undo)."""
+        ...
+
+    # Two command handlers of Broker.execute, run for a command made here (a policy's
+    # ADDJOB, a timer's fire, the ACK of a dead-lettered job).
+    def _addjob(self, cmd: AddJob, client: Client, now_ms: int) -> Any: ...
+
+    def _jobs_command(self, cmd: JobsCommand, now_ms: int) -> Any: ...
