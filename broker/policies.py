@@ -67,7 +67,7 @@ from broker.clients import Client
 from broker.effects import LogRecord
 from broker.job import FLAG_QUEUED_BEFORE, Job, JobState
 from protocol import errors
-from protocol.commands import INT32_MAX, AddJob, JobsCommand, QPolicy
+from protocol.commands import INT32_MAX, AddJob, QPolicy
 from protocol.jobid import is_valid, ttl_field
 from protocol.resp import Error, Status
 
@@ -433,7 +433,7 @@ def purge(b: Broker, queue: bytes, now_ms: int) -> int:
     ids = tuple(j.id for j in b.jobs.values() if j.queue == queue)
     if not ids:
         return 0
-    result = b._jobs_command(JobsCommand("FASTACK", ids), now_ms)
+    result = b.fastack_jobs(ids, now_ms)
     return int(result)
 
 
@@ -504,7 +504,7 @@ def move_to_dead_letters(b: Broker, job: Job, dlq: Policy, nacks: int, deliverie
     original, queue, body, holders = job.id, job.queue, job.body, job.delivered
     # Acknowledge the original first: on a cluster its SETACK leaves before the dead letter's
     # WILLQUEUE, so a holder that learns of the dead letter already knows the original is acked.
-    b._jobs_command(JobsCommand("ACKJOB", (original,)), now_ms)
+    b.ack_jobs((original,), now_ms)
     if new_id in b.jobs:
         return new_id
     # (The ACK of a job on one node unregisters it and empties its body: the copies above.)
@@ -562,6 +562,6 @@ def redrive_dead_letters(b: Broker, dlq: bytes, count: int | None, client: Clien
         ctype = table.content_types.get(job.id)
         if ctype is not None and not table.last_duplicate and new_id in b.jobs:
             table.set_content_type(b, new_id, ctype)
-        b._jobs_command(JobsCommand("ACKJOB", (job.id,)), now_ms)
+        b.ack_jobs((job.id,), now_ms)
         moved += 1
     return moved

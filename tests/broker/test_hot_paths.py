@@ -13,13 +13,14 @@ from hypothesis import strategies as st
 
 from broker import cluster_jobs
 from broker.clients import Client
+from broker.command_table import parse
 from broker.config import Config
 from broker.core import REQUEUE_JITTER_MS, Broker, requeue_jitter
 from broker.effects import LogRecord
 from broker.job import FLAG_REPLICA, JobState, state_name
 from cluster.jobs import JobCore
 from cluster.membership import Membership
-from protocol.commands import AddJob, parse, parse_int
+from protocol.commands import AddJob, parse_int
 from protocol.jobid import IDS_PER_BLOCK, IdGenerator, is_valid, ttl_field
 
 NOW = 1_700_000_000_000
