@@ -1,11 +1,12 @@
 """Administrative commands: HELLO, PING, TIME, INFO, CLUSTER, CONFIG, DEBUG, AUTH, CLIENT,
-COMMAND, SELECT, ECHO, and the ones the runtime finishes (QUIT, SHUTDOWN, BGREWRITEAOF,
-MONITOR, CONFIG REWRITE/RESETSTAT, CLIENT KILL).
+SELECT, ECHO, and the ones the runtime finishes (QUIT, SHUTDOWN, BGREWRITEAOF, MONITOR, CONFIG
+REWRITE/RESETSTAT/SET of appendonly or maxclients, CLIENT KILL and PAUSE).
 
 They read and set node-level state (configuration, the leaving flag, client attributes) and
-leave jobs and queues to ``broker.core``. Each handler takes the broker, the parsed command,
-the client and the time, and returns the reply, like the job commands do, or an intent
-(``broker/intents.py``) for the runtime to carry out.
+leave jobs and queues to ``broker/state.py``. Each is a handler that a row of
+``broker/command_table.py`` names: it takes the broker, the parsed command, the client and the
+time, and returns the reply, like the job commands do, or an intent (``broker/intents.py``)
+for the runtime to carry out.
 """
 
 from __future__ import annotations
@@ -22,19 +23,25 @@ from broker.federation import Federation
 from broker.info import render
 from broker.version import VERSION
 from protocol import errors
-from protocol.commands import COMMANDS, Generic, parse_int
+from protocol.commands import Generic, parse_int
 from protocol.resp import OK, Error, Status
 
 
 class Broker(Protocol):
-    """What the administrative commands read and change of the broker core. A Protocol, not
-    an import of broker.core (which imports this module): no import cycle, even for typing."""
+    """What the administrative commands read and change of the broker
+    (``broker.state.BrokerState``): no more than this."""
 
     config: Config
     node_id: str
     leaving: bool
-    jobs: Mapping[bytes, Any]
-    queues: Mapping[bytes, Any]
+
+    # Read-only (properties): the broker's dictionaries of its own types fit a Mapping here.
+    @property
+    def jobs(self) -> Mapping[bytes, Any]: ...
+
+    @property
+    def queues(self) -> Mapping[bytes, Any]: ...
+
     info_sources: dict[str, Callable[[], list[tuple[str, Any]]]]
     cluster: ClusterView
     federation: Federation | None
@@ -46,6 +53,7 @@ class Broker(Protocol):
     def set_leaving(self, leaving: bool) -> None: ...
 
     def flushall(self) -> None: ...
+
 
 # CONFIG SET of these needs the runtime: switching the log, checking the open-files limit.
 _RUNTIME_DIRECTIVES = frozenset(("appendonly", "maxclients"))
@@ -281,37 +289,9 @@ def monitor(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     return intents.Monitor()
 
 
-def command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
-    if cmd.args and cmd.args[0].lower() == b"count":
-        return len(COMMANDS)
-    if cmd.args and cmd.args[0].lower() == b"docs":
-        return []
-    return [[name, spec.arity, sorted(f.encode() for f in spec.flags), 0, 0, 0]
-            for name, spec in sorted(COMMANDS.items())]
-
 def select(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     return OK if cmd.args[0] == b"0" else errors.BAD_DB_INDEX
 
 
 def echo(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     return cmd.args[0]
-
-
-HANDLERS: dict[str, Callable[[Broker, Generic, Client, int], Any]] = {
-    "HELLO": hello,
-    "PING": ping,
-    "ECHO": echo,
-    "TIME": time,
-    "INFO": info,
-    "CLUSTER": cluster,
-    "CONFIG": config,
-    "DEBUG": debug,
-    "AUTH": auth,
-    "CLIENT": client_command,
-    "COMMAND": command,
-    "SELECT": select,
-    "QUIT": quit_,
-    "SHUTDOWN": shutdown,
-    "BGREWRITEAOF": bgrewriteaof,
-    "MONITOR": monitor,
-}

@@ -101,14 +101,14 @@ def _rep(b: BrokerCore) -> Replication:
 
 def addjob(b: ReplicatingBroker, cmd: AddJob, client: Client, now_ms: int, replicate: int,
            external: bool, ttl: int, retry: int, queue: bytes, job_id: bytes) -> Any:
-    """Disque's addjobCommand after the checks ``Broker._addjob`` already made (which also
-    chose the job's ID). ``Broker._addjob`` calls it only when other nodes take part
+    """Disque's addjobCommand after the checks ``Broker.addjob_without_policy`` already made (which also
+    chose the job's ID). ``Broker.addjob_without_policy`` calls it only when other nodes take part
     (``replicate > 1`` or ``external``); a single copy kept here it makes itself, with the
     same result as this function's (tests/broker/test_hot_paths.py compares them)."""
     rep = _rep(b)
     discard_local_copy = cmd.async_ and external
     # Every local job shares the broker's one (myself,) tuple, and ttl/retry come interned
-    # (Broker._addjob): a tuple and two ints per job were ~60 bytes of each queued job.
+    # (Broker.addjob_without_policy): a tuple and two ints per job were ~60 bytes of each queued job.
     job = Job(job_id, queue, cmd.body, repl=replicate, ttl=ttl,
               retry=retry, delay=cmd.delay, ctime=b.new_ctime(now_ms),
               delivered=() if external else b.myself, state=_WAIT_REPL)
@@ -129,7 +129,7 @@ def addjob(b: ReplicatingBroker, cmd: AddJob, client: Client, now_ms: int, repli
         if not discard_local_copy:
             if job.delay == 0 and not external:
                 b.register(job, schedule=False)
-                b.enqueue(job, now_ms)
+                b.enqueue_job(job, now_ms)
             else:
                 job.transition(_ACTIVE)
                 job.awake = job.compute_awake()
@@ -230,7 +230,7 @@ def replication_achieved(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
         b.unregister(job)
         return False
     if job.delay == 0:
-        b.enqueue(job, now_ms)
+        b.enqueue_job(job, now_ms)
     else:
         b.reschedule(job)
     b.log_job(job, None)
@@ -251,7 +251,7 @@ def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
         if not replication_achieved(b, job, now_ms):
             return False
     prev = job.to_record()
-    b.dequeue(job)
+    b.dequeue_job(job)
     job.transition(_ACKED)
     job.confirmed = ()
     job.flags |= FLAG_REPLICA
@@ -329,7 +329,7 @@ def ack_command(b: ReplicatingBroker, name: str, ids: tuple[bytes, ...] | list[b
             # acked job record (with its body) and a later ``del`` (Disque's tryJobGC frees
             # such a job at once too).
             prev = job.to_record()
-            b.dequeue(job)
+            b.dequeue_job(job)
             job.transition(_ACKED)
             b.unregister(job)
             b.outbox.append(LogRecord("ack", job_id, prev))
@@ -375,7 +375,7 @@ def enqueue(b: ReplicatingBroker, job: Job, now_ms: int, delay: int) -> None:
     prev = job.to_record()
     job.flags &= ~FLAG_QUEUED_BEFORE  # the first queueing: no QUEUED broadcast
     if delay == 0:
-        if not b.enqueue(job, now_ms):
+        if not b.enqueue_job(job, now_ms):
             return
     else:
         job.qtime = now_ms + delay * 1000
@@ -388,7 +388,7 @@ def requeue_later(b: ReplicatingBroker, job: Job, now_ms: int, dequeue: bool, na
     """QUEUED / WORKING from another holder: dequeue (if told), move the retry time."""
     prev = job.to_record()
     if dequeue:
-        b.dequeue(job)
+        b.dequeue_job(job)
     if job.retry:
         job.flags |= FLAG_WILLQUEUE
         job.qtime = b.requeue_time(job, now_ms)

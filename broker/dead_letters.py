@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from broker.job import FLAG_QUEUED_BEFORE, Job
 from broker.policy_table import Policy, PolicyBroker, dead_letter_id
-from protocol.commands import JobsCommand
 
 
 def dead_letter(b: PolicyBroker, job: Job, now_ms: int, nack: bool) -> bool:
@@ -57,7 +56,7 @@ def move_to_dead_letters(b: PolicyBroker, job: Job, dlq: Policy, nacks: int, del
     original, queue, body, holders = job.id, job.queue, job.body, job.delivered
     # Acknowledge the original first: on a cluster its SETACK leaves before the dead letter's
     # WILLQUEUE, so a holder that learns of the dead letter already knows the original is acked.
-    b._jobs_command(JobsCommand("ACKJOB", (original,)), now_ms)
+    b.ack_jobs((original,), now_ms)
     if new_id in b.jobs:
         return new_id
     # (The ACK of a job on one node unregisters it and empties its body: the copies above.)
@@ -72,7 +71,7 @@ def move_to_dead_letters(b: PolicyBroker, job: Job, dlq: Policy, nacks: int, del
         table.set_content_type(b, new_id, ctype)
     table.dead_lettered[queue] = table.dead_lettered.get(queue, 0) + 1
     b.register(dl, schedule=False)
-    if not b.enqueue(dl, now_ms):
+    if not b.enqueue_job(dl, now_ms):
         b.reschedule(dl)
     b.log_job(dl, None)
     if b.replication is not None and len(dl.delivered) > 1:

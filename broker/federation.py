@@ -120,7 +120,7 @@ def import_job(b: BrokerCore, job: Job, myself: str, now_ms: int) -> bool:
     job.flags &= ~FLAG_QUEUED_BEFORE
     if not job.qtime:
         job.qtime = now_ms  # an at-most-once job: queued once more (any value will do)
-    if not b.enqueue(job, now_ms):
+    if not b.enqueue_job(job, now_ms):
         if prev is None:
             b.unregister(job)
         return False

@@ -3,12 +3,13 @@
 Theory of operation
 -------------------
 Some commands cannot be finished without the process, the network or the disk: stopping the
-node, rewriting the append log or the config file, closing other clients, streaming MONITOR
-output. The broker still owns them like every other command: their arity, authentication and
-arguments are checked by the one command table (``protocol.commands.COMMANDS``, flag
-``runtime``) and their handlers in ``broker/admin.py``; a handler then returns one of these
-frozen intents instead of a reply, and the runtime (``node/server.py``) carries it out and
-answers the client. So there is one dispatcher, not two.
+node, rewriting the append log or the config file, closing or pausing other clients, streaming
+MONITOR output. The broker still owns them like every other command: each has its row in the
+command table (``broker/command_table.py``, flag ``runtime``), which checks its arity and
+authentication, and its parser and handler (``broker/admin.py``) check its arguments; the
+handler then returns one of these frozen intents instead of a reply. The node carries each out
+through one table of its own, intent type -> function (``node.server.INTENTS``), and answers
+the client. So there is one dispatcher for commands, and the node's table only for intents.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from broker.clients import Client
 from broker.effects import LogRecord
 from broker.policy_table import PolicyBroker
 from protocol import errors
-from protocol.commands import AddJob, Timer, parse
+from protocol.commands import AddJob, Timer, parse_addjob
 from protocol.resp import Error, Status
 
 RECORD_KIND: Final = "timer"
@@ -307,7 +307,7 @@ def validate_record(data: Any) -> str | None:
             and isinstance(fields["paused"], bool) and isinstance(fields["origin"], str)
             and len(fields["origin"]) >= 8):
         return "timer record with a value out of range"
-    if not isinstance(parse([b"ADDJOB", fields["queue"], b"", b"0", *params]), AddJob):
+    if not isinstance(parse_addjob([b"ADDJOB", fields["queue"], b"", b"0", *params]), AddJob):
         return "timer record with ADDJOB options ADDJOB refuses"
     return None
 
@@ -363,14 +363,14 @@ _TIMER_CLIENT: Final = Client(0, "timer")
 def add_job(b: PeriodicBroker, d: Definition, now_ms: int, id_key: tuple[str, bytes] | None) -> Any:
     """ADDJOB of the timer's job, always asynchronous (nobody waits for a fire): the job ID,
     or the error ADDJOB gives (OOM, NOREPL, PAUSED, MAXLEN...)."""
-    cmd = parse([b"ADDJOB", d.queue, d.body, b"0", *d.params])
+    cmd = parse_addjob([b"ADDJOB", d.queue, d.body, b"0", *d.params])
     if not isinstance(cmd, AddJob):
         return cmd  # cannot happen: the options were checked by TIMER ADD and the log reader
     cmd = AddJob(cmd.queue, cmd.body, cmd.timeout_ms, cmd.replicate, cmd.delay, cmd.retry,
                  cmd.ttl, cmd.maxlen, True, cmd.delay_given, id_key)
     if b.policies.live:
         return policies.addjob(b, cmd, _TIMER_CLIENT, now_ms)
-    return b._addjob(cmd, _TIMER_CLIENT, now_ms)
+    return b.addjob_without_policy(cmd, _TIMER_CLIENT, now_ms)
 
 
 def fire(b: PeriodicBroker, e: Entry, due_ms: int, now_ms: int) -> Any:

@@ -28,7 +28,7 @@ from broker.policy_table import (
     PolicyBroker,
 )
 from protocol import errors
-from protocol.commands import AddJob, JobsCommand, QPolicy
+from protocol.commands import AddJob, QPolicy
 from protocol.resp import Error, Status
 
 NO_POLICY: Final = Error("NOQUEUE No such queue (it has no policy): create it with QPOLICY CREATE")
@@ -136,7 +136,7 @@ def purge(b: PolicyBroker, queue: bytes, now_ms: int) -> int:
     ids = tuple(j.id for j in b.jobs.values() if j.queue == queue)
     if not ids:
         return 0
-    result = b._jobs_command(JobsCommand("FASTACK", ids), now_ms)
+    result = b.fastack_jobs(ids, now_ms)
     return int(result)
 
 
@@ -150,7 +150,7 @@ def addjob(b: PolicyBroker, cmd: AddJob, client: Client, now_ms: int) -> Any:
     table.last_duplicate = False
     p = table.get(cmd.queue)
     if p is None:
-        return b._addjob(cmd, client, now_ms)
+        return b.addjob_without_policy(cmd, client, now_ms)
     ttl = cmd.ttl if cmd.ttl is not None else p.retention_timeout
     retry = cmd.retry if cmd.retry is not None else p.visibility_timeout
     delay = cmd.delay if cmd.delay_given else p.message_delay
@@ -169,7 +169,7 @@ def addjob(b: PolicyBroker, cmd: AddJob, client: Client, now_ms: int) -> Any:
             table.last_duplicate = True
             return Status(existing.decode("ascii"))
     before = len(b.jobs)
-    reply = b._addjob(cmd, client, now_ms)
+    reply = b.addjob_without_policy(cmd, client, now_ms)
     if p.message_deduplication and len(b.jobs) > before:
         # The job just registered is the newest key (dicts keep insertion order).
         job_id = next(reversed(b.jobs))
@@ -211,6 +211,6 @@ def redrive_dead_letters(b: PolicyBroker, dlq: bytes, count: int | None, client:
         ctype = table.content_types.get(job.id)
         if ctype is not None and not table.last_duplicate and new_id in b.jobs:
             table.set_content_type(b, new_id, ctype)
-        b._jobs_command(JobsCommand("ACKJOB", (job.id,)), now_ms)
+        b.ack_jobs((job.id,), now_ms)
         moved += 1
     return moved

@@ -13,7 +13,7 @@ to the round's list. A round ends with the group commit (``Persistence.commit_no
 write, and under ``appendfsync always`` one fdatasync, in the reactor's task), then the
 replies that waited for it are written, then those for the clients the round unblocked.
 Whatever must wait - a full socket, a command only the runtime can finish (an intent from
-``broker/intents.py``, carried out by ``Server.carry_out``), closing after QUIT - is done by a
+``broker/intents.py``, carried out through ``INTENTS``), closing after QUIT - is done by a
 task that takes the connection out of the reactor meanwhile and gives it back after. A
 client blocked in GETJOB stays in the reactor, which reads its input (so a disconnect is
 noticed and the broker forgets the waiter) and keeps its pipelined commands until it is
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import inspect
 import logging
 import os
 import random
@@ -67,6 +68,7 @@ from typing import Any
 import trio
 
 from broker.clients import REPLY_OFF, Client
+from broker.command_table import ROWS
 from broker.config import Config
 from broker.core import VERSION, Broker
 from broker.effects import Effect, Reply
@@ -97,7 +99,6 @@ from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
 from node.reactor import Reactor
 from protocol import core_build, errors
-from protocol.commands import COMMANDS
 from protocol.resp import OK, Status, encode
 
 log = logging.getLogger("trisque")
@@ -227,7 +228,7 @@ class Server:
         self._accept_error_logged = 0.0
         self._idle_checked = self.clock.monotonic()
         # INFO commandstats: [calls, nanoseconds] per command the node knows.
-        self.cmdstats: dict[bytes, list[int]] = {name: [0, 0] for name in COMMANDS}
+        self.cmdstats: dict[bytes, list[int]] = {row.name: [0, 0] for row in ROWS}
         self.monitors: set[Connection] = set()
         # Every client command runs through it: RESP connections, the HTTP API, the dashboard.
         self.command_path = CommandPath(self)
@@ -344,47 +345,20 @@ class Server:
 
     def carry_out_now(self, conn: Connection, intent: Intent) -> Any:
         """The reply to a command whose checks the broker made and whose work is ours, done
-        at once; ``MUST_WAIT`` for the two that wait (``carry_out``)."""
-        t = type(intent)
-        if t is Quit:
-            return OK  # the connection closes once it is written
-        if t is RewriteLog:
-            try:
-                return Status(self.persistence.start_rewrite())
-            except Exception as exc:  # noqa: BLE001 - PersistenceError and friends: the text
-                return errors.err(str(exc))
-        if t is RewriteConfig:
-            error = config_file.rewrite(self.config)
-            return errors.err(error) if error else OK
-        if t is ResetStats:
-            for stat in self.cmdstats.values():
-                stat[0] = stat[1] = 0
-            return OK
-        if t is Monitor:
-            self.monitors.add(conn)
-            return OK
-        if t is KillClients:
-            return self._kill(conn, intent)  # type: ignore[arg-type]
-        if t is PauseClients:
-            self._pause_clients(intent.until_ms)  # type: ignore[attr-defined]
-            return OK
-        if t is Shutdown or t is ConfigApplied:
+        at once (``INTENTS``); ``MUST_WAIT`` for those that wait (``carry_out``)."""
+        kind = type(intent)
+        if kind in AWAITED:
             return MUST_WAIT
-        raise AssertionError(f"no runtime handler for {intent!r}")
+        return INTENTS[kind](self, conn, intent)
 
     async def carry_out(self, conn: Connection, intent: Intent) -> Any:
         """The reply to an intent that waits (in the connection's own task)."""
-        t = type(intent)
-        if t is Shutdown:
-            self.shutdown_rewrite = intent.rewrite  # type: ignore[attr-defined]
-            log.warning("User requested shutdown...")
-            self.shutdown_event.set()
-            await trio.sleep_forever()  # the nursery is cancelled; no reply, as in Disque
-        if t is ConfigApplied:
-            return await self._config_applied(intent)  # type: ignore[arg-type]
-        return self.carry_out_now(conn, intent)
+        kind = type(intent)
+        if kind in AWAITED:
+            return await INTENTS[kind](self, conn, intent)
+        return INTENTS[kind](self, conn, intent)
 
-    async def _config_applied(self, intent: ConfigApplied) -> Any:
+    async def config_applied(self, intent: ConfigApplied) -> Any:
         if intent.name == "maxclients" and not fit_open_files_limit(self.config.maxclients):
             # Redis's answer when the kernel cannot give the descriptors the value needs.
             wanted, self.config.maxclients = self.config.maxclients, int(intent.previous)  # type: ignore[call-overload]
@@ -394,7 +368,7 @@ class Server:
         error = await self.persistence.config_changed(intent.name)
         return errors.err(error) if error is not None else OK
 
-    def _pause_clients(self, until_ms: int) -> None:
+    def pause_clients(self, until_ms: int) -> None:
         """Disque's pauseClients: a pause ends at the latest time asked while it lasts."""
         counters = self.counters
         if until_ms <= counters.paused_until and counters.paused_until > self.clock.now_ms():
@@ -413,7 +387,7 @@ class Server:
             if conn.parser.buffered and not conn.blocked:
                 self.reactor.schedule(conn)
 
-    def _kill(self, conn: Connection, kill: KillClients) -> Any:
+    def kill(self, conn: Connection, kill: KillClients) -> Any:
         victims = [c for c in self.connections
                    if kill.normal_only
                    and (kill.addr is None or c.client.addr == kill.addr)
@@ -726,6 +700,73 @@ class CoreTimer:
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+
+# -- intents: how the node carries out each one (broker/intents.py) ---------------------------
+# One function per intent type, ``(server, connection, intent) -> reply``; an ``async`` one
+# waits, in the connection's own task (``Server.carry_out``).
+
+
+def _quit(server: Server, conn: Connection, intent: Quit) -> Any:
+    return OK  # the connection closes once it is written
+
+
+def _rewrite_log(server: Server, conn: Connection, intent: RewriteLog) -> Any:
+    try:
+        return Status(server.persistence.start_rewrite())
+    except Exception as exc:  # noqa: BLE001 - PersistenceError and friends: the text
+        return errors.err(str(exc))
+
+
+def _rewrite_config(server: Server, conn: Connection, intent: RewriteConfig) -> Any:
+    error = config_file.rewrite(server.config)
+    return errors.err(error) if error else OK
+
+
+def _reset_stats(server: Server, conn: Connection, intent: ResetStats) -> Any:
+    for stat in server.cmdstats.values():
+        stat[0] = stat[1] = 0
+    return OK
+
+
+def _monitor(server: Server, conn: Connection, intent: Monitor) -> Any:
+    server.monitors.add(conn)
+    return OK
+
+
+def _kill_clients(server: Server, conn: Connection, intent: KillClients) -> Any:
+    return server.kill(conn, intent)
+
+
+def _pause_clients(server: Server, conn: Connection, intent: PauseClients) -> Any:
+    server.pause_clients(intent.until_ms)
+    return OK
+
+
+async def _shutdown(server: Server, conn: Connection, intent: Shutdown) -> Any:
+    server.shutdown_rewrite = intent.rewrite
+    log.warning("User requested shutdown...")
+    server.shutdown_event.set()
+    await trio.sleep_forever()  # the nursery is cancelled; no reply, as in Disque
+
+
+async def _config_applied(server: Server, conn: Connection, intent: ConfigApplied) -> Any:
+    return await server.config_applied(intent)
+
+
+INTENTS: dict[type[Intent], Callable[[Server, Connection, Any], Any]] = {
+    Quit: _quit,
+    RewriteLog: _rewrite_log,
+    RewriteConfig: _rewrite_config,
+    ResetStats: _reset_stats,
+    Monitor: _monitor,
+    KillClients: _kill_clients,
+    PauseClients: _pause_clients,
+    Shutdown: _shutdown,
+    ConfigApplied: _config_applied,
+}
+AWAITED: frozenset[type[Intent]] = frozenset(
+    kind for kind, run in INTENTS.items() if inspect.iscoroutinefunction(run))
 
 
 def open_listeners(cfg: Config, port: int | None = None) -> list[socket.socket]:

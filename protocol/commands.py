@@ -2,17 +2,17 @@
 
 Theory of operation
 -------------------
-``parse(argv)`` looks the command name up in ``COMMANDS`` (name -> arity, parser), checks the
-arity the way Redis does (a negative arity is a minimum), and returns either a command object
-(a ``NamedTuple``: immutable and cheap to build on the hot path) or an ``Error`` reply. All
-argument validation and its exact error text live here, next to the parser, so a command that
-reaches the broker is well formed and the broker only decides things that need its state.
-Validation order follows Disque's, since clients see the first failing check.
+Each command's parser, ``parse_<command>(argv)``, takes argv (the name included, its arity
+already checked) and returns either a command object (immutable and cheap to build on the hot
+path) or an ``Error`` reply. The one command table, ``broker/command_table.py``, names each
+command's parser next to its arity, flags and handler (the broker's layer: this one may not
+import it). All argument validation and its exact error text live here, next to the parser, so
+a command that reaches the broker is well formed and the broker only decides things that need
+its state. Validation order follows Disque's, since clients see the first failing check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from protocol import errors
@@ -229,10 +229,6 @@ class Timer(NamedTuple):
     replace: bool = False
 
 
-Command = (AddJob | GetJob | JobsCommand | QueueCommand | QPeek | QScan | JScan | Pause | QPolicy
-           | JobRun | Timer | Generic)
-
-
 # ---------------------------------------------------------------------------------------------
 # Parsers. Each takes argv (name included) and returns a command or an Error.
 
@@ -251,7 +247,7 @@ def _option(raw: bytes) -> bytes:
     return word if word is not None else raw.lower()
 
 
-def _addjob(argv: list[bytes]) -> AddJob | Error:
+def parse_addjob(argv: list[bytes]) -> AddJob | Error:
     replicate: int | None = None
     delay = 0
     retry: int | None = None
@@ -313,7 +309,7 @@ def _addjob(argv: list[bytes]) -> AddJob | Error:
                   delay_given)
 
 
-def _getjob(argv: list[bytes]) -> GetJob | Error:
+def parse_getjob(argv: list[bytes]) -> GetJob | Error:
     timeout = 0
     count = 1
     nohang = withcounters = False
@@ -346,7 +342,7 @@ def _getjob(argv: list[bytes]) -> GetJob | Error:
     return errors.SYNTAX
 
 
-def _jobs(argv: list[bytes]) -> JobsCommand | Error:
+def parse_jobs(argv: list[bytes]) -> JobsCommand | Error:
     ids = argv[1:]
     for job_id in ids:
         if not is_valid(job_id):
@@ -354,11 +350,11 @@ def _jobs(argv: list[bytes]) -> JobsCommand | Error:
     return JobsCommand(argv[0].decode("latin-1").upper(), tuple(ids))
 
 
-def _queue(argv: list[bytes]) -> QueueCommand:
+def parse_queue(argv: list[bytes]) -> QueueCommand:
     return QueueCommand(argv[0].decode("latin-1").upper(), argv[1])
 
 
-def _qpeek(argv: list[bytes]) -> QPeek | Error:
+def parse_qpeek(argv: list[bytes]) -> QPeek | Error:
     count = parse_int(argv[2])
     if count is None:
         return errors.NOT_INTEGER
@@ -388,7 +384,7 @@ class _CursorSlot:
         return None
 
 
-def _qscan(argv: list[bytes]) -> QScan | Error:
+def parse_qscan(argv: list[bytes]) -> QScan | Error:
     cursor, count, busyloop = _CursorSlot(), 100, False
     limits: dict[bytes, int | None] = {b"minlen": None, b"maxlen": None, b"importrate": None}
     j = 1
@@ -416,7 +412,7 @@ def _qscan(argv: list[bytes]) -> QScan | Error:
 JOB_STATES = ("wait-repl", "active", "queued", "acked")
 
 
-def _jscan(argv: list[bytes]) -> JScan | Error:
+def parse_jscan(argv: list[bytes]) -> JScan | Error:
     cursor, count, busyloop = _CursorSlot(), 100, False
     queue: bytes | None = None
     states: set[str] = set()
@@ -457,7 +453,7 @@ def _jscan(argv: list[bytes]) -> JScan | Error:
 _PAUSE_OPTIONS = frozenset(("in", "out", "all", "none", "state", "bcast"))
 
 
-def _pause(argv: list[bytes]) -> Pause | Error:
+def parse_pause(argv: list[bytes]) -> Pause | Error:
     options = tuple(a.lower().decode("latin-1") for a in argv[2:])
     if any(o not in _PAUSE_OPTIONS for o in options):
         return errors.SYNTAX
@@ -494,7 +490,7 @@ def _qpolicy_park(argv: list[bytes]) -> QPolicy | Error:
                                      ("reason", argv[5].decode("utf-8", "replace"))))
 
 
-def _qpolicy(argv: list[bytes]) -> QPolicy | Error:
+def parse_qpolicy(argv: list[bytes]) -> QPolicy | Error:
     sub = argv[1].decode("latin-1").upper()
     if sub not in _QPOLICY_SUBS:
         return errors.unknown_subcommand("QPOLICY", argv[1].decode("utf-8", "replace"))
@@ -594,7 +590,7 @@ def _run_text(raw: bytes, what: str, limit: int) -> str | Error:
     return raw.decode("utf-8", "replace")
 
 
-def _jobrun(argv: list[bytes]) -> JobRun | Error:
+def parse_jobrun(argv: list[bytes]) -> JobRun | Error:
     sub = argv[1].decode("latin-1").upper()
     if sub in ("OUTPUT", "LIST"):
         return _jobrun_read(sub, argv)
@@ -672,7 +668,7 @@ _TIMER_ARITY = {"ADD": -6, "DEL": -3, "GET": 3, "LIST": 2, "PAUSE": 3, "RESUME":
                 "HELP": 2}
 
 
-def _timer(argv: list[bytes]) -> Timer | Error:
+def parse_timer(argv: list[bytes]) -> Timer | Error:
     sub = argv[1].decode("latin-1").upper()
     arity = _TIMER_ARITY.get(sub)
     if arity is None:
@@ -704,112 +700,12 @@ def _timer(argv: list[bytes]) -> Timer | Error:
                 params.append(argv[j + 1])
                 j += 1
         j += 1
-    checked = _addjob([b"ADDJOB", argv[4], argv[5], b"0", *params])
+    checked = parse_addjob([b"ADDJOB", argv[4], argv[5], b"0", *params])
     if isinstance(checked, Error):
         return checked
     return Timer(sub, (argv[2],), period, argv[4], argv[5], tuple(params), start_ms, replace)
 
 
-def _loadjob(argv: list[bytes]) -> Error:
-    # Disque's AOF replays jobs with LOADJOB; trisque's log has its own records (broker/aof.py).
-    return errors.LOADJOB_FROM_AOF
-
-
-def _generic(argv: list[bytes]) -> Generic:
+def parse_generic(argv: list[bytes]) -> Generic:
+    """The node's own commands (HELLO, INFO, CONFIG, ...): their handlers read the arguments."""
     return Generic(argv[0].decode("latin-1").upper(), tuple(argv[1:]))
-
-
-# The one command table. Flags: NO_AUTH may run before AUTH when requirepass is set; RUNTIME
-# is finished by the node's runtime (the broker returns an intent, see broker/intents.py).
-NO_AUTH = "no-auth"
-RUNTIME = "runtime"
-
-
-class Spec(NamedTuple):
-    arity: int  # counts the command name; negative means "at least"
-    parser: Callable[[list[bytes]], Any]
-    flags: frozenset[str] = frozenset()
-
-
-_NA = frozenset((NO_AUTH,))
-_RT = frozenset((RUNTIME,))
-
-COMMANDS: Final[dict[bytes, Spec]] = {
-    b"addjob": Spec(-4, _addjob),
-    b"getjob": Spec(-2, _getjob),
-    b"ackjob": Spec(-1, _jobs),
-    b"fastack": Spec(-1, _jobs),
-    b"nack": Spec(-1, _jobs),
-    b"enqueue": Spec(-1, _jobs),
-    b"dequeue": Spec(-1, _jobs),
-    b"deljob": Spec(-1, _jobs),
-    b"working": Spec(2, _jobs),
-    b"show": Spec(2, _jobs),
-    b"qlen": Spec(2, _queue),
-    b"qstat": Spec(2, _queue),
-    b"qpeek": Spec(3, _qpeek),
-    b"qscan": Spec(-1, _qscan),
-    b"jscan": Spec(-1, _jscan),
-    b"pause": Spec(-3, _pause),
-    b"qpolicy": Spec(-2, _qpolicy),
-    b"jobrun": Spec(-2, _jobrun),
-
-
-    b"timer": Spec(-2, _timer),
-    b"hello": Spec(-1, _generic, _NA),  # bare HELLO checks AUTH itself, as Disque
-    b"info": Spec(-1, _generic),
-    b"cluster": Spec(-2, _generic),
-    b"config": Spec(-2, _generic, _RT),
-    b"debug": Spec(-2, _generic),
-    b"ping": Spec(-1, _generic),
-    b"time": Spec(1, _generic),
-    b"shutdown": Spec(-1, _generic, _RT),
-    b"auth": Spec(-2, _generic, _NA),
-    b"client": Spec(-2, _generic, _RT),
-    b"command": Spec(-1, _generic),
-    b"bgrewriteaof": Spec(1, _generic, _RT),
-    b"select": Spec(2, _generic),
-    b"quit": Spec(-1, _generic, _NA | _RT),
-    b"echo": Spec(2, _generic),
-    b"monitor": Spec(1, _generic, _RT),
-    b"loadjob": Spec(2, _loadjob),
-}
-
-
-# Every name as clients usually spell it, lower and upper case: most lookups need no
-# lower() (a Python-level call) before the table.
-_BY_SPELLING: Final[dict[bytes, Spec]] = {
-    spelling: spec for name, spec in COMMANDS.items() for spelling in (name, name.upper())}
-
-
-def lookup(argv: list[bytes]) -> Spec | Error:
-    """The table entry of ``argv``'s command, or the unknown-command or arity error."""
-    name = argv[0]
-    entry = _BY_SPELLING.get(name)
-    if entry is None:
-        entry = COMMANDS.get(name.lower())
-    if entry is None:
-        return errors.unknown_command(name.decode("utf-8", "replace"))
-    arity = entry.arity
-    argc = len(argv)
-    if (arity > 0 and argc != arity) or argc < -arity:
-        return errors.wrong_arity(name.decode("latin-1"))
-    return entry
-
-
-_ADDJOB_SPEC: Final = COMMANDS[b"addjob"]
-_GETJOB_SPEC: Final = COMMANDS[b"getjob"]
-
-
-def parse(argv: list[bytes]) -> Command | Error:
-    entry = lookup(argv)
-    if isinstance(entry, Error):
-        return entry
-    # The two commands of every job's life are called directly: through the table, a
-    # compiled parser is called as a Python object (its arguments unpacked by name).
-    if entry is _ADDJOB_SPEC:
-        return _addjob(argv)
-    if entry is _GETJOB_SPEC:
-        return _getjob(argv)
-    result: Command | Error = entry.parser(argv)
-    return result

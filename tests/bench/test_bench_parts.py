@@ -68,7 +68,7 @@ def test_replies_to_jobs() -> None:
 
 
 def test_profile_summary_charges_the_innermost_known_cost() -> None:
-    frames = ["main (cli/server.py:1)", "Broker._addjob (broker/core.py:2)",
+    frames = ["main (cli/server.py:1)", "Broker.addjob_without_policy (broker/core.py:2)",
               "IdGenerator.next_id (protocol/jobid.py:3)"]
     assert categorize(frames) == "job ID generation"
     text = summarize(";".join(frames) + " 3\n" + "main (cli/server.py:1);x (y.py:1) 1\n")

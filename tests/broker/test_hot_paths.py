@@ -20,7 +20,7 @@ from broker.job import FLAG_REPLICA, JobState, state_name
 from cluster.jobs import JobCore
 from cluster.membership import Membership
 from cluster.wiring import attach
-from protocol.commands import AddJob, parse, parse_int
+from protocol.commands import AddJob, parse_addjob, parse_int
 from protocol.jobid import IDS_PER_BLOCK, IdGenerator, is_valid, ttl_field
 
 NOW = 1_700_000_000_000
@@ -101,15 +101,16 @@ def _state(b: Broker) -> tuple:
 
 
 def test_single_copy_addjob_on_a_cluster_node_is_what_cluster_jobs_addjob_does() -> None:
-    """Broker._addjob keeps ADDJOB with one copy here (REPLICATE 1, or a cluster of one) to
-    itself; cluster_jobs.addjob, which it used to call for it, must leave the same state."""
+    """Broker.addjob_without_policy keeps ADDJOB with one copy here (REPLICATE 1, or a cluster
+    of one) to itself; cluster_jobs.addjob, which it used to call for it, must leave the same
+    state."""
     for argv in ([b"ADDJOB", b"q", b"body", b"0"],
                  [b"ADDJOB", b"q", b"body", b"0", b"DELAY", b"5"],
                  [b"ADDJOB", b"q", b"body", b"0", b"RETRY", b"0", b"TTL", b"600"],
                  [b"ADDJOB", b"q", b"body", b"0", b"ASYNC", b"REPLICATE", b"1"]):
         fast, general = _cluster_broker(), _cluster_broker()
         reply = fast.execute(argv, Client(1), NOW)
-        cmd = parse(argv)
+        cmd = parse_addjob(argv)
         assert isinstance(cmd, AddJob)
         ttl = cmd.ttl or 86400
         retry = cmd.retry if cmd.retry is not None else max(1, min(300, ttl // 10))

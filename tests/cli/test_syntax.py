@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from broker.command_table import ROWS
 from cli import help_table
 from cli.prompt import completions
 from cli.syntax import analyse
-from protocol.commands import COMMANDS
 
 
 def test_every_node_command_has_help_hints_and_completion() -> None:
     names = {c.name for c in help_table.COMMANDS}
-    assert {n.decode().upper() for n in COMMANDS} <= names
+    assert {row.name.decode().upper() for row in ROWS} <= names
     assert len(names) == len(help_table.COMMANDS)
 
 

@@ -10,11 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.clients import Client
+from broker.command_table import ROWS, parse
 from broker.config import Config
 from broker.core import BLOCKED, Broker
 from broker.effects import LogRecord
 from broker.intents import Intent
-from protocol.commands import COMMANDS, MAX_JOB_SECONDS, AddJob, parse
+from protocol.commands import MAX_JOB_SECONDS, AddJob
 from protocol.resp import Error, encode
 
 # Codes an error reply may start with (protocol/errors.py).
@@ -38,7 +39,7 @@ _WORDS = st.sampled_from([
     b"STATUS", b"APPEND", b"END", b"OUTPUT", b"RUNNING", b"abababab-1", b"done", b"failed",
 ])
 _ARG = st.one_of(_NUMBERS, _WORDS, st.binary(max_size=10))
-_NAMES = st.sampled_from(sorted(COMMANDS))
+_NAMES = st.sampled_from(sorted(row.name for row in ROWS))
 
 
 @given(_NAMES, st.lists(_ARG, max_size=10))
