@@ -81,6 +81,7 @@ import trio
 from broker.effects import Reply
 from node.clock import Clock
 from node.conn_core import MAX_OUTPUT_PER_TURN
+from node.conn_state import CLOSED
 from node.reactor_core import (
     MAX_COMMANDS_PER_ROUND,
     MAX_COMMANDS_PER_TURN,
@@ -164,7 +165,7 @@ class Reactor(ReactorCore):
         the newest batch any of them waits for (batches finish in ticket order)."""
         await self.wait_durable({max(conn.ticket() for conn in held)})
         for conn in held:
-            if conn.closing:
+            if conn.state is CLOSED:
                 continue
             try:
                 released = conn.release_if_durable()

@@ -29,6 +29,7 @@ import time
 from typing import cast
 
 from node.conn_core import ConnCore, release_if_durable, turn
+from node.conn_state import CLOSED
 from node.reactor_core import (
     HANGUP,
     MAX_COMMANDS_PER_ROUND,
@@ -86,7 +87,7 @@ def run_round(reactor: ReactorCore) -> None:
             if conn.fresh:
                 reactor.first_turn(conn)
             conn.queued = False
-            if conn.closing:
+            if conn.state is CLOSED:
                 continue
             turns += 1
             try:
@@ -114,7 +115,7 @@ def end_round(reactor: ReactorCore) -> None:
         later: list[Served] = []
         for served in held:
             conn = cast(ConnCore, served)
-            if conn.closing:
+            if conn.state is CLOSED:
                 continue
             try:
                 if not release_if_durable(conn):

@@ -41,7 +41,7 @@ the timer table's replication and fires each due time this node owns, from its o
 ``CoreTimer`` (exactly at the due time) and the bus's 100 ms tick (hand-overs, take-overs).
 
 A synchronous ADDJOB (``REPLICATE`` > 1) returns ``BLOCKED`` like a GETJOB with nothing to
-deliver: the connection stops executing its pipeline (``Connection.blocked``) until the
+deliver: the connection stops executing its pipeline (a BLOCKED ``ConnState``) until the
 ``Reply`` effect that answers it (GOTJOBs reached the level, or ``-NOREPL``) is delivered.
 Every ``Reply`` routed outside the client's own batch (a bus frame, a tick, another client's
 command) is written only once the log records emitted before it are durable, ``-ERR`` with
@@ -89,7 +89,8 @@ from cluster.policy_sync import PolicySync
 from node import client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
-from node.conn_core import NodeCounters
+from node.conn_core import NodeCounters, transition, unblock
+from node.conn_state import CLOSED, CLOSING_HELD, is_blocked
 from node.connection import MUST_WAIT, Connection, set_keepalive
 from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
@@ -271,22 +272,23 @@ class Server:
         """Write replies to clients that were blocked (an HTTP request's stand-in included)."""
         for client, reply in replies:
             conn = client.handle
-            if conn is None or conn.closing:
+            if conn is None:
                 continue
-            if client.reply_flags & REPLY_OFF and type(conn) is Connection:
-                # CLIENT REPLY OFF: a blocked command's late reply is not sent either.
-                conn.blocked = client.waiter is not None
-                if not conn.blocked and conn.parser.buffered:
-                    self.reactor.schedule(conn)
+            if type(conn) is not Connection:  # an HTTP request's stand-in
+                if not conn.closing:
+                    conn.send_nowait(encode(reply, client.protover))
                 continue
-            conn.send_nowait(encode(reply, client.protover))
-            if client.waiter is None:
-                conn.blocked = False
-            if type(conn) is Connection:
+            if conn.state is CLOSED:
+                continue
+            if not client.reply_flags & REPLY_OFF:
+                conn.send_nowait(encode(reply, client.protover))
                 conn.last_active = self.clock.monotonic()  # a reply is an interaction
-                if not conn.blocked and conn.parser.buffered:
-                    # Pipelined commands waited behind the blocked command: their turn.
-                    self.reactor.schedule(conn)
+            # else CLIENT REPLY OFF: a blocked command's late reply is not sent either.
+            if client.waiter is None:
+                unblock(conn)
+            if not is_blocked(conn.state) and conn.parser.buffered:
+                # Pipelined commands waited behind the blocked command: their turn.
+                self.reactor.schedule(conn)
 
     def sample_memory(self) -> None:
         """What the runtime holds, for ``used_memory`` (node/memory_use.py)."""
@@ -396,7 +398,7 @@ class Server:
             return  # extended: the later task resumes them
         # In the order the clients connected, as Disque's client list.
         for conn in sorted(self.connections, key=lambda c: c.client.id):
-            if conn.parser.buffered and not conn.blocked:
+            if conn.parser.buffered and not is_blocked(conn.state):
                 self.reactor.schedule(conn)
 
     def _kill(self, conn: Connection, kill: KillClients) -> Any:
@@ -409,7 +411,7 @@ class Server:
             log.info("Client id=%d addr=%s killed by CLIENT KILL from id=%d",
                      victim.client.id, victim.client.addr, conn.client.id)
             if victim is conn:
-                conn.close_after_reply = True  # its own connection: closed after the reply
+                transition(conn, CLOSING_HELD)  # its own connection: closed after the reply
             else:
                 victim.close()
         if kill.old_form:
@@ -426,7 +428,7 @@ class Server:
         line = (f"+{now:.6f} [0 {client.addr}] ".encode()
                 + b" ".join(_repr_arg(a) for a in argv) + b"\r\n")
         for monitor in list(self.monitors):
-            if monitor.closing:
+            if monitor.state is CLOSED:
                 self.monitors.discard(monitor)
             elif monitor.client is not client:
                 monitor.send_nowait(line)

@@ -9,6 +9,7 @@ import socket
 
 import trio
 
+from node.conn_state import ConnState
 from node.reactor import MAX_COMMANDS_PER_TURN
 from protocol.resp import NEED_DATA, ReplyReader, encode_command
 from tests.server.test_inprocess import Conn, connect, node
@@ -106,7 +107,7 @@ async def test_a_connection_handed_to_a_task_comes_back(tmp_path) -> None:
         assert replies[1] == replies[3] == b"OK"
         assert replies[5] == 3
         conn = max(server.connections, key=lambda x: x.client.id)
-        assert conn.registered and not conn.parks and not conn.holding
+        assert conn.registered and not conn.parks and conn.state is ConnState.OPEN
         turns = server.reactor.turns
         assert await c.call("QLEN", "q") == 3
         assert server.reactor.turns > turns  # served by the reactor again
