@@ -639,7 +639,7 @@ class Bus:
     def deliver(self, link: Link, frames: list[Frame]) -> None:
         """The frames of one read, in order. Consecutive frames for the cores that only
         send (the job cores) are handed over one after the other and flushed once: one
-        ``settle_broker`` and one wake-up per link for all of them (their records still
+        ``flush_broker`` and one wake-up per link for all of them (their records still
         reach the log before any message routed after them). A frame for the membership
         core is an event of its own (its ``CloseLink`` must take effect before the next
         frame of that link)."""

@@ -23,7 +23,7 @@ request is already there is served at once); then the task checkpoints, so the t
 bus, the log's writer and the tasks below run.
 
 **Group commit at the end of each round.** The round ends by flushing the cluster bus once
-(``flush``: the frames the round's commands queued for other nodes, the cluster cores' timers
+(``flush_bus``: the frames the round's commands queued for other nodes, the cluster cores' timers
 told their deadlines may have moved; nothing of it could run before the round ends anyway).
 The records the round's commands made are in the append log's open batch; the round then
 writes it (``Persistence.commit_now``: one ``write``, and under ``appendfsync always`` one
@@ -104,11 +104,11 @@ QUANTUM_S = 0.001
 class Reactor(ReactorCore):
     """The reactor: ``ReactorCore``'s rounds driven by a trio task (see the module docstring)."""
 
-    def __init__(self, clock: Clock, log: Log, settle: Callable[[], None],
+    def __init__(self, clock: Clock, log: Log, flush_broker: Callable[[], None],
                  dispatch: Callable[[list[Reply], int], None],
                  wait_durable: Callable[[set[int]], Awaitable[dict[int, str]]],
-                 flush: Callable[[], None] = lambda: None) -> None:
-        super().__init__(clock, log, settle, dispatch, flush)
+                 flush_bus: Callable[[], None] = lambda: None) -> None:
+        super().__init__(clock, log, flush_broker, dispatch, flush_bus)
         self.wait_durable = wait_durable
         self._nursery: trio.Nursery | None = None
         # The event the accept loop waits on while too many new connections wait for their

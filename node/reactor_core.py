@@ -96,16 +96,16 @@ class Clock(Protocol):
 class ReactorCore:
     """The reactor's state and its rounds; ``node.reactor.Reactor`` adds the trio loop."""
 
-    def __init__(self, clock: Clock, log: Log, settle: Callable[[], None],
+    def __init__(self, clock: Clock, log: Log, flush_broker: Callable[[], None],
                  dispatch: Callable[[list[Reply], int], None],
-                 flush: Callable[[], None]) -> None:
+                 flush_bus: Callable[[], None]) -> None:
         self.clock = clock
         self.log = log
         # Routes what the round's commands left for the cluster bus (the server's Bus.flush:
         # the broker's effects first, then each cluster core's, then the cores' timers are
         # told their deadlines may have moved), once per round rather than once per command.
-        self.flush = flush
-        self.settle = settle  # routes what the broker emitted outside a command (an undo's)
+        self.flush_bus = flush_bus
+        self.flush_broker = flush_broker  # the broker's effects from outside a command (an undo)
         self.dispatch = dispatch
         self.epoll = select.epoll()
         self.by_fd: dict[int, Served] = {}

@@ -106,9 +106,9 @@ def run_round(reactor: ReactorCore) -> None:
 def end_round(reactor: ReactorCore) -> None:
     """Route what the round left for the cluster bus, commit the round's log records, then
     write the replies that waited for them, then those for other clients."""
-    reactor.flush()
+    reactor.flush_bus()
     reactor.log.commit_now()
-    reactor.settle()
+    reactor.flush_broker()
     if reactor.held:
         held = reactor.held
         reactor.held = []

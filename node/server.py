@@ -29,7 +29,7 @@ routes it the frames of its ``HANDLES``. After every event - a bus frame, a tick
 round's client commands (each command's broker effects are routed as it runs, the bus is
 flushed once at the end of the round) - the broker's effects are routed before the cluster
 cores' (``Bus.flush`` calls
-``Server.settle_broker`` first): a replica's log record reaches the log before its GOTJOB
+``Server.flush_broker`` first): a replica's log record reaches the log before its GOTJOB
 is sent, and the bus holds a GOTJOB until the log says it is durable. The federation core
 (``cluster.federation.FederationCore``, issue 10) is built next to the job core and becomes
 ``broker.federation``; its effects follow the job core's after every event (client
@@ -165,7 +165,7 @@ class Server:
         self.route: Callable[[list[Effect], list[Reply]], int] = self.persistence.route
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
                        save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id,
-                       before_flush=self.settle_broker, log_ticket=self.log_ticket,
+                       before_flush=self.flush_broker, log_ticket=self.log_ticket,
                        wait_durable=self.durable, after_flush=self._deadlines_moved)
         # The broker's warnings (an ADDJOB body over job-max-body-len), rate-limited per key.
         self._warnings = LogLimiter(log, self.clock)
@@ -198,8 +198,8 @@ class Server:
         self.connections: set[Connection] = set()
         # Serves every client connection (node/reactor.py); the round's group commit writes
         # the log, the replies for other clients go through dispatch.
-        self.reactor = Reactor(self.clock, self.persistence, self.settle_broker, self.dispatch,
-                               self.wait_durable, flush=self.bus.flush)
+        self.reactor = Reactor(self.clock, self.persistence, self.flush_broker, self.dispatch,
+                               self.wait_durable, flush_bus=self.bus.flush)
         self.nursery: trio.Nursery  # run() sets it; connections start their tasks there
         self.next_client_id = 0
         self.start_time = time.time()
@@ -297,7 +297,7 @@ class Server:
                            + memory_use.log_bytes(self.persistence))
         self.memory.note(b.used_memory)
 
-    def settle_broker(self) -> None:
+    def flush_broker(self) -> None:
         """Route the broker's effects left by an event that was not a client's own batch (a
         bus frame, a tick, before a flush): records to the log now, replies once durable."""
         if self.broker.outbox:

@@ -221,7 +221,7 @@ async def test_the_bus_is_flushed_once_per_round_not_per_command(tmp_path) -> No
             flush()
 
         server.bus.flush = counting_flush  # type: ignore[method-assign]
-        server.reactor.flush = counting_flush
+        server.reactor.flush_bus = counting_flush
         kept = len(server.bus.outbound)
         nobody = free_port()  # nothing listens there: the keeper just retries
         await c.stream.send_all(encode_command("CLUSTER", "MEET", "127.0.0.1", str(nobody))
