@@ -341,7 +341,7 @@ class ConnCore:
         self.logged.clear()
         # The client points back at this connection: left as it is, the pair is a cycle that
         # only a full garbage collection frees (rare here, see Server._start), about 2 KB per
-        # connection in the meantime. A reply that still comes for it is dropped (deliver).
+        # connection in the meantime. A reply that still comes for it is dropped (dispatch_now).
         self.client.handle = None
 
 

@@ -39,8 +39,8 @@ Replies from elsewhere (a blocked GETJOB served, a MONITOR line) come through
 they queue behind those; while a sender task runs they queue behind its bytes;
 otherwise they are sent at once. So replies leave in the order their causes happened. A
 blocked command (GETJOB, synchronous ADDJOB) stops the pipeline (BLOCKED); commands
-behind it stay in the buffer until the ``Reply`` that unblocks it is delivered
-(``Server.deliver`` queues the connection again).
+behind it stay in the buffer until the ``Reply`` that unblocks it is dispatched
+(``Server.dispatch_now`` queues the connection again).
 
 **Compiled.** What runs for every request and never waits (the turn, the per-command loop,
 the release at the end of the round, the non-waiting send) is ``ConnCore`` in

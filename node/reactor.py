@@ -44,7 +44,7 @@ task waits until it is writable), for the two commands only the runtime can fini
 a protocol error (until what is unsent is written and it closes). A blocked GETJOB or
 synchronous ADDJOB is not parked: it stays in the epoll, its input is read and kept (within
 the query buffer limit) so that a disconnect is noticed at once, and it executes nothing until
-the ``Reply`` that unblocks it is delivered, which queues it again if commands wait behind it.
+the ``Reply`` that unblocks it is dispatched, which queues it again if commands wait behind it.
 A task that makes a connection runnable (``schedule``) wakes the loop if it is waiting, with
 a write to an eventfd that is in the epoll.
 
@@ -55,7 +55,7 @@ than taking one lap of the queue per read. **New clients** are accepted only whi
 behind a burst of connections leaves the next ones in the kernel's accept queue.
 
 **Idle clients.** A connection's ``last_active`` moves when it sends something and when a
-reply from elsewhere is delivered to it; ``close_idle``, called by the server's timer about
+reply from elsewhere is dispatched to it; ``close_idle``, called by the server's timer about
 once a second, closes those idle longer than ``timeout`` (read at each call: CONFIG SET
 applies at once), except blocked, parked or held ones, as Disque's clientsCron does.
 

@@ -42,7 +42,7 @@ the timer table's replication and fires each due time this node owns, from its o
 
 A synchronous ADDJOB (``REPLICATE`` > 1) returns ``BLOCKED`` like a GETJOB with nothing to
 deliver: the connection stops executing its pipeline (a BLOCKED ``ConnState``) until the
-``Reply`` effect that answers it (GOTJOBs reached the level, or ``-NOREPL``) is delivered.
+``Reply`` effect that answers it (GOTJOBs reached the level, or ``-NOREPL``) is dispatched.
 Every ``Reply`` routed outside the client's own batch (a bus frame, a tick, another client's
 command) is written only once the log records emitted before it are durable, ``-ERR`` with
 the error if that write failed (``Server.dispatch``).
@@ -159,7 +159,7 @@ class Server:
                                        clock=lambda: self.clock.now_ms() / 1000)
         # The one place the broker's effects go where they belong: log records to the append
         # log's open batch (dropped there when it is off), replies to other clients into
-        # ``replies`` for the caller to deliver; the log ticket to wait for, or 0. The
+        # ``replies`` for the caller to dispatch; the log ticket to wait for, or 0. The
         # compiled log core's own (node/log_core.py): an interpreted method in between cost
         # about 1 us per command that logs.
         self.route: Callable[[list[Effect], list[Reply]], int] = self.persistence.route
@@ -268,7 +268,7 @@ class Server:
                 failures[ticket] = str(exc)
         return failures
 
-    def deliver(self, replies: list[Reply]) -> None:
+    def dispatch_now(self, replies: list[Reply]) -> None:
         """Write replies to clients that were blocked (an HTTP request's stand-in included)."""
         for client, reply in replies:
             conn = client.handle
@@ -307,18 +307,19 @@ class Server:
                 self.dispatch(replies, ticket)
 
     def dispatch(self, replies: list[Reply], ticket: int) -> None:
-        """Deliver ``replies`` once the log records emitted before them are durable."""
+        """Write ``replies`` to their clients once the log records emitted before them are
+        durable (``dispatch_now`` if they already are)."""
         ticket = max(ticket, self.log_ticket())
         if not ticket:
-            self.deliver(replies)
+            self.dispatch_now(replies)
         else:
-            self.nursery.start_soon(self._deliver_when_durable, replies, ticket)
+            self.nursery.start_soon(self._dispatch_when_durable, replies, ticket)
 
-    async def _deliver_when_durable(self, replies: list[Reply], ticket: int) -> None:
+    async def _dispatch_when_durable(self, replies: list[Reply], ticket: int) -> None:
         failures = await self.wait_durable({ticket})
         if ticket in failures:
             replies = [Reply(client, errors.err(failures[ticket])) for client, _ in replies]
-        self.deliver(replies)
+        self.dispatch_now(replies)
 
     def log_ticket(self) -> int:
         """The newest log batch that may not be durable yet (0 when the log is idle or off)."""
