@@ -114,7 +114,7 @@ class Host(Protocol):
 
     config: Config
     broker: Broker
-    jobs: JobCore
+    job_core: JobCore
     connections: set[Any]
     monitors: set[Any]
     cmdstats: dict[bytes, list[int]]
@@ -324,7 +324,7 @@ class ConnCore:
         transition(self, CLOSED)
         host = self.host
         host.broker.client_gone(self.client)
-        if host.jobs.outbox:
+        if host.job_core.outbox:
             host.bus.flush()  # the DELJOBs of an ADDJOB it left waiting
         host.connections.discard(self)
         host.monitors.discard(self)

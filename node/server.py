@@ -172,8 +172,8 @@ class Server:
         self.broker.warn = self._warn
         # Replicated jobs: built before the log is replayed (run() loads it), since replay
         # keeps acked cluster jobs only when broker.replication is set.
-        self.jobs = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
-        self.bus.add_core(self.jobs)
+        self.job_core = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
+        self.bus.add_core(self.job_core)
         # Federation (issue 10): NEEDJOBS/YOURJOBS; ticked at its own next deadline
         # (a CoreTimer), which any command or frame may move (a GETJOB blocking).
         self.federation = FederationCore(self.broker, self.cluster)
