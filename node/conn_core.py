@@ -161,7 +161,7 @@ class ConnCore:
         self.route = host.route
         # The append log's compiled core (``Persistence`` subclasses it): the release reads
         # its finished ticket and its failures as fields, not through Python calls.
-        self.log = host.persistence
+        self.append_log = host.persistence
         self.sock = sock
         self.fd = sock.fileno()
         self.client = client
@@ -428,13 +428,13 @@ def release_if_durable(conn: ConnCore) -> bool:
     everything) is written out here, with one ``send`` and no further calls."""
     logged = conn.logged
     if logged:
-        log = conn.log
-        done = log.done_ticket
+        append_log = conn.append_log
+        done = append_log.done_ticket
         for _, _, ticket in logged:
             if ticket > done:
                 return False
         failures: dict[int, str] = {}
-        failed = log.failed  # the recent failed batches: empty unless a write failed
+        failed = append_log.failed  # the recent failed batches: empty unless a write failed
         if failed:
             for _, _, ticket in logged:
                 error = failed.get(ticket)

@@ -89,7 +89,7 @@ from node.reactor_core import (
     MAX_NEW_WAITING,
     MAX_ROUND_S,
     MAX_TURNS_PER_ROUND,
-    Log,
+    AppendLog,
     ReactorCore,
     Served,
 )
@@ -104,11 +104,11 @@ QUANTUM_S = 0.001
 class Reactor(ReactorCore):
     """The reactor: ``ReactorCore``'s rounds driven by a trio task (see the module docstring)."""
 
-    def __init__(self, clock: Clock, log: Log, flush_broker: Callable[[], None],
+    def __init__(self, clock: Clock, append_log: AppendLog, flush_broker: Callable[[], None],
                  dispatch: Callable[[list[Reply], int], None],
                  wait_durable: Callable[[set[int]], Awaitable[dict[int, str]]],
                  flush_bus: Callable[[], None] = lambda: None) -> None:
-        super().__init__(clock, log, flush_broker, dispatch, flush_bus)
+        super().__init__(clock, append_log, flush_broker, dispatch, flush_bus)
         self.wait_durable = wait_durable
         self._nursery: trio.Nursery | None = None
         # The event the accept loop waits on while too many new connections wait for their

@@ -73,7 +73,7 @@ class Served(Protocol):
     def close(self) -> None: ...
 
 
-class Log(Protocol):
+class AppendLog(Protocol):
     """What the reactor needs of the append log (``node.persistence.Persistence``)."""
 
     round_open: bool
@@ -96,11 +96,11 @@ class Clock(Protocol):
 class ReactorCore:
     """The reactor's state and its rounds; ``node.reactor.Reactor`` adds the trio loop."""
 
-    def __init__(self, clock: Clock, log: Log, flush_broker: Callable[[], None],
+    def __init__(self, clock: Clock, append_log: AppendLog, flush_broker: Callable[[], None],
                  dispatch: Callable[[list[Reply], int], None],
                  flush_bus: Callable[[], None]) -> None:
         self.clock = clock
-        self.log = log
+        self.append_log = append_log
         # Routes what the round's commands left for the cluster bus (the server's Bus.flush:
         # the broker's effects first, then each cluster core's, then the cores' timers are
         # told their deadlines may have moved), once per round rather than once per command.

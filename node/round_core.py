@@ -72,8 +72,8 @@ def run_round(reactor: ReactorCore) -> None:
     clock = reactor.clock
     reactor.now = clock.monotonic()
     reactor.now_ms = clock.now_ms()
-    log = reactor.log
-    log.round_open = True
+    append_log = reactor.append_log
+    append_log.round_open = True
     runnable = reactor.runnable
     budget = MAX_COMMANDS_PER_ROUND
     perf_counter = time.perf_counter
@@ -99,7 +99,7 @@ def run_round(reactor: ReactorCore) -> None:
                 break
     finally:
         reactor.turns += turns
-        log.round_open = False
+        append_log.round_open = False
         end_round(reactor)
 
 
@@ -107,7 +107,7 @@ def end_round(reactor: ReactorCore) -> None:
     """Route what the round left for the cluster bus, commit the round's log records, then
     write the replies that waited for them, then those for other clients."""
     reactor.flush_bus()
-    reactor.log.commit_now()
+    reactor.append_log.commit_now()
     reactor.flush_broker()
     if reactor.held:
         held = reactor.held
