@@ -32,7 +32,15 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from broker.effects import LogRecord
-from broker.job import FLAG_DELIVERED, FLAG_QUEUED_BEFORE, FLAG_REPLICA, Job, JobState
+from broker.job import (
+    FLAG_DELIVERED,
+    FLAG_QUEUED_BEFORE,
+    FLAG_REPLICA,
+    REC_CONFIRMED,
+    REC_FLAGS,
+    Job,
+    JobState,
+)
 from broker.queue import Queue
 
 #: ``broker.core.Broker`` (which imports this module): untyped here to avoid an import cycle.
@@ -84,8 +92,8 @@ def export_jobs(b: Broker, q: Queue, count: int, to_node: str, now_ms: int,
         if to_node not in job.delivered:
             job.delivered += (to_node,)
         record = job.to_record()
-        record[13] = []
-        record[14] &= ~FLAG_DELIVERED  # a local fact (Disque clears it in every job message)
+        record[REC_CONFIRMED] = []
+        record[REC_FLAGS] &= ~FLAG_DELIVERED  # a local fact (Disque clears it in every job message)
         out.append(record)
         if job.retry == 0:
             b._unregister(job)
