@@ -55,7 +55,7 @@ than taking one lap of the queue per read. **New clients** are accepted only whi
 behind a burst of connections leaves the next ones in the kernel's accept queue.
 
 **Idle clients.** A connection's ``last_active`` moves when it sends something and when a
-reply from elsewhere is dispatched to it; ``close_idle``, called by the server's timer about
+reply from elsewhere is dispatched to it; ``close_idle``, called by the server's ticker about
 once a second, closes those idle longer than ``timeout`` (read at each call: CONFIG SET
 applies at once), except blocked, parked or held ones, as Disque's clientsCron does.
 

@@ -17,7 +17,7 @@ Whatever must wait - a full socket, a command only the runtime can finish (an in
 task that takes the connection out of the reactor meanwhile and gives it back after. A
 client blocked in GETJOB stays in the reactor, which reads its input (so a disconnect is
 noticed and the broker forgets the waiter) and keeps its pipelined commands until it is
-answered. A timer task calls ``broker.tick`` at the broker's next deadline, at least ``hz``
+answered. The ticker task calls ``broker.tick`` at the broker's next deadline, at least ``hz``
 times a second, and closes idle clients (``timeout``) about once a second.
 
 The cluster: the node's ID and its peers come from ``cluster-config-file`` (``node/nodes_store``;
@@ -35,10 +35,10 @@ is sent, and the bus holds a GOTJOB until the log says it is durable. The federa
 ``broker.federation``; its effects follow the job core's after every event (client
 commands included: GETJOB and ADDJOB emit NEEDJOBS), the bus holds a YOURJOBS like a GOTJOB
 (the ``del`` of an at-most-once job that left must be durable first), and
-a ``CoreTimer`` ticks it at its ``next_deadline()``, re-read after every flush. The
+a ``CoreAlarm`` ticks it at its ``next_deadline()``, re-read after every flush. The
 periodic timer core (``cluster.periodic_sync.PeriodicSync``, issue 14) comes last: it holds
 the timer table's replication and fires each due time this node owns, from its own
-``CoreTimer`` (exactly at the due time) and the bus's 100 ms tick (hand-overs, take-overs).
+``CoreAlarm`` (exactly at the due time) and the bus's 100 ms tick (hand-overs, take-overs).
 
 A synchronous ADDJOB (``REPLICATE`` > 1) returns ``BLOCKED`` like a GETJOB with nothing to
 deliver: the connection stops executing its pipeline (a BLOCKED ``ConnState``) until the
@@ -101,7 +101,7 @@ from protocol.resp import OK, Status, encode
 
 log = logging.getLogger("trisque")
 
-# How often the timer task looks for idle clients (``timeout``), as Disque's clientsCron.
+# How often the ticker looks for idle clients (``timeout``), as Disque's clientsCron.
 IDLE_CHECK_S = 1.0
 
 
@@ -175,7 +175,7 @@ class Server:
         self.job_core = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
         self.bus.add_core(self.job_core)
         # Federation (issue 10): NEEDJOBS/YOURJOBS; ticked at its own next deadline
-        # (a CoreTimer), which any command or frame may move (a GETJOB blocking).
+        # (a CoreAlarm), which any command or frame may move (a GETJOB blocking).
         self.federation = FederationCore(self.broker, self.cluster)
         self.bus.add_core(self.federation)
         # Queue policies, replicated to every node (issue 13, cluster/policy_sync.py).
@@ -183,11 +183,11 @@ class Server:
                                       now_ms)
         self.bus.add_core(self.policy_sync)
         # Periodic timers (issue 14): the table replicated, and the due times this node owns
-        # fired at their time (a CoreTimer) or at the bus tick after a take-over.
+        # fired at their time (a CoreAlarm) or at the bus tick after a take-over.
         self.periodic_sync = PeriodicSync(self.broker, self.cluster,
                                           random.Random(os.urandom(16)), now_ms)
         self.bus.add_core(self.periodic_sync)
-        self.core_timers = [CoreTimer(self, self.federation), CoreTimer(self, self.periodic_sync)]
+        self.core_alarms = [CoreAlarm(self, self.federation), CoreAlarm(self, self.periodic_sync)]
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
             try:
@@ -559,7 +559,7 @@ class Server:
         self.connections.add(conn)
         self.reactor.add(conn)
 
-    async def timers(self) -> None:
+    async def ticker(self) -> None:
         broker = self.broker
         interval = 1000 // max(1, self.config.hz)
         while True:
@@ -580,9 +580,9 @@ class Server:
             self.bus.flush()
 
     def _deadlines_moved(self) -> None:
-        """After every flush: wake each CoreTimer whose core's deadline came earlier."""
-        for timer in self.core_timers:
-            timer.moved()
+        """After every flush: wake each CoreAlarm whose core's deadline came earlier."""
+        for alarm in self.core_alarms:
+            alarm.moved()
 
     def _sample(self, now: int) -> None:
         t, n = self._ops_sample
@@ -626,9 +626,9 @@ class Server:
             await nursery.start(self.reactor.run)
             await nursery.start(self.nodes_file.run)
             await nursery.start(self.bus.run, bus_listeners)
-            nursery.start_soon(self.timers)
-            for core_timer in self.core_timers:
-                nursery.start_soon(core_timer.run)
+            nursery.start_soon(self.ticker)
+            for core_alarm in self.core_alarms:
+                nursery.start_soon(core_alarm.run)
             if cfg.http_port:  # the HTTP API (node/http_api.py), off by default
                 from node import http_api
 
@@ -675,7 +675,7 @@ class Server:
         log.warning("trisque is now ready to exit, bye bye...")
 
 
-class CoreTimer:
+class CoreAlarm:
     """Ticks one cluster core exactly at its ``next_deadline()``: the federation core (its ad
     hoc NEEDJOBS backs off from 25 ms: the bus's 100 ms tick alone would make it late) and
     the periodic timer core (a due time fires at its millisecond, not up to 100 ms after).
