@@ -100,8 +100,8 @@ class NodeCounters:
         self.stats_in = 0  # bytes read from clients
         self.stats_out = 0  # bytes written to clients
         self.stopping = False  # the node is shutting down: no command runs any more
-        # CLIENT PAUSE: no client's command runs before this time (ms; the server's timer
-        # gives the paused connections their turn when it passes).
+        # CLIENT PAUSE: no client's command runs before this time (ms; a task of the server,
+        # _resume_clients, gives the paused connections their turn when it passes).
         self.paused_until = 0
 
 
