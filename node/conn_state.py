@@ -41,10 +41,10 @@ What stays a plain field of the connection, because it varies independently of t
 * ``backlog``: the buffer holds commands a turn's budget left for the next round.
 
 Hot path: a connection changes state twice per turn (HELD at its start, released at the end
-of the round). ``ConnState`` hashes by identity (an ``Enum`` hashes its name, in Python code,
-even compiled), so the check and the variant lookups are the C code of dicts and sets; the
-code that runs per request compares with the ``Final`` aliases below (``is``: a pointer
-compare compiled).
+of the round). Those two moves and the predicates are pointer compares with the ``Final``
+aliases below (C statics, compiled); the other moves look the table up, which is the C code of
+dicts and sets because ``ConnState`` hashes by identity (an ``Enum`` hashes its name, in
+Python code, even compiled).
 """
 
 from __future__ import annotations
@@ -147,24 +147,35 @@ CLOSING_HELD: Final = ConnState.CLOSING_HELD
 CLOSED: Final = ConnState.CLOSED
 
 
+# The two moves of every turn (see next_state).
+assert (OPEN, HELD) in ALLOWED and (HELD, OPEN) in ALLOWED
+
+
 def next_state(old: ConnState, new: ConnState) -> ConnState:
     """``new``, if a connection in ``old`` may move to it; otherwise ``ConnStateError``."""
+    if (old is OPEN and new is HELD) or (old is HELD and new is OPEN):
+        return new  # every turn's two moves: pointer compares, no lookup
     if new not in _NEXT[old]:
         raise ConnStateError(f"connection state {old.name} -> {new.name} is not allowed")
     return new
 
 
+# The predicates the per-request path asks: pointer compares (the sets spell them for tests).
+
 def is_held(state: ConnState) -> bool:
-    return state in _HELD_STATES
+    return (state is HELD or state is BLOCKED_HELD or state is DRAINING_HELD
+            or state is DRAINING_BLOCKED_HELD or state is CLOSING_HELD)
 
 
 def is_blocked(state: ConnState) -> bool:
-    return state in _BLOCKED_STATES
+    return (state is BLOCKED or state is BLOCKED_HELD or state is DRAINING_BLOCKED
+            or state is DRAINING_BLOCKED_HELD)
 
 
 def is_draining(state: ConnState) -> bool:
     """The client's end was read: nothing more to read (DRAINING with or without the rest)."""
-    return state in _DRAINING_STATES
+    return (state is DRAINING or state is DRAINING_HELD or state is DRAINING_BLOCKED
+            or state is DRAINING_BLOCKED_HELD)
 
 
 def is_closing(state: ConnState) -> bool:
@@ -181,6 +192,8 @@ def to_held(state: ConnState) -> ConnState:
 
 def to_unheld(state: ConnState) -> ConnState:
     """``state`` with its held replies written."""
+    if state is HELD:
+        return OPEN  # every turn's
     return _UNHELD_OF.get(state, state)
 
 

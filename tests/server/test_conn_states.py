@@ -97,3 +97,11 @@ def _line_of(text: str) -> int:
         if text in line:
             return number
     raise AssertionError(f"{text!r} is not in node/conn_core.py")
+
+
+@pytest.mark.parametrize("state", list(S))
+def test_the_predicates_agree_with_the_parts(state: ConnState) -> None:
+    """The predicates are written out as compares for speed: they must match the sets."""
+    assert conn_state.is_held(state) == (state in conn_state._HELD_STATES)
+    assert conn_state.is_blocked(state) == (state in conn_state._BLOCKED_STATES)
+    assert conn_state.is_draining(state) == (state in conn_state._DRAINING_STATES)
