@@ -7,7 +7,7 @@ Disque's job state machine (README, "Disque state machine") is followed step by 
 messages themselves are the cluster job core's (``cluster/jobs.py``), reached through the
 ``broker.replication.Replication`` Protocol. This module only changes broker state: it is
 also what the job core calls when a peer's message changes a job (``acknowledge``,
-``free``, ``replication_achieved``, ``enqueue``, ``dequeue``, ``set_requeue``...), so every
+``free``, ``replication_achieved``, ``enqueue``, ``requeue_later``...), so every
 state change of a job still happens inside ``broker/`` with its log record.
 
 Synchronous ADDJOB. The job is registered in WAIT_REPL, the client is blocked (the command

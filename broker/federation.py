@@ -33,7 +33,15 @@ from typing import Any, Protocol
 
 from broker.core_api import BrokerCore
 from broker.effects import LogRecord
-from broker.job import FLAG_DELIVERED, FLAG_QUEUED_BEFORE, FLAG_REPLICA, Job, JobState
+from broker.job import (
+    FLAG_DELIVERED,
+    FLAG_QUEUED_BEFORE,
+    FLAG_REPLICA,
+    REC_CONFIRMED,
+    REC_FLAGS,
+    Job,
+    JobState,
+)
 from broker.queue import Queue
 
 
@@ -82,8 +90,8 @@ def export_jobs(b: BrokerCore, q: Queue, count: int, to_node: str, now_ms: int,
         if to_node not in job.delivered:
             job.delivered += (to_node,)
         record = job.to_record()
-        record[13] = []
-        record[14] &= ~FLAG_DELIVERED  # a local fact (Disque clears it in every job message)
+        record[REC_CONFIRMED] = []
+        record[REC_FLAGS] &= ~FLAG_DELIVERED  # a local fact (Disque clears it in every job message)
         out.append(record)
         if job.retry == 0:
             b.unregister(job)

@@ -64,14 +64,34 @@ FLAG_REPLICA: Final = 8
 WILLQUEUE_ADVANCE_MS: Final = 500
 
 
+# The fields of a job record (``Job.to_record()``), by index: Final, so compiled code reads a
+# constant, not a name.
+REC_ID: Final = 0
+REC_QUEUE: Final = 1
+REC_BODY: Final = 2
+REC_STATE: Final = 3
+REC_REPL: Final = 4
+REC_TTL: Final = 5
+REC_RETRY: Final = 6
+REC_DELAY: Final = 7
+REC_CTIME: Final = 8
+REC_QTIME: Final = 9
+REC_NACKS: Final = 10
+REC_DELIVERIES: Final = 11
+REC_DELIVERED: Final = 12  # nodes that may hold a copy
+REC_CONFIRMED: Final = 13
+REC_FLAGS: Final = 14
+REC_DTIME: Final = 15
+
 _INT64_MAX: Final = (1 << 63) - 1
-# Range of each integer field of a job record (index in ``Job.to_record()`` -> (min, max)):
-# what the command parsers let in, so a record outside them was not written by a sane node.
+# Range of each integer field of a job record (index -> (name, min, max)): what the command
+# parsers let in, so a record outside them was not written by a sane node.
 _RECORD_INTS: Final = {
-    4: ("repl", 1, 65535), 5: ("ttl", 1, MAX_JOB_SECONDS), 6: ("retry", 0, MAX_JOB_SECONDS),
-    7: ("delay", 0, MAX_JOB_SECONDS), 8: ("ctime", 0, _INT64_MAX), 9: ("qtime", 0, _INT64_MAX),
-    10: ("nacks", 0, _INT64_MAX), 11: ("deliveries", 0, _INT64_MAX), 14: ("flags", 0, 255),
-    15: ("dtime", 0, _INT64_MAX),
+    REC_REPL: ("repl", 1, 65535), REC_TTL: ("ttl", 1, MAX_JOB_SECONDS),
+    REC_RETRY: ("retry", 0, MAX_JOB_SECONDS), REC_DELAY: ("delay", 0, MAX_JOB_SECONDS),
+    REC_CTIME: ("ctime", 0, _INT64_MAX), REC_QTIME: ("qtime", 0, _INT64_MAX),
+    REC_NACKS: ("nacks", 0, _INT64_MAX), REC_DELIVERIES: ("deliveries", 0, _INT64_MAX),
+    REC_FLAGS: ("flags", 0, 255), REC_DTIME: ("dtime", 0, _INT64_MAX),
 }
 _RECORD_INT_FIELDS: Final = tuple((i, *v) for i, v in _RECORD_INTS.items())
 # A record has 16 fields; logs written before ``dtime`` (field 15: the first delivery, unix
@@ -102,12 +122,12 @@ def record_problem(rec: Any) -> str | None:
     size = len(rec)
     if size != RECORD_FIELDS and size != OLD_RECORD_FIELDS:
         return "job record is not a list of 15 or 16 fields"
-    job_id = rec[0]
+    job_id = rec[REC_ID]
     if not isinstance(job_id, bytes) or not is_valid(job_id):
         return "job record with an invalid job ID"
-    if not isinstance(rec[1], bytes) or not isinstance(rec[2], bytes):
+    if not isinstance(rec[REC_QUEUE], bytes) or not isinstance(rec[REC_BODY], bytes):
         return "job record whose queue or body is not bytes"
-    state = rec[3]
+    state = rec[REC_STATE]
     # A str first: a map or a list from a peer or a damaged log is unhashable.
     if not isinstance(state, str) or state not in STATE_BY_NAME:
         return f"job record with an unknown state {shown(state)}"
@@ -116,7 +136,7 @@ def record_problem(rec: Any) -> str | None:
             value = rec[index]
             if type(value) is not int or not low <= value <= high:
                 return f"job record with {name} {shown(value)} outside [{low}, {high}]"
-    for nodes in (rec[12], rec[13]):
+    for nodes in (rec[REC_DELIVERED], rec[REC_CONFIRMED]):
         if not isinstance(nodes, list):
             return "job record whose node lists are not lists of node IDs"
         for n in nodes:
@@ -231,5 +251,5 @@ class Job(Timed):
         job.deliveries = deliveries
         job.confirmed = tuple(confirmed)
         job.flags = flags
-        job.dtime = rec[15] if len(rec) > OLD_RECORD_FIELDS else 0
+        job.dtime = rec[REC_DTIME] if len(rec) > OLD_RECORD_FIELDS else 0
         return job

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from broker.job import REC_BODY, REC_CONFIRMED, REC_DELIVERED, REC_ID, REC_QUEUE
 from cluster.wire import BATCH_BYTES
 
 #: What a job record holds besides its body, queue name and holders (numbers, flags, msgpack
@@ -42,5 +43,6 @@ def cut(records: list[Any], size_of: Callable[[Any], int], max_count: int,
 
 def job_record_size(record: list[Any]) -> int:
     """About how many bytes ``broker.job.Job.to_record()``'s output takes in a frame."""
-    return (_JOB_FIXED_BYTES + len(record[0]) + len(record[1]) + len(record[2])
-            + _NODE_ID_BYTES * (len(record[12]) + len(record[13])))
+    return (_JOB_FIXED_BYTES + len(record[REC_ID]) + len(record[REC_QUEUE])
+            + len(record[REC_BODY])
+            + _NODE_ID_BYTES * (len(record[REC_DELIVERED]) + len(record[REC_CONFIRMED])))

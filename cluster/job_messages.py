@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from broker.job import Job, record_problem
+from broker.job import REC_DELIVERED, REC_STATE, Job, record_problem
 from cluster.messages import int_field, is_node_id
 from cluster.wire import Frame, MalformedBody, MessageType, received_body
 from protocol.jobid import is_valid
@@ -223,11 +223,11 @@ def _active_record(record: Any, field: str) -> list[Any]:
     if problem is not None:
         raise MalformedBody(f"field {field!r}: {problem}")
     assert isinstance(record, list)
-    if record[3] != "active":
+    if record[REC_STATE] != "active":
         raise MalformedBody(f"field {field!r}: a job is sent active")
-    if not record[12]:
+    if not record[REC_DELIVERED]:
         raise MalformedBody(f"field {field!r}: no node may have a copy")
-    nodes = record[12]
+    nodes = record[REC_DELIVERED]
     if len(nodes) > MAX_NODES:
         raise MalformedBody(f"field {field!r}: its nodes must be 40-hex node IDs")
     for n in nodes:

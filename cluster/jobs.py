@@ -41,7 +41,7 @@ from broker.cluster_jobs import (
     TIME_ERR_MS,
 )
 from broker.core import Broker
-from broker.job import Job, JobState
+from broker.job import REC_CONFIRMED, REC_STATE, Job, JobState
 from cluster.effects import ClusterEffect, LinkId, LogLine, Send
 from cluster.job_messages import (
     JOB_TYPES,
@@ -125,8 +125,8 @@ class JobCore:
                     if added == count:
                         break
         record = job.to_record()
-        record[3] = _ACTIVE.value  # the copy is ACTIVE at the receiver
-        record[13] = []
+        record[REC_STATE] = _ACTIVE.value  # the copy is ACTIVE at the receiver
+        record[REC_CONFIRMED] = []
         # A big job is sent again to a node already asked only once its copy had time to
         # arrive (cluster_jobs.resend_period), even when a new holder was added.
         sent_at = None

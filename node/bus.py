@@ -11,7 +11,7 @@ and time, following the contract of ``cluster/effects.py``:
   connection is closed at once (rate-limited log line).
 * **Links.** Every link, inbound or outbound, is a ``Link`` with an int ``LinkId`` that is
   never reused in the process. It runs two tasks: a reader that feeds a ``FrameDecoder`` and
-  hands the complete frames of each read to ``Bus.deliver`` (with the peer's and our own IP
+  hands the complete frames of each read to ``Bus.receive_frames`` (with the peer's and our own IP
   and, for an outbound link, the table ID it was opened for), and a writer that drains the
   link's send queue. Both use the socket directly, as client connections do: trio waits
   only when the kernel has nothing to read or takes nothing. A ``WireError`` (bad magic, version, type, oversized, malformed body, bad MAC, a frame
@@ -57,7 +57,7 @@ and time, following the contract of ``cluster/effects.py``:
 * **Effects go through one place.** Every event handed to a core (a frame,
   ``link_up``/``link_down``, a ``tick`` every ``TICK_S``) goes through ``Bus.event``, which
   then runs ``Bus.flush`` (the job cores' frames of one read are handed over back to back
-  and flushed once, ``Bus.deliver``) (the server calls ``flush`` at the end of every reactor
+  and flushed once, ``Bus.receive_frames``) (the server calls ``flush`` at the end of every reactor
   round, after each command that leaves the reactor, and after every timer tick); an exception out of a core is logged with its traceback (rate-limited) and the
   node goes on. ``flush`` first calls ``before_flush`` (the server routes the *broker's*
   effects there, so log records reach the append log before any message that depends on
@@ -280,7 +280,7 @@ class Link:
     async def _read(self) -> None:
         """Read straight from the socket (trio waits only when the kernel has nothing, as
         for client connections: no stream wrapper or cancel scope per read), hand every
-        complete frame of a read to ``Bus.deliver`` at once, then let the other tasks run,
+        complete frame of a read to ``Bus.receive_frames`` at once, then let the other tasks run,
         as trio's own ``recv`` would, so that more frames gather for the next read."""
         bus = self.bus
         fd = self.stream.socket.fileno()
@@ -321,7 +321,7 @@ class Link:
                 if frames:
                     spoke = True
                     last_frame = trio.current_time()
-                    bus.deliver(self, frames)
+                    bus.receive_frames(self, frames)
             await trio.lowlevel.checkpoint()
 
     def _timed_out(self, spoke: bool, last_frame: float) -> None:
@@ -636,10 +636,10 @@ class Bus:
 
     # -- events into the core, effects out ---------------------------------------------
 
-    def deliver(self, link: Link, frames: list[Frame]) -> None:
+    def receive_frames(self, link: Link, frames: list[Frame]) -> None:
         """The frames of one read, in order. Consecutive frames for the cores that only
         send (the job cores) are handed over one after the other and flushed once: one
-        ``settle_broker`` and one wake-up per link for all of them (their records still
+        ``flush_broker`` and one wake-up per link for all of them (their records still
         reach the log before any message routed after them). A frame for the membership
         core is an event of its own (its ``CloseLink`` must take effect before the next
         frame of that link)."""

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from node.conn_state import CLOSED, CLOSING, CLOSING_HELD, is_blocked
+
 if TYPE_CHECKING:
     from node.connection import Connection
 
 
 def flags(conn: Connection, monitoring: bool) -> str:
     """Disque's flag letters: O monitor, b blocked, c close after reply, A closing; N none."""
-    letters = ("O" if monitoring else "") + ("b" if conn.blocked else "") \
-        + ("c" if conn.close_after_reply else "") + ("A" if conn.closing else "")
+    state = conn.state
+    letters = ("O" if monitoring else "") + ("b" if is_blocked(state) else "") \
+        + ("c" if state is CLOSING or state is CLOSING_HELD else "") \
+        + ("A" if state is CLOSED else "")
     return letters or "N"
 
 

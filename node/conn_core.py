@@ -35,6 +35,24 @@ from broker.core import BLOCKED, Broker
 from broker.effects import Effect, Reply
 from broker.intents import Intent, Quit
 from cluster.jobs import JobCore
+from node.conn_state import (
+    CLOSED,
+    CLOSING,
+    CLOSING_HELD,
+    DRAINING,
+    DRAINING_HELD,
+    HELD,
+    OPEN,
+    ConnState,
+    is_blocked,
+    is_draining,
+    is_held,
+    next_state,
+    to_blocked,
+    to_draining,
+    to_unblocked,
+    to_unheld,
+)
 from node.log_core import LogCore
 from node.reactor_core import Clock, ReactorCore
 from protocol import errors
@@ -82,8 +100,8 @@ class NodeCounters:
         self.stats_in = 0  # bytes read from clients
         self.stats_out = 0  # bytes written to clients
         self.stopping = False  # the node is shutting down: no command runs any more
-        # CLIENT PAUSE: no client's command runs before this time (ms; the server's timer
-        # gives the paused connections their turn when it passes).
+        # CLIENT PAUSE: no client's command runs before this time (ms; a task of the server,
+        # _resume_clients, gives the paused connections their turn when it passes).
         self.paused_until = 0
 
 
@@ -96,7 +114,7 @@ class Host(Protocol):
 
     config: Config
     broker: Broker
-    jobs: JobCore
+    job_core: JobCore
     connections: set[Any]
     monitors: set[Any]
     cmdstats: dict[bytes, list[int]]
@@ -180,7 +198,7 @@ class ConnCore:
         self.route = host.route
         # The append log's compiled core (``Persistence`` subclasses it): the release reads
         # its finished ticket and its failures as fields, not through Python calls.
-        self.log = host.persistence
+        self.append_log = host.persistence
         self.sock = sock
         self.fd = sock.fileno()
         self.client = client
@@ -189,24 +207,16 @@ class ConnCore:
         # command logged: they leave once that batch of the log is durable.
         self.out: list[bytes] = []
         self.logged: list[tuple[int, int, int]] = []
-        self.holding = False
+        # Where it is in its life (node/conn_state.py): changed only by transition().
+        self.state: ConnState = OPEN
         self.pending: list[bytes] = []  # what the socket did not take; a sender task owns it
         self.sending = False
-        self.closing = False
-        self.close_after_reply = False  # CLIENT KILL of its own connection
-        # A command of this client waits for a Reply effect (ADDJOB replicating; a blocked
-        # GETJOB also has client.waiter): its pipelined commands wait behind it.
-        self.blocked = False
         self.soft_since = 0.0  # when unsent replies went past the soft output limit
         # The reactor's bookkeeping (node/reactor.py).
         self.queued = False
         self.fresh = True
         self.readable = False
         self.hup = False  # the client shut down its sending side (the epoll said so)
-        self.eof = False  # ... and that end was read: nothing more to read, the rest runs
-        # Closes once its replies are written, nothing more run: QUIT, a protocol error.
-        # Parked meanwhile.
-        self.ending = False
         self.registered = False
         self.parks = 0
         self.backlog = False
@@ -234,9 +244,10 @@ class ConnCore:
 
     def _after_turn(self) -> None:
         """Close a connection whose last words have run."""
-        if self.ending:
+        state = self.state
+        if state is CLOSING:
             self._close_when_written()
-        elif self.eof and not (self.backlog or self.blocked or self.parks):
+        elif state is DRAINING and not (self.backlog or self.parks):
             self._close_when_written()  # everything it sent has run
 
     def _at_end(self) -> None:
@@ -244,12 +255,13 @@ class ConnCore:
         waiter) and so is one with nothing left to run; otherwise what it sent still runs and
         its replies are still written (a client may shut down only its sending side), and it
         closes after."""
-        if self.blocked or not (self.holding or self.parser.buffered):
+        state = self.state
+        if is_blocked(state) or not (is_held(state) or self.parser.buffered):
             self.close()
             return
-        self.eof = True
+        transition(self, to_draining(state))
         self.reactor.stop_reading(self)  # the end stays readable: the epoll would repeat it
-        if not self.holding:
+        if not is_held(state):
             self.reactor.schedule(self)
 
     def has_input(self) -> bool:
@@ -274,7 +286,7 @@ class ConnCore:
         if self.client.reply_flags and not reply_wanted(self.client) and reply is not BLOCKED:
             return  # CLIENT REPLY OFF or SKIP
         if reply is BLOCKED:
-            self.blocked = True
+            transition(self, to_blocked(self.state))
             return
         out = self.out
         start = len(out)
@@ -303,9 +315,10 @@ class ConnCore:
     def send_nowait(self, data: bytes) -> None:
         """Write ``data`` after everything this connection has yet to write, never waiting:
         what the socket does not take is left to a sender task, which parks the connection."""
-        if self.closing:
+        state = self.state
+        if state is CLOSED:
             return
-        if self.holding:
+        if is_held(state):
             self.out.append(data)  # behind replies waiting for the log
             return
         if self.sending:
@@ -345,10 +358,10 @@ class ConnCore:
     def close(self) -> None:
         if self.fd < 0:
             return
-        self.closing = True
+        transition(self, CLOSED)
         host = self.host
         host.broker.client_gone(self.client)
-        if host.jobs.outbox:
+        if host.job_core.outbox:
             host.bus.flush()  # the DELJOBs of an ADDJOB it left waiting
         host.connections.discard(self)
         host.monitors.discard(self)
@@ -365,11 +378,24 @@ class ConnCore:
         self.logged.clear()
         # The client points back at this connection: left as it is, the pair is a cycle that
         # only a full garbage collection frees (rare here, see Server._start), about 2 KB per
-        # connection in the meantime. A reply that still comes for it is dropped (deliver).
+        # connection in the meantime. A reply that still comes for it is dropped (dispatch_now).
         self.client.handle = None
 
 
 # -- the hot path: functions, called directly from compiled code ------------------------------
+
+
+def transition(conn: ConnCore, new: ConnState) -> None:
+    """The one way a connection's state changes: ``ConnStateError`` for a move that is not
+    in ``node.conn_state.ALLOWED``."""
+    conn.state = next_state(conn.state, new)
+
+
+def unblock(conn: ConnCore) -> None:
+    """The Reply its blocked command waited for came (or will never be written)."""
+    state = conn.state
+    if is_blocked(state):
+        transition(conn, to_unblocked(state))
 
 
 def turn(conn: ConnCore, budget: int) -> int:
@@ -379,18 +405,25 @@ def turn(conn: ConnCore, budget: int) -> int:
         return 0  # paused: its input waits until the task that took it gives it back
     if conn.readable:
         conn.readable = False
-        if not (conn.backlog or conn.eof) and read_once(conn) < 0:
+        if not (conn.backlog or is_draining(conn.state)) and read_once(conn) < 0:
             return 0
-    if conn.blocked or conn.holding:
+    # Only an idle connection runs commands: not a blocked one, nor one whose replies are
+    # still held (a late commit), nor one that is closing.
+    state = conn.state
+    if state is OPEN:
+        transition(conn, HELD)
+    elif state is DRAINING:
+        transition(conn, DRAINING_HELD)
+    else:
         return 0
-    conn.holding = True
     reactor = conn.reactor
     ran = 0
     reads = 1
     while True:
         done, status = execute_commands(conn, budget - ran, reactor.now_ms, reactor.others)
         ran += done
-        if status is not None or conn.backlog or conn.blocked or not conn.hup or conn.eof:
+        # Not HELD any more: blocked, or its end read (DRAINING_HELD).
+        if status is not None or conn.backlog or not conn.hup or conn.state is not HELD:
             break
         # The client hung up, so the rest of its stream (or its end) is already here:
         # take it now, as its own loop would, rather than one lap of the queue later.
@@ -401,12 +434,13 @@ def turn(conn: ConnCore, budget: int) -> int:
         got = read_once(conn)
         if got < 0:
             return ran
-        if not got and not conn.eof:
+        if not got and conn.state is HELD:
             break  # nothing after all: the epoll reports the end when it comes
     if status is CLOSE:
         # QUIT, a protocol error, CLIENT KILL of itself: nothing more is read or run; the
         # replies so far are written (after the log, if they wait for it), then it closes.
-        conn.ending = True
+        if conn.state is not CLOSING_HELD:  # CLIENT KILL of itself moved it already
+            transition(conn, CLOSING_HELD)
         reactor.park(conn)
     elif isinstance(status, Intent):
         conn._hand_off(status)
@@ -419,7 +453,7 @@ def turn(conn: ConnCore, budget: int) -> int:
         # finds the others there too, rather than being put to sleep and woken per reply.
         reactor.held.append(conn)
         return ran
-    conn.holding = False
+    transition(conn, to_unheld(conn.state))
     conn._after_turn()
     return ran
 
@@ -431,20 +465,20 @@ def release_if_durable(conn: ConnCore) -> bool:
     everything) is written out here, with one ``send`` and no further calls."""
     logged = conn.logged
     if logged:
-        log = conn.log
-        done = log.done_ticket
+        append_log = conn.append_log
+        done = append_log.done_ticket
         for _, _, ticket in logged:
             if ticket > done:
                 return False
         failures: dict[int, str] = {}
-        failed = log.failed  # the recent failed batches: empty unless a write failed
+        failed = append_log.failed  # the recent failed batches: empty unless a write failed
         if failed:
             for _, _, ticket in logged:
                 error = failed.get(ticket)
                 if error is not None:
                     failures[ticket] = error
         patch_failures(conn, failures)
-    conn.holding = False
+    transition(conn, to_unheld(conn.state))
     out = conn.out
     if out:
         data = out[0] if len(out) == 1 else b"".join(out)
@@ -457,9 +491,10 @@ def release_if_durable(conn: ConnCore) -> bool:
                 return True
             if sent != len(data):
                 conn._send_later(data[sent:])
-    if conn.parser.buffered and not (conn.blocked or conn.ending):
+    state = conn.state
+    if conn.parser.buffered and (state is OPEN or state is DRAINING):
         conn.reactor.schedule(conn)
-    elif conn.ending or conn.eof:
+    elif state is CLOSING or is_draining(state):
         conn._after_turn()
     return True
 
@@ -490,7 +525,7 @@ def read_once(conn: ConnCore) -> int:
         return -1
     if not data:
         conn._at_end()
-        return -1 if conn.closing else 0
+        return -1 if conn.state is CLOSED else 0
     conn.counters.stats_in += len(data)
     conn.last_active = conn.reactor.now
     parser = conn.parser
@@ -525,7 +560,7 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
     route = conn.route
     out = conn.out
     ran = written = 0
-    while not conn.blocked and not counters.stopping and now >= counters.paused_until:
+    while not is_blocked(conn.state) and not counters.stopping and now >= counters.paused_until:
         if ran == budget:
             conn.backlog = True
             return ran, None
@@ -547,7 +582,7 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
             if reply is MUST_WAIT:
                 return ran, intent
             conn._after(reply, others)
-            if type(intent) is Quit or conn.close_after_reply:
+            if type(intent) is Quit or conn.state is CLOSING_HELD:
                 return ran, CLOSE
             continue
         if client.reply_flags and not reply_wanted(client) and reply is not BLOCKED:
@@ -559,7 +594,7 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
         if broker.outbox:
             ticket = route(broker.take_effects(), others)
             if reply is BLOCKED:
-                conn.blocked = True
+                transition(conn, to_blocked(conn.state))
                 break
             start = len(out)
             encode_into(reply, out, client.protover)
@@ -567,7 +602,7 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
                 conn.logged.append((start, len(out), ticket))
         else:
             if reply is BLOCKED:
-                conn.blocked = True
+                transition(conn, to_blocked(conn.state))
                 break
             start = len(out)
             encode_into(reply, out, client.protover)

@@ -26,19 +26,21 @@ input unread):
   task (``_finish_in_task``) carries them out, runs the rest of the pipeline, waits for the
   log, writes, and gives the connection back.
 
-After QUIT, a protocol error or CLIENT KILL of itself a connection runs nothing more
-(``ending``, parked): its replies are written, then it closes, waiting at most
-``CLOSE_FLUSH_TIMEOUT_S`` for a client that does not read them. A client that shut its
-sending side has what it sent run and its replies written before the connection closes
-(``eof``); a blocked one that goes away is closed at once (the broker forgets its waiter).
+A connection is in one ``ConnState`` (``node/conn_state.py``: OPEN, DRAINING, CLOSING,
+CLOSED, and their HELD and BLOCKED variants), changed only by ``conn_core.transition``. After
+QUIT, a protocol error or CLIENT KILL of itself a connection runs nothing more (CLOSING,
+parked): its replies are written, then it closes, waiting at most ``CLOSE_FLUSH_TIMEOUT_S``
+for a client that does not read them. A client that shut its sending side has what it sent
+run and its replies written before the connection closes (DRAINING); a blocked one that goes
+away is closed at once (the broker forgets its waiter).
 
 Replies from elsewhere (a blocked GETJOB served, a MONITOR line) come through
-``send_nowait``: while ``holding`` (replies of this connection wait for the log or are being
-built) they queue behind those; while a sender task runs they queue behind its bytes;
+``send_nowait``: while HELD (replies of this connection wait for the log or are being built)
+they queue behind those; while a sender task runs they queue behind its bytes;
 otherwise they are sent at once. So replies leave in the order their causes happened. A
-blocked command (GETJOB, synchronous ADDJOB) stops the pipeline (``blocked``); commands
-behind it stay in the buffer until the ``Reply`` that unblocks it is delivered
-(``Server.deliver`` queues the connection again).
+blocked command (GETJOB, synchronous ADDJOB) stops the pipeline (BLOCKED); commands
+behind it stay in the buffer until the ``Reply`` that unblocks it is dispatched
+(``Server.dispatch_now`` queues the connection again).
 
 **Compiled.** What runs for every request and never waits (the turn, the per-command loop,
 the release at the end of the round, the non-waiting send) is ``ConnCore`` in
@@ -63,8 +65,10 @@ from node.conn_core import (
     ConnCore,
     execute_commands,
     send_some,
+    transition,
 )
 from node.conn_core import Host as CoreHost
+from node.conn_state import CLOSED, is_held, to_unheld
 
 # How long a connection closing after QUIT or a protocol error may take to write the replies
 # before it; past that a client that does not read is closed anyway.
@@ -115,7 +119,7 @@ class Connection(ConnCore):
             if self.logged:
                 failures = await host.wait_durable({t for _, _, t in self.logged})
                 self._patch_failures(failures)
-            self.holding = False
+            transition(self, to_unheld(self.state))
             if self.out:
                 self._write_out()
             if others:
@@ -126,7 +130,8 @@ class Connection(ConnCore):
         except Exception:
             self.crashed()
         finally:
-            self.holding = False
+            if is_held(self.state):  # an error on the way
+                transition(self, to_unheld(self.state))
             self.reactor.unpark(self)
 
     def _close_when_written(self) -> None:
@@ -145,7 +150,7 @@ class Connection(ConnCore):
         lose a job counted as delivered). Bounded: a client that stops reading is closed after
         CLOSE_FLUSH_TIMEOUT_S all the same."""
         with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
-            while self.sending and not self.closing:
+            while self.sending and self.state is not CLOSED:
                 await trio.sleep(0.005)
 
     # -- output that waits: the sender task -------------------------------------------------
@@ -163,7 +168,7 @@ class Connection(ConnCore):
         connection back to the reactor."""
         sock = self.sock
         try:
-            while self.pending and not self.closing:
+            while self.pending and self.state is not CLOSED:
                 view = memoryview(b"".join(self.pending))
                 self.pending.clear()
                 while view:

@@ -11,7 +11,7 @@ Every route turns into commands run through the node's command path
 to MONITOR as ``http:<address>:<port>``) by ``Bridge.call``, which then does what a
 connection does after a command: the broker's effects go through ``Server.route``, the reply
 waits until its log records are durable (a failed write answers 503 with Retry-After, as MQ
-does), blocked GETJOBs (long polling) are answered through ``Server.deliver`` like any blocked
+does), blocked GETJOBs (long polling) are answered through ``Server.dispatch_now`` like any blocked
 client, whose handle here is a ``_Handle`` that decodes the RESP reply instead of writing it
 to a socket, and a CLIENT PAUSE holds the request. So HTTP and RESP clients see one broker:
 jobs added over HTTP are consumed over RESP and the other way round.
@@ -109,7 +109,8 @@ def error_answer(exc: HttpError) -> Answer:
 
 
 class _Handle:
-    """A blocked HTTP client's stand-in for a connection (``Server.deliver`` writes to it)."""
+    """A blocked HTTP client's stand-in for a connection (``Server.dispatch_now`` writes to
+    it)."""
 
     class _NoInput:
         buffered = 0
@@ -118,7 +119,6 @@ class _Handle:
 
     def __init__(self) -> None:
         self.closing = False
-        self.blocked = False
         # Made when the command blocks (most never do).
         self.reader: ReplyReader | None = None
         self.value: Any = NEED_DATA

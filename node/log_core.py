@@ -152,7 +152,7 @@ class LogCore:
 def route(core: LogCore, effects: list[Effect], replies: list[Reply]) -> int:
     """The one place the broker's effects go where they belong: log records to the open batch
     (dropped while the log is off), replies to other clients into ``replies`` for the caller
-    to deliver. The log ticket to wait for, or 0."""
+    to dispatch. The log ticket to wait for, or 0."""
     if len(effects) == 1 and type(effects[0]) is LogRecord:
         return submit(core, effects)  # an ADDJOB's or a GETJOB's one record: the common case
     records: list[Any] = []

@@ -50,13 +50,13 @@ def client_bytes(connections: Iterable[Connection]) -> int:
     return total
 
 
-def log_bytes(log: LogCore) -> int:
+def log_bytes(append_log: LogCore) -> int:
     """The open batch, the batch being written, and a rewrite's buffer of new records."""
-    total = len(log.open_batch.data)
-    if log.in_flight is not None:
-        total += len(log.in_flight.data)
-    if log.rewrite_buf is not None:
-        total += len(log.rewrite_buf)
+    total = len(append_log.open_batch.data)
+    if append_log.in_flight is not None:
+        total += len(append_log.in_flight.data)
+    if append_log.rewrite_buf is not None:
+        total += len(append_log.rewrite_buf)
     return total
 
 

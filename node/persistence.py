@@ -56,7 +56,7 @@ Contract for the server (``wait_durable``; the reactor instead reads ``done_tick
         # the batch was undone: the replies of the commands whose records were in it
         # must become f"ERR {exc}".
 
-Code that runs broker methods which may log without a client waiting (the timer's ``tick``)
+Code that runs broker methods which may log without a client waiting (the ticker's ``tick``)
 submits too, without waiting; those records ride with the next batch.
 
 Rewrite (``bgrewrite`` and automatic): the snapshot is pulled from ``broker.snapshot()`` in

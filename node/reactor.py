@@ -23,7 +23,7 @@ request is already there is served at once); then the task checkpoints, so the t
 bus, the log's writer and the tasks below run.
 
 **Group commit at the end of each round.** The round ends by flushing the cluster bus once
-(``flush``: the frames the round's commands queued for other nodes, the cluster cores' timers
+(``flush_bus``: the frames the round's commands queued for other nodes, the cluster cores' timers
 told their deadlines may have moved; nothing of it could run before the round ends anyway).
 The records the round's commands made are in the append log's open batch; the round then
 writes it (``Persistence.commit_now``: one ``write``, and under ``appendfsync always`` one
@@ -44,7 +44,7 @@ task waits until it is writable), for the two commands only the runtime can fini
 a protocol error (until what is unsent is written and it closes). A blocked GETJOB or
 synchronous ADDJOB is not parked: it stays in the epoll, its input is read and kept (within
 the query buffer limit) so that a disconnect is noticed at once, and it executes nothing until
-the ``Reply`` that unblocks it is delivered, which queues it again if commands wait behind it.
+the ``Reply`` that unblocks it is dispatched, which queues it again if commands wait behind it.
 A task that makes a connection runnable (``schedule``) wakes the loop if it is waiting, with
 a write to an eventfd that is in the epoll.
 
@@ -55,7 +55,7 @@ than taking one lap of the queue per read. **New clients** are accepted only whi
 behind a burst of connections leaves the next ones in the kernel's accept queue.
 
 **Idle clients.** A connection's ``last_active`` moves when it sends something and when a
-reply from elsewhere is delivered to it; ``close_idle``, called by the server's timer about
+reply from elsewhere is dispatched to it; ``close_idle``, called by the server's ticker about
 once a second, closes those idle longer than ``timeout`` (read at each call: CONFIG SET
 applies at once), except blocked, parked or held ones, as Disque's clientsCron does.
 
@@ -81,6 +81,7 @@ import trio
 from broker.effects import Reply
 from node.clock import Clock
 from node.conn_core import MAX_OUTPUT_PER_TURN
+from node.conn_state import CLOSED
 from node.reactor_core import (
     MAX_COMMANDS_PER_ROUND,
     MAX_COMMANDS_PER_TURN,
@@ -88,7 +89,7 @@ from node.reactor_core import (
     MAX_NEW_WAITING,
     MAX_ROUND_S,
     MAX_TURNS_PER_ROUND,
-    Log,
+    AppendLog,
     ReactorCore,
     Served,
 )
@@ -103,11 +104,11 @@ QUANTUM_S = 0.001
 class Reactor(ReactorCore):
     """The reactor: ``ReactorCore``'s rounds driven by a trio task (see the module docstring)."""
 
-    def __init__(self, clock: Clock, log: Log, settle: Callable[[], None],
+    def __init__(self, clock: Clock, append_log: AppendLog, flush_broker: Callable[[], None],
                  dispatch: Callable[[list[Reply], int], None],
                  wait_durable: Callable[[set[int]], Awaitable[dict[int, str]]],
-                 flush: Callable[[], None] = lambda: None) -> None:
-        super().__init__(clock, log, settle, dispatch, flush)
+                 flush_bus: Callable[[], None] = lambda: None) -> None:
+        super().__init__(clock, append_log, flush_broker, dispatch, flush_bus)
         self.wait_durable = wait_durable
         self._nursery: trio.Nursery | None = None
         # The event the accept loop waits on while too many new connections wait for their
@@ -164,7 +165,7 @@ class Reactor(ReactorCore):
         the newest batch any of them waits for (batches finish in ticket order)."""
         await self.wait_durable({max(conn.ticket() for conn in held)})
         for conn in held:
-            if conn.closing:
+            if conn.state is CLOSED:
                 continue
             try:
                 released = conn.release_if_durable()

@@ -26,6 +26,7 @@ from typing import Final, Protocol
 from mypy_extensions import mypyc_attr
 
 from broker.effects import Reply
+from node.conn_state import CLOSED, ConnState, is_blocked, is_draining, is_held
 
 # Fairness bounds of one round (see node/reactor.py). A turn of an unpipelined client runs one
 # command; these only bite for pipelines and floods.
@@ -52,16 +53,13 @@ class Served(Protocol):
     """What the reactor needs of a connection (``node.conn_core.ConnCore``)."""
 
     fd: int
-    closing: bool
+    state: ConnState  # node/conn_state.py
     queued: bool  # in ``runnable``
     fresh: bool  # accepted, not served yet
     readable: bool  # the epoll reported it since its last turn
     hup: bool  # the peer closed its sending side (EPOLLRDHUP)
-    eof: bool  # ... and its end was read (no longer in the epoll)
     registered: bool  # in the epoll
     parks: int  # tasks holding it out of the epoll
-    blocked: bool
-    holding: bool  # replies waiting for the log (or being built by its own task)
     last_active: float
 
     def release_if_durable(self) -> bool: ...
@@ -75,7 +73,7 @@ class Served(Protocol):
     def close(self) -> None: ...
 
 
-class Log(Protocol):
+class AppendLog(Protocol):
     """What the reactor needs of the append log (``node.persistence.Persistence``)."""
 
     round_open: bool
@@ -98,16 +96,16 @@ class Clock(Protocol):
 class ReactorCore:
     """The reactor's state and its rounds; ``node.reactor.Reactor`` adds the trio loop."""
 
-    def __init__(self, clock: Clock, log: Log, settle: Callable[[], None],
+    def __init__(self, clock: Clock, append_log: AppendLog, flush_broker: Callable[[], None],
                  dispatch: Callable[[list[Reply], int], None],
-                 flush: Callable[[], None]) -> None:
+                 flush_bus: Callable[[], None]) -> None:
         self.clock = clock
-        self.log = log
+        self.append_log = append_log
         # Routes what the round's commands left for the cluster bus (the server's Bus.flush:
         # the broker's effects first, then each cluster core's, then the cores' timers are
         # told their deadlines may have moved), once per round rather than once per command.
-        self.flush = flush
-        self.settle = settle  # routes what the broker emitted outside a command (an undo's)
+        self.flush_bus = flush_bus
+        self.flush_broker = flush_broker  # the broker's effects from outside a command (an undo)
         self.dispatch = dispatch
         self.epoll = select.epoll()
         self.by_fd: dict[int, Served] = {}
@@ -177,13 +175,14 @@ class ReactorCore:
     def unpark(self, conn: Served) -> None:
         """A task gives the connection back (the last one, if several held it)."""
         conn.parks -= 1
-        if conn.parks or conn.closing:
+        state = conn.state
+        if conn.parks or state is CLOSED:
             return
-        if not (conn.registered or conn.eof):
+        if not (conn.registered or is_draining(state)):
             self.epoll.register(conn.fd, _EVENTS)
             conn.registered = True
         conn.last_active = self.clock.monotonic()
-        if conn.has_input() or conn.eof:
+        if conn.has_input() or is_draining(state):
             self.schedule(conn)
 
     def first_turn(self, conn: Served) -> None:
@@ -196,7 +195,7 @@ class ReactorCore:
     def schedule(self, conn: Served) -> None:
         """Give ``conn`` a turn even though its socket may have nothing new (its buffer holds
         commands: unblocked, unparked, released, or cut short by the budget)."""
-        if not conn.queued and not conn.closing:
+        if not conn.queued and conn.state is not CLOSED:
             conn.queued = True
             self.runnable.append(conn)
         if self.waiting and not self.woken:
@@ -211,7 +210,7 @@ class ReactorCore:
             return 0
         now = self.clock.monotonic()
         idle = [c for c in self.by_fd.values()
-                if not (c.blocked or c.parks or c.holding) and now - c.last_active > timeout]
+                if not (c.parks or is_blocked(c.state) or is_held(c.state)) and now - c.last_active > timeout]
         for conn in idle:
             conn.close()
         return len(idle)

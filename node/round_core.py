@@ -29,6 +29,7 @@ import time
 from typing import cast
 
 from node.conn_core import ConnCore, release_if_durable, turn
+from node.conn_state import CLOSED
 from node.reactor_core import (
     HANGUP,
     MAX_COMMANDS_PER_ROUND,
@@ -71,8 +72,8 @@ def run_round(reactor: ReactorCore) -> None:
     clock = reactor.clock
     reactor.now = clock.monotonic()
     reactor.now_ms = clock.now_ms()
-    log = reactor.log
-    log.round_open = True
+    append_log = reactor.append_log
+    append_log.round_open = True
     runnable = reactor.runnable
     budget = MAX_COMMANDS_PER_ROUND
     perf_counter = time.perf_counter
@@ -86,7 +87,7 @@ def run_round(reactor: ReactorCore) -> None:
             if conn.fresh:
                 reactor.first_turn(conn)
             conn.queued = False
-            if conn.closing:
+            if conn.state is CLOSED:
                 continue
             turns += 1
             try:
@@ -98,23 +99,23 @@ def run_round(reactor: ReactorCore) -> None:
                 break
     finally:
         reactor.turns += turns
-        log.round_open = False
+        append_log.round_open = False
         end_round(reactor)
 
 
 def end_round(reactor: ReactorCore) -> None:
     """Route what the round left for the cluster bus, commit the round's log records, then
     write the replies that waited for them, then those for other clients."""
-    reactor.flush()
-    reactor.log.commit_now()
-    reactor.settle()
+    reactor.flush_bus()
+    reactor.append_log.commit_now()
+    reactor.flush_broker()
     if reactor.held:
         held = reactor.held
         reactor.held = []
         later: list[Served] = []
         for served in held:
             conn = cast(ConnCore, served)
-            if conn.closing:
+            if conn.state is CLOSED:
                 continue
             try:
                 if not release_if_durable(conn):

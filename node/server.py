@@ -17,7 +17,7 @@ Whatever must wait - a full socket, a command only the runtime can finish (an in
 task that takes the connection out of the reactor meanwhile and gives it back after. A
 client blocked in GETJOB stays in the reactor, which reads its input (so a disconnect is
 noticed and the broker forgets the waiter) and keeps its pipelined commands until it is
-answered. A timer task calls ``broker.tick`` at the broker's next deadline, at least ``hz``
+answered. The ticker task calls ``broker.tick`` at the broker's next deadline, at least ``hz``
 times a second, and closes idle clients (``timeout``) about once a second.
 
 The cluster: the node's ID and its peers come from ``cluster-config-file`` (``node/nodes_store``;
@@ -31,19 +31,19 @@ in one call, before the log is replayed. After every event - a bus frame, a tick
 round's client commands (each command's broker effects are routed as it runs, the bus is
 flushed once at the end of the round) - the broker's effects are routed before the cluster
 cores' (``Bus.flush`` calls
-``Server.settle_broker`` first): a replica's log record reaches the log before its GOTJOB
+``Server.flush_broker`` first): a replica's log record reaches the log before its GOTJOB
 is sent, and the bus holds a GOTJOB until the log says it is durable. The federation core
 (``cluster.federation.FederationCore``, issue 10) is built next to the job core; its effects follow the job core's after every event (client
 commands included: GETJOB and ADDJOB emit NEEDJOBS), the bus holds a YOURJOBS like a GOTJOB
 (the ``del`` of an at-most-once job that left must be durable first), and
-a ``CoreTimer`` ticks it at its ``next_deadline()``, re-read after every flush. The
+a ``CoreAlarm`` ticks it at its ``next_deadline()``, re-read after every flush. The
 periodic timer core (``cluster.periodic_sync.PeriodicSync``, issue 14) comes last: it holds
 the timer table's replication and fires each due time this node owns, from its own
-``CoreTimer`` (exactly at the due time) and the bus's 100 ms tick (hand-overs, take-overs).
+``CoreAlarm`` (exactly at the due time) and the bus's 100 ms tick (hand-overs, take-overs).
 
 A synchronous ADDJOB (``REPLICATE`` > 1) returns ``BLOCKED`` like a GETJOB with nothing to
-deliver: the connection stops executing its pipeline (``Connection.blocked``) until the
-``Reply`` effect that answers it (GOTJOBs reached the level, or ``-NOREPL``) is delivered.
+deliver: the connection stops executing its pipeline (a BLOCKED ``ConnState``) until the
+``Reply`` effect that answers it (GOTJOBs reached the level, or ``-NOREPL``) is dispatched.
 Every ``Reply`` routed outside the client's own batch (a bus frame, a tick, another client's
 command) is written only once the log records emitted before it are durable, ``-ERR`` with
 the error if that write failed (``Server.dispatch``).
@@ -93,7 +93,8 @@ from cluster.wiring import attach
 from node import client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
-from node.conn_core import CommandPath, NodeCounters
+from node.conn_core import CommandPath, NodeCounters, transition, unblock
+from node.conn_state import CLOSED, CLOSING_HELD, is_blocked
 from node.connection import MUST_WAIT, Connection, set_keepalive
 from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
@@ -103,7 +104,7 @@ from protocol.resp import OK, Status, encode
 
 log = logging.getLogger("trisque")
 
-# How often the timer task looks for idle clients (``timeout``), as Disque's clientsCron.
+# How often the ticker looks for idle clients (``timeout``), as Disque's clientsCron.
 IDLE_CHECK_S = 1.0
 
 
@@ -169,23 +170,23 @@ class Server:
                                        clock=lambda: self.clock.now_ms() / 1000)
         # The one place the broker's effects go where they belong: log records to the append
         # log's open batch (dropped there when it is off), replies to other clients into
-        # ``replies`` for the caller to deliver; the log ticket to wait for, or 0. The
+        # ``replies`` for the caller to dispatch; the log ticket to wait for, or 0. The
         # compiled log core's own (node/log_core.py): an interpreted method in between cost
         # about 1 us per command that logs.
         self.route: Callable[[list[Effect], list[Reply]], int] = self.persistence.route
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
                        save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id,
-                       before_flush=self.settle_broker, log_ticket=self.log_ticket,
+                       before_flush=self.flush_broker, log_ticket=self.log_ticket,
                        wait_durable=self.durable, after_flush=self._deadlines_moved)
         # The broker's warnings (an ADDJOB body over job-max-body-len), rate-limited per key.
         self._warnings = LogLimiter(log, self.clock)
         self.broker.warn = self._warn
         # Replicated jobs: built (and attached below) before the log is replayed (run() loads
         # it), since replay keeps acked cluster jobs only when broker.replication is set.
-        self.jobs = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
-        self.bus.add_core(self.jobs)
+        self.job_core = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
+        self.bus.add_core(self.job_core)
         # Federation (issue 10): NEEDJOBS/YOURJOBS; ticked at its own next deadline
-        # (a CoreTimer), which any command or frame may move (a GETJOB blocking).
+        # (a CoreAlarm), which any command or frame may move (a GETJOB blocking).
         self.federation = FederationCore(self.broker, self.cluster)
         self.bus.add_core(self.federation)
         # Queue policies, replicated to every node (issue 13, cluster/policy_sync.py).
@@ -193,13 +194,13 @@ class Server:
                                       now_ms)
         self.bus.add_core(self.policy_sync)
         # Periodic timers (issue 14): the table replicated, and the due times this node owns
-        # fired at their time (a CoreTimer) or at the bus tick after a take-over.
+        # fired at their time (a CoreAlarm) or at the bus tick after a take-over.
         self.periodic_sync = PeriodicSync(self.broker, self.cluster,
                                           random.Random(os.urandom(16)), now_ms)
         self.bus.add_core(self.periodic_sync)
-        attach(self.broker, membership=self.cluster, jobs=self.jobs, federation=self.federation,
-               policies=self.policy_sync, timers=self.periodic_sync)
-        self.core_timers = [CoreTimer(self, self.federation), CoreTimer(self, self.periodic_sync)]
+        attach(self.broker, membership=self.cluster, jobs=self.job_core,
+               federation=self.federation, policies=self.policy_sync, timers=self.periodic_sync)
+        self.core_alarms = [CoreAlarm(self, self.federation), CoreAlarm(self, self.periodic_sync)]
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
             try:
@@ -210,8 +211,8 @@ class Server:
         self.connections: set[Connection] = set()
         # Serves every client connection (node/reactor.py); the round's group commit writes
         # the log, the replies for other clients go through dispatch.
-        self.reactor = Reactor(self.clock, self.persistence, self.settle_broker, self.dispatch,
-                               self.wait_durable, flush=self.bus.flush)
+        self.reactor = Reactor(self.clock, self.persistence, self.flush_broker, self.dispatch,
+                               self.wait_durable, flush_bus=self.bus.flush)
         self.nursery: trio.Nursery  # run() sets it; connections start their tasks there
         self.next_client_id = 0
         self.start_time = time.time()
@@ -282,26 +283,27 @@ class Server:
                 failures[ticket] = str(exc)
         return failures
 
-    def deliver(self, replies: list[Reply]) -> None:
+    def dispatch_now(self, replies: list[Reply]) -> None:
         """Write replies to clients that were blocked (an HTTP request's stand-in included)."""
         for client, reply in replies:
             conn = client.handle
-            if conn is None or conn.closing:
+            if conn is None:
                 continue
-            if client.reply_flags & REPLY_OFF and type(conn) is Connection:
-                # CLIENT REPLY OFF: a blocked command's late reply is not sent either.
-                conn.blocked = client.waiter is not None
-                if not conn.blocked and conn.parser.buffered:
-                    self.reactor.schedule(conn)
+            if type(conn) is not Connection:  # an HTTP request's stand-in
+                if not conn.closing:
+                    conn.send_nowait(encode(reply, client.protover))
                 continue
-            conn.send_nowait(encode(reply, client.protover))
-            if client.waiter is None:
-                conn.blocked = False
-            if type(conn) is Connection:
+            if conn.state is CLOSED:
+                continue
+            if not client.reply_flags & REPLY_OFF:
+                conn.send_nowait(encode(reply, client.protover))
                 conn.last_active = self.clock.monotonic()  # a reply is an interaction
-                if not conn.blocked and conn.parser.buffered:
-                    # Pipelined commands waited behind the blocked command: their turn.
-                    self.reactor.schedule(conn)
+            # else CLIENT REPLY OFF: a blocked command's late reply is not sent either.
+            if client.waiter is None:
+                unblock(conn)
+            if not is_blocked(conn.state) and conn.parser.buffered:
+                # Pipelined commands waited behind the blocked command: their turn.
+                self.reactor.schedule(conn)
 
     def sample_memory(self) -> None:
         """What the runtime holds, for ``used_memory`` (node/memory_use.py)."""
@@ -310,7 +312,7 @@ class Server:
                            + memory_use.log_bytes(self.persistence))
         self.memory.note(b.used_memory)
 
-    def settle_broker(self) -> None:
+    def flush_broker(self) -> None:
         """Route the broker's effects left by an event that was not a client's own batch (a
         bus frame, a tick, before a flush): records to the log now, replies once durable."""
         if self.broker.outbox:
@@ -320,18 +322,19 @@ class Server:
                 self.dispatch(replies, ticket)
 
     def dispatch(self, replies: list[Reply], ticket: int) -> None:
-        """Deliver ``replies`` once the log records emitted before them are durable."""
+        """Write ``replies`` to their clients once the log records emitted before them are
+        durable (``dispatch_now`` if they already are)."""
         ticket = max(ticket, self.log_ticket())
         if not ticket:
-            self.deliver(replies)
+            self.dispatch_now(replies)
         else:
-            self.nursery.start_soon(self._deliver_when_durable, replies, ticket)
+            self.nursery.start_soon(self._dispatch_when_durable, replies, ticket)
 
-    async def _deliver_when_durable(self, replies: list[Reply], ticket: int) -> None:
+    async def _dispatch_when_durable(self, replies: list[Reply], ticket: int) -> None:
         failures = await self.wait_durable({ticket})
         if ticket in failures:
             replies = [Reply(client, errors.err(failures[ticket])) for client, _ in replies]
-        self.deliver(replies)
+        self.dispatch_now(replies)
 
     def log_ticket(self) -> int:
         """The newest log batch that may not be durable yet (0 when the log is idle or off)."""
@@ -384,7 +387,7 @@ class Server:
             return  # extended: the later task resumes them
         # In the order the clients connected, as Disque's client list.
         for conn in sorted(self.connections, key=lambda c: c.client.id):
-            if conn.parser.buffered and not conn.blocked:
+            if conn.parser.buffered and not is_blocked(conn.state):
                 self.reactor.schedule(conn)
 
     def kill(self, conn: Connection, kill: KillClients) -> Any:
@@ -397,7 +400,7 @@ class Server:
             log.info("Client id=%d addr=%s killed by CLIENT KILL from id=%d",
                      victim.client.id, victim.client.addr, conn.client.id)
             if victim is conn:
-                conn.close_after_reply = True  # its own connection: closed after the reply
+                transition(conn, CLOSING_HELD)  # its own connection: closed after the reply
             else:
                 victim.close()
         if kill.old_form:
@@ -414,7 +417,7 @@ class Server:
         line = (f"+{now:.6f} [0 {client.addr}] ".encode()
                 + b" ".join(_repr_arg(a) for a in argv) + b"\r\n")
         for monitor in list(self.monitors):
-            if monitor.closing:
+            if monitor.state is CLOSED:
                 self.monitors.discard(monitor)
             elif monitor.client is not client:
                 monitor.send_nowait(line)
@@ -544,7 +547,7 @@ class Server:
         self.connections.add(conn)
         self.reactor.add(conn)
 
-    async def timers(self) -> None:
+    async def ticker(self) -> None:
         broker = self.broker
         interval = 1000 // max(1, self.config.hz)
         while True:
@@ -565,9 +568,9 @@ class Server:
             self.bus.flush()
 
     def _deadlines_moved(self) -> None:
-        """After every flush: wake each CoreTimer whose core's deadline came earlier."""
-        for timer in self.core_timers:
-            timer.moved()
+        """After every flush: wake each CoreAlarm whose core's deadline came earlier."""
+        for alarm in self.core_alarms:
+            alarm.moved()
 
     def _sample(self, now: int) -> None:
         t, n = self._ops_sample
@@ -614,9 +617,9 @@ class Server:
             await nursery.start(self.reactor.run)
             await nursery.start(self.nodes_file.run)
             await nursery.start(self.bus.run, bus_listeners)
-            nursery.start_soon(self.timers)
-            for core_timer in self.core_timers:
-                nursery.start_soon(core_timer.run)
+            nursery.start_soon(self.ticker)
+            for core_alarm in self.core_alarms:
+                nursery.start_soon(core_alarm.run)
             if cfg.http_port and self.http is not None:  # the HTTP API, off by default
                 try:
                     await nursery.start(self.http, self)
@@ -661,7 +664,7 @@ class Server:
         log.warning("trisque is now ready to exit, bye bye...")
 
 
-class CoreTimer:
+class CoreAlarm:
     """Ticks one cluster core exactly at its ``next_deadline()``: the federation core (its ad
     hoc NEEDJOBS backs off from 25 ms: the bus's 100 ms tick alone would make it late) and
     the periodic timer core (a due time fires at its millisecond, not up to 100 ms after).

@@ -9,6 +9,7 @@ import socket
 
 import trio
 
+from node.conn_state import ConnState
 from node.reactor import MAX_COMMANDS_PER_TURN
 from protocol.resp import NEED_DATA, ReplyReader, encode_command
 from tests.server.test_inprocess import Conn, connect, node
@@ -106,7 +107,7 @@ async def test_a_connection_handed_to_a_task_comes_back(tmp_path) -> None:
         assert replies[1] == replies[3] == b"OK"
         assert replies[5] == 3
         conn = max(server.connections, key=lambda x: x.client.id)
-        assert conn.registered and not conn.parks and not conn.holding
+        assert conn.registered and not conn.parks and conn.state is ConnState.OPEN
         turns = server.reactor.turns
         assert await c.call("QLEN", "q") == 3
         assert server.reactor.turns > turns  # served by the reactor again
@@ -220,7 +221,7 @@ async def test_the_bus_is_flushed_once_per_round_not_per_command(tmp_path) -> No
             flush()
 
         server.bus.flush = counting_flush  # type: ignore[method-assign]
-        server.reactor.flush = counting_flush
+        server.reactor.flush_bus = counting_flush
         kept = len(server.bus.outbound)
         nobody = free_port()  # nothing listens there: the keeper just retries
         await c.stream.send_all(encode_command("CLUSTER", "MEET", "127.0.0.1", str(nobody))

@@ -1,5 +1,5 @@
 """A whole node in-process on trio's mock clock: the runtime fires a timer at each due time
-(node/server.py's CoreTimer ticks the periodic core at its deadline), twenty minutes pass in
+(node/server.py's CoreAlarm ticks the periodic core at its deadline), twenty minutes pass in
 seconds, and the jobs carry the fire times."""
 
 from __future__ import annotations
