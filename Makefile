@@ -72,7 +72,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The single-node table (bench/table.py): trisque against the reference Disque when
-# TRISQUE_BENCH_DISQUE=/path/to/disque-server is set (issue 12's targets, PASS/MISS) and against
+# TRISQUE_BENCH_DISQUE=/path/to/disque-server is set (the targets in docs/benchmarks.md, PASS/MISS) and against
 # redis-server always; then the cluster cases (bench/cluster.py, Disque too when set).
 # BENCH_ARGS=--quick: one short run per case, for iteration; other options: --help of each.
 # On the compiled core (make build; python -m bench.builds compares it with the pure one).

@@ -1,11 +1,11 @@
-"""``make bench``'s cluster cases: replicated ADDJOB (issue 9), federation (issue 10).
+"""``make bench``'s cluster cases: replicated ADDJOB, federation.
 
 Starts one standalone trisque-server and three joined into a cluster (free loopback ports,
 temporary directories, the log off as in the other throughput cases), then, with the runs
 interleaved and the medians reported (the machine is shared and noisy):
 
   (g) ADDJOB REPLICATE 3 through the 3 nodes, 50 connections spread round robin, vs
-      ADDJOB on the standalone node, 50 connections: the ratio (issue 9 asks >= 0.5; the
+      ADDJOB on the standalone node, 50 connections: the ratio (target >= 0.5; the
       reference Disque does about 0.6 here)
   (h) produce -> consume -> ACKJOB across the cluster: half the connections add jobs with
       REPLICATE 3, half take them with GETJOB and acknowledge them with ACKJOB (whose
@@ -13,11 +13,11 @@ interleaved and the medians reported (the machine is shared and noisy):
       ADDJOB to the GETJOB reply) and the cycle rate. GETJOB is local, as in Disque: a job
       is consumed on the node that queued it; the other copies are the replicas.
 
-  (i) federation (issue 10): a cycle whose 25 producers add jobs (REPLICATE 1) on node0
+  (i) federation: a cycle whose 25 producers add jobs (REPLICATE 1) on node0
       while its 25 consumers take them on node1 (GETJOB TIMEOUT, ACKJOB): every job
       reaches its consumer through NEEDJOBS/YOURJOBS. Sustained rate (the run ends when
       every job added was consumed) vs the same cycle on the standalone node: the ratio
-      (issue 10 asks >= 0.5). Then a steady load: 2 producers adding 1000 jobs/s in all,
+      (target >= 0.5). Then a steady load: 2 producers adding 1000 jobs/s in all,
       evenly spaced (``--rate``), 8 consumers, the same nodes; and the same on the
       standalone node, each after a 1 s warm-up (node1 then knows node0 as a source):
       end-to-end p50/p99.

@@ -2,7 +2,7 @@
 
 Pure: it takes the samples ``bench.table`` measured and turns them into rows. Each row
 compares trisque with one reference server, measured in the same invocation with the runs
-interleaved: the reference Disque (issue 12's targets, when a binary is given) or
+interleaved: the reference Disque (the targets, when a binary is given) or
 redis-server (the yardstick; targets of the first ``make bench``). Every figure is the median
 of its runs; a row whose side has no successful run says why ("n/a") instead of a number.
 """
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Issue 12: trisque / Disque in the same run; (d) is bytes per queued job, lower is better.
+# trisque / Disque in the same run; (d) is bytes per queued job, lower is better.
 DISQUE_TARGETS: dict[str, tuple[str, float]] = {
     "a": (">=", 0.60), "b": (">=", 0.45), "c": (">=", 0.85), "d": ("<=", 1.00), "e": (">=", 0.70),
-    # Issue 31: what a million finished jobs leave in RSS (bytes, trisque's own; Disque ~0).
+    # What a million finished jobs leave in RSS (bytes, trisque's own; Disque ~0).
     "m": ("<=", 2_000_000.0),
 }
 # The yardstick's, from the first make bench: trisque / redis-server, except (d), bytes per

@@ -420,8 +420,8 @@ def table(s: Settings, disque: str | None, only: set[str], c_gen: bool, out: Pat
                       "processes, about a core of its own), for comparison only")
     if not disque:
         header.append(f"no reference Disque: set {DISQUE_ENV}=/path/to/disque-server for "
-                      "issue 12's targets")
-    sections = [("against the reference Disque (issue 12 targets)", "Disque", vs_disque),
+                      "the targets")
+    sections = [("against the reference Disque (targets)", "Disque", vs_disque),
                 ("against redis-server, the yardstick (targets of the first make bench)",
                  "redis", vs_redis)]
     footer = []

@@ -56,7 +56,7 @@ FLAG_DELIVERED: Final = 1  # handed to a client at least once (GETJOB)
 FLAG_WILLQUEUE: Final = 2  # wake up WILLQUEUE_ADVANCE_MS before qtime (set when a retry is armed)
 FLAG_QUEUED_BEFORE: Final = 4  # queued at least once: a later queueing is an additional delivery
 # Held as part of a cluster (created or received with replication on): an ACKED record of it
-# is replayed as an acked job that takes part in ack GC again, not dropped (issue 9).
+# is replayed as an acked job that takes part in ack GC again, not dropped.
 FLAG_REPLICA: Final = 8
 
 # A job is re-queued WILLQUEUE_ADVANCE ms after it wakes up: in a cluster the wake-up tells

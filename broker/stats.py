@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Final
 
 # Typed tuple[float, ...], not a tuple of 16 floats: compiled with mypyc, a Final fixed-size
-# tuple of floats read from another module raises NameError (mypyc issue 1183).
+# tuple of floats read from another module raises NameError (a mypyc limitation).
 #: Seconds: 100 us .. 10 s, for fsync latency (measured with perf_counter).
 LATENCY_BUCKETS: Final[tuple[float, ...]] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,

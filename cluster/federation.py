@@ -1,4 +1,4 @@
-"""The federation core: NEEDJOBS and YOURJOBS (issue 10), sans-IO.
+"""The federation core: NEEDJOBS and YOURJOBS, sans-IO.
 
 Theory of operation
 -------------------

@@ -1,4 +1,4 @@
-"""The cluster job core: replicated jobs' messages (issue 9), sans-IO.
+"""The cluster job core: replicated jobs' messages, sans-IO.
 
 Theory of operation
 -------------------

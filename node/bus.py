@@ -48,8 +48,8 @@ and time, following the contract of ``cluster/effects.py``:
   ``Disconnect`` cancels the keeper and closes its link; no ``link_down`` follows (the core
   asked for it). ``CloseLink`` closes one link; an outbound one is reconnected by its keeper
   if the node is still wanted, after ``link_down``.
-* **Several cores, one router.** The membership core, the job core (issue 9) and the
-  federation core (issue 10) each say
+* **Several cores, one router.** The membership core, the job core and the
+  federation core each say
   which frame types they handle (``HANDLES``); ``Bus.receive`` hands a frame to the one
   core that handles its type (a type nobody handles, such as the reserved NACK, goes to the
   first core, which counts it and drops it). Link events go to the first core (membership

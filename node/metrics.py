@@ -1,4 +1,4 @@
-"""Prometheus metrics at ``/metrics`` (issue 14), read from the node's own counters.
+"""Prometheus metrics at ``/metrics``, read from the node's own counters.
 
 Theory of operation
 -------------------

@@ -23,7 +23,7 @@ times a second, and closes idle clients (``timeout``) about once a second.
 The cluster: the node's ID and its peers come from ``cluster-config-file`` (``node/nodes_store``;
 a missing file is a new node, written at once; a corrupt one stops the start). The membership
 core (``cluster.membership.Membership``) is the broker's ``cluster`` view, and ``node/bus.py``
-runs its links and timers. The job core (``cluster.jobs.JobCore``, issue 9) is built right
+runs its links and timers. The job core (``cluster.jobs.JobCore``) is built right
 after it, before the append log is replayed; the bus routes it the frames of its
 ``HANDLES``. Once every core is built, ``cluster.wiring.attach`` plugs them into the broker
 (its ``cluster`` view, ``replication``, ``federation``, the policy and timer tables' hooks),
@@ -33,11 +33,11 @@ flushed once at the end of the round) - the broker's effects are routed before t
 cores' (``Bus.flush`` calls
 ``Server.flush_broker`` first): a replica's log record reaches the log before its GOTJOB
 is sent, and the bus holds a GOTJOB until the log says it is durable. The federation core
-(``cluster.federation.FederationCore``, issue 10) is built next to the job core; its effects follow the job core's after every event (client
-commands included: GETJOB and ADDJOB emit NEEDJOBS), the bus holds a YOURJOBS like a GOTJOB
+(``cluster.federation.FederationCore``) is built next to the job core; its effects follow
+the job core's after every event (client commands included: GETJOB and ADDJOB emit NEEDJOBS), the bus holds a YOURJOBS like a GOTJOB
 (the ``del`` of an at-most-once job that left must be durable first), and
 a ``CoreAlarm`` ticks it at its ``next_deadline()``, re-read after every flush. The
-periodic timer core (``cluster.periodic_sync.PeriodicSync``, issue 14) comes last: it holds
+periodic timer core (``cluster.periodic_sync.PeriodicSync``) comes last: it holds
 the timer table's replication and fires each due time this node owns, from its own
 ``CoreAlarm`` (exactly at the due time) and the bus's 100 ms tick (hand-overs, take-overs).
 
@@ -185,15 +185,15 @@ class Server:
         # it), since replay keeps acked cluster jobs only when broker.replication is set.
         self.job_core = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
         self.bus.add_core(self.job_core)
-        # Federation (issue 10): NEEDJOBS/YOURJOBS; ticked at its own next deadline
+        # Federation: NEEDJOBS/YOURJOBS; ticked at its own next deadline
         # (a CoreAlarm), which any command or frame may move (a GETJOB blocking).
         self.federation = FederationCore(self.broker, self.cluster)
         self.bus.add_core(self.federation)
-        # Queue policies, replicated to every node (issue 13, cluster/policy_sync.py).
+        # Queue policies, replicated to every node (cluster/policy_sync.py).
         self.policy_sync = PolicySync(self.broker, self.cluster, random.Random(os.urandom(16)),
                                       now_ms)
         self.bus.add_core(self.policy_sync)
-        # Periodic timers (issue 14): the table replicated, and the due times this node owns
+        # Periodic timers: the table replicated, and the due times this node owns
         # fired at their time (a CoreAlarm) or at the bus tick after a take-over.
         self.periodic_sync = PeriodicSync(self.broker, self.cluster,
                                           random.Random(os.urandom(16)), now_ms)

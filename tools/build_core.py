@@ -68,7 +68,7 @@ INTERPRETED = {
     "broker/config.py": "Config sets one attribute per directive from the table at run time; "
                         "a native class has a fixed set of attributes",
     "cluster/messages.py": "its dataclasses have ClassVar fields, which mypyc's dataclasses "
-                           "turn into instance fields (mypyc issue 740)",
+                           "turn into instance fields (a mypyc limitation)",
     "cluster/sim.py": "the in-process cluster harness of the tests",
 }
 

@@ -74,7 +74,7 @@ def test_memory_levels_refuse_addjob_as_disque_does() -> None:
 
 
 def test_a_body_is_judged_before_it_is_accepted() -> None:
-    """Issue 15 case 11: memory was judged only on the RSS sampled once a second, so a 400 MB
+    """Memory was judged only on the RSS sampled once a second, so a 400 MB
     body on a node with 1 GB maxmemory was accepted, and bursts overshot the limit."""
     b = _broker(maxmemory=1_000_000)
     c = Client(1)

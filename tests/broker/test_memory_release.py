@@ -1,4 +1,4 @@
-"""Issue 15 case 6: a deleted job, its body above all, is freed at once.
+"""A deleted job, its body above all, is freed at once.
 
 Before the fix the timer wheel held every job object until its next timer (its retry time, or
 its TTL for RETRY 0), so 20,000 x 10 KB jobs added and acknowledged kept 200 MB alive for five

@@ -1,4 +1,4 @@
-"""Replication of jobs at ADDJOB (issue 9): Disque's "Job replication state machine" on the
+"""Replication of jobs at ADDJOB: Disque's "Job replication state machine" on the
 in-process cluster, message by message."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 15, cases 1, 2 and 9: a number out of range never kills a node nor reaches its log, and
+"""A number out of range never kills a node nor reaches its log, and
 a log that holds a record no node could have written stops the start with one clear line.
 
 Before the fix, ``ADDJOB q x 0 RETRY 9223372036854775807`` on a node with ``appendfsync

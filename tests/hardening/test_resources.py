@@ -1,4 +1,4 @@
-"""Issue 15, cases 6, 7, 8, 10 and 11 on real nodes: memory comes back, buffers are bounded,
+"""On real nodes: memory comes back, buffers are bounded,
 the file-descriptor limit is respected, and a connection never closes on a half-written job."""
 
 from __future__ import annotations
