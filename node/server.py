@@ -34,12 +34,13 @@ cores' (``Bus.flush`` calls
 ``Server.flush_broker`` first): a replica's log record reaches the log before its GOTJOB
 is sent, and the bus holds a GOTJOB until the log says it is durable. The federation core
 (``cluster.federation.FederationCore``) is built next to the job core; its effects follow
-the job core's after every event (client commands included: GETJOB and ADDJOB emit NEEDJOBS), the bus holds a YOURJOBS like a GOTJOB
-(the ``del`` of an at-most-once job that left must be durable first), and
-a ``CoreAlarm`` ticks it at its ``next_deadline()``, re-read after every flush. The
-periodic timer core (``cluster.periodic_sync.PeriodicSync``) comes last: it holds
-the timer table's replication and fires each due time this node owns, from its own
-``CoreAlarm`` (exactly at the due time) and the bus's 100 ms tick (hand-overs, take-overs).
+the job core's after every event (client commands included: GETJOB and ADDJOB emit
+NEEDJOBS), the bus holds a YOURJOBS like a GOTJOB (the ``del`` of an at-most-once job that
+left must be durable first), and a ``CoreAlarm`` ticks it at its ``next_deadline()``,
+re-read after every flush. The periodic timer core (``cluster.periodic_sync.PeriodicSync``)
+comes last: it holds the timer table's replication and fires each due time this node owns,
+from its own ``CoreAlarm`` (exactly at the due time) and the bus's 100 ms tick (hand-overs,
+take-overs).
 
 A synchronous ADDJOB (``REPLICATE`` > 1) returns ``BLOCKED`` like a GETJOB with nothing to
 deliver: the connection stops executing its pipeline (a BLOCKED ``ConnState``) until the
