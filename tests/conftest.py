@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support import server as server_support
 from tests.support.server import ServerProcess
+
+# Hypothesis profiles, for every property test: ``ci`` (the default, in `make test`: 300
+# examples each, the same ones every run, so a failure replays and runs are comparable) and
+# ``fuzz`` (`make fuzz`: 1,000,000 random examples per property, for hours). Chosen with
+# TRISQUE_HYPOTHESIS_PROFILE; TRISQUE_FUZZ_EXAMPLES changes the fuzz profile's count.
+settings.register_profile(
+    "ci", max_examples=300, deadline=None, derandomize=True, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "fuzz", max_examples=int(os.environ.get("TRISQUE_FUZZ_EXAMPLES", 1_000_000)), deadline=None,
+    print_blob=True,
+    suppress_health_check=list(HealthCheck),
+)
+settings.load_profile(os.environ.get("TRISQUE_HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_report_header() -> str:
