@@ -62,6 +62,7 @@ async def test_stopping_cuts_short_the_backoff_of_a_worker_whose_node_died_long_
     assert took < STOP_BOUND_S / 10, took
 
 
+@pytest.mark.timing
 def test_sigterm_stops_a_worker_stuck_on_a_node_that_never_answers(tmp_path: Path) -> None:
     """A node that accepts connections and never answers: HELLO and GETJOB get no reply - a
     half-open node, waited on for the client's 5 s socket timeout."""
