@@ -1,13 +1,19 @@
 # trisque: `make run` starts a node with its data in ./data (HTTP API on 7780, docs/http.md), `make cluster` three joined nodes
-# (7711-7713, data in ./data/cluster/<port>), `make test` runs the whole suite on the compiled core and on the pure-Python one.
+# (7711-7713, data in ./data/cluster/<port>), `make test` runs the in-process tests on the compiled core and on the pure-Python
+# one, and the tests that start processes once, on the compiled core.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # make test CORE=compiled|pure runs the suite on one core only; REQUIRE_COMPILED=1 (CI) makes a
-# core that cannot be compiled an error instead of a warning.
+# core that cannot be compiled an error instead of a warning. JOBS: the pytest-xdist workers of
+# the run with the tests that start processes (they mostly wait on their nodes: more workers
+# than cores pay); JOBS=0 runs it in one process. SLOW=0 leaves out the tests marked slow
+# (ten seconds or more each: crash cycles, fuzzers, Spark applications of their own).
 CORE ?= both
 REQUIRE_COMPILED ?= 0
+JOBS ?= 4
+SLOW ?= 1
 
 .PHONY: build run cluster test lint bench fuzz clean
 
@@ -40,22 +46,30 @@ cluster: build
 # then the in-process tests on the pure-Python core: the tests that start real processes
 # (marker process, set by tests/conftest.py) and the Spark ones test the node, the workers and
 # the connector as processes, which the compiled run has done. With no compiled core here, the
-# whole suite on the pure one.
+# whole suite on the pure one. The suite runs in JOBS pytest-xdist workers (tests/conftest.py
+# makes the work units and sends the long ones out first; tests/support/server.py gives each
+# worker its own ports), then the tests marked timing alone; the in-process tests in one
+# worker per CPU.
+XDIST = --dist loadfile --no-loadscope-reorder
+AND_NOT_SLOW = $(if $(filter 0,$(SLOW)), and not slow)
+SUITE = $(PY) -m pytest -q -n $(JOBS) $(XDIST) -m "not timing$(AND_NOT_SLOW)"; \
+	echo "== make test: the timing tests, alone"; $(PY) -m pytest -q -m "timing$(AND_NOT_SLOW)"
 test: build
 	@set -e; compiled=0; \
 	if [ "$(CORE)" = compiled ] || { [ "$(CORE)" != pure ] && $(PY) -m tools.build_core --check; }; then \
 		echo "== make test: the whole suite on the compiled core"; \
-		TRISQUE_CORE=compiled $(PY) -m pytest -q; compiled=1; \
+		export TRISQUE_CORE=compiled; $(SUITE); compiled=1; \
 	elif [ "$(CORE)" != pure ]; then \
 		echo "== make test: no compiled core here (see make build above): the pure core only"; \
 	fi; \
+	export TRISQUE_CORE=pure; \
 	if [ "$(CORE)" != compiled ]; then \
 		if [ $$compiled = 1 ]; then \
 			echo "== make test: the in-process tests on the pure-Python core (TRISQUE_CORE=pure)"; \
-			TRISQUE_CORE=pure $(PY) -m pytest -q -m "not spark and not process"; \
+			$(PY) -m pytest -q -n auto $(XDIST) -m "not spark and not process$(AND_NOT_SLOW)"; \
 		else \
 			echo "== make test: the whole suite on the pure-Python core (TRISQUE_CORE=pure)"; \
-			TRISQUE_CORE=pure $(PY) -m pytest -q; fi; \
+			$(SUITE); fi; \
 	fi
 
 # The property tests of tests/property/ with 1,000,000 examples each (hours); Hypothesis

@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support import server as server_support
 from tests.support.server import ServerProcess
+
+# Hypothesis profiles, for every property test: ``ci`` (the default, in `make test`: 300
+# examples each, the same ones every run, so a failure replays and runs are comparable) and
+# ``fuzz`` (`make fuzz`: 1,000,000 random examples per property, for hours). Chosen with
+# TRISQUE_HYPOTHESIS_PROFILE; TRISQUE_FUZZ_EXAMPLES changes the fuzz profile's count.
+settings.register_profile(
+    "ci", max_examples=300, deadline=None, derandomize=True, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "fuzz", max_examples=int(os.environ.get("TRISQUE_FUZZ_EXAMPLES", 1_000_000)), deadline=None,
+    print_blob=True,
+    suppress_health_check=list(HealthCheck),
+)
+settings.load_profile(os.environ.get("TRISQUE_HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_report_header() -> str:
@@ -23,10 +41,14 @@ def pytest_report_header() -> str:
 _PROCESS_NAMES = frozenset(("ServerProcess", "LocalCluster", "local_cluster", "WorkerProcess",
                             "subprocess", "repo_env", "pexpect", "fuzz_resp", "fuzz_bus"))
 _PROCESS_FIXTURES = frozenset(("server", "local_cluster"))
+# Or a helper of these modules (tests/http/conftest.py's start a node with its HTTP port).
+_PROCESS_HELPERS = frozenset(("tests.http.conftest",))
 
 
 def _starts_processes(module: ModuleType | None) -> bool:
-    return module is not None and not _PROCESS_NAMES.isdisjoint(vars(module))
+    return module is not None and (
+        not _PROCESS_NAMES.isdisjoint(vars(module))
+        or any(getattr(v, "__module__", None) in _PROCESS_HELPERS for v in vars(module).values()))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -36,6 +58,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if _starts_processes(getattr(item, "module", None)) \
                 or not _PROCESS_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.process)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=_rank)
+
+
+# Work units of pytest-xdist for make test (``--dist loadfile --no-loadscope-reorder``): one
+# per module, so that a module's nodes start once, but one for all of tests/pipeline/, so
+# that one worker runs the Spark tests with one SparkSession (one JVM: several at once starve
+# a 2-core machine). Units go out in the order of their first test: the Spark unit first,
+# then the modules with a slow test, then the rest that starts processes, so that no long
+# unit starts last. (xdist's own loadgroup does not group under pytest 9.2.)
+SPARK_UNIT = "tests/pipeline/"
+
+
+def _unit(nodeid: str) -> str:
+    module = nodeid.split("::")[0]
+    return SPARK_UNIT if module.startswith(SPARK_UNIT) else module
+
+
+def _rank(item: pytest.Item) -> int:
+    if _unit(item.nodeid) == SPARK_UNIT:
+        return 0
+    if item.get_closest_marker("slow"):
+        return 1
+    return 2 if item.get_closest_marker("process") else 3
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Units(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return Units(config, log)
 
 
 @pytest.fixture

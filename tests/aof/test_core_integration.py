@@ -105,6 +105,7 @@ async def test_failed_write_undoes_addjob_and_ackjob_in_the_core(tmp_path):
     assert again.jobs == {}
 
 
+@pytest.mark.slow
 async def test_rewrite_of_the_real_broker_under_churn(tmp_path):
     broker, p = _node(str(tmp_path))
     with trio.fail_after(30):

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, free_port
 
 
 def free_http_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A free port from this test process's block (tests/support/server.py)."""
+    return free_port()
 
 
 def start(**directives: object) -> tuple[ServerProcess, str]:

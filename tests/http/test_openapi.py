@@ -41,6 +41,7 @@ NEGATIVE_CHECKS = [checks.not_a_server_error, checks.status_code_conformance,
                    checks.content_type_conformance]
 
 
+@pytest.mark.slow
 def test_api_conforms_to_its_openapi_document(api_schema: object) -> None:
     # schemathesis's pytest plugin does not load under this pytest: the operations are driven
     # with Hypothesis directly, each with a bounded number of examples.

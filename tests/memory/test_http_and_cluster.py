@@ -38,6 +38,7 @@ def http_node() -> Iterator[tuple[Any, str]]:
         srv.stop()
 
 
+@pytest.mark.slow
 def test_http_publish_receive_delete(http_node: tuple[Any, str]) -> None:
     """POST a message with a Content-Type (kept per job), GET it, DELETE it; each phase on a
     keep-alive connection of its own, closed before the footprint is read."""
@@ -77,6 +78,7 @@ def _cycle(c: LocalCluster, jobs: int) -> None:
                            for i in range(3)), 30, "every node to collect its copies")
 
 
+@pytest.mark.slow
 def test_three_nodes_replicate_3_consumed_on_another_node(local_cluster: Any) -> None:
     c: LocalCluster = local_cluster(3)
     ids = [c.myid(i) for i in range(3)]

@@ -93,6 +93,7 @@ def test_report_counts_a_scripted_workload(spark) -> None:
         server.__exit__()
 
 
+@pytest.mark.slow
 def test_report_command_prints_the_wait_per_queue() -> None:
     # As a user runs it: its own process and SparkSession (main() stops the session it made).
     server, directory = _scripted_log()

@@ -111,6 +111,7 @@ class _Monitor:
         self.sock.close()
 
 
+@pytest.mark.slow
 def test_sink_failure_then_restart_in_a_new_spark_session_replays_same_rows_acks_nothing_twice(
         spark, node, nodes_opt, tmp_path) -> None:
     ids = _load(nodes_opt, "rp", 200, retry=300)

@@ -13,6 +13,7 @@ it finds goes to ``FINDINGS``; ``tests/conftest.py`` fails the test that started
 from __future__ import annotations
 
 import os
+import random
 import resource
 import signal
 import socket
@@ -41,21 +42,45 @@ def repo_env() -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    """A free loopback port whose cluster-bus twin (port + 10000) is free too."""
-    for _ in range(200):
+# Each pytest-xdist worker (PYTEST_XDIST_WORKER gw0, gw1, ...) hands out client ports from its
+# own block, and a run without workers from block 0: two workers never pick the same port, nor
+# one's bus port (port + 10000) as another's client port. The blocks lie below the kernel's
+# ephemeral range (32768 up), where outgoing connections and bind(("", 0)) take theirs.
+PORT_BASE = 11000  # client ports 11000-19999, their bus ports 21000-29999
+PORT_BLOCK = 1000
+PORT_BLOCKS = 9
+_cursor: list[int] = []  # the next offset to try in this process's block
+
+
+def _port_block() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return 0
+    return 1 + int(worker[2:]) % (PORT_BLOCKS - 1)
+
+
+def _bindable(port: int) -> bool:
+    try:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + 10000 > 65535:
-            continue
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", port + 10000))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port found")
+            s.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
+
+
+def free_port() -> int:
+    """A port p such that p and p + 10000 (the cluster bus) are both free, from this process's
+    block; successive calls go round the block, so a port just given out is not given again
+    while its node may still be starting."""
+    start = PORT_BASE + _port_block() * PORT_BLOCK
+    if not _cursor:
+        _cursor.append(random.Random(os.getpid()).randrange(PORT_BLOCK))
+    for _ in range(PORT_BLOCK):
+        port = start + _cursor[0] % PORT_BLOCK
+        _cursor[0] += 1
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+    raise RuntimeError(f"no free port in {start}-{start + PORT_BLOCK - 1}")
 
 
 def send_command(port: int, *args: bytes | str | int, timeout: float = 5.0) -> Any:

@@ -127,6 +127,7 @@ def test_sixty_1mb_jobs_made_on_one_node_are_consumed_on_another_within_5s(
     assert took < 5.0
 
 
+@pytest.mark.timing
 def test_other_clients_ping_p99_stays_under_50ms_while_a_40mb_job_replicates(
         cluster: LocalCluster) -> None:
     latencies: list[float] = []

@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from client.blocking import Connection
 from protocol.resp import Error, encode_command
 from tests.aof.test_server_durability import Conn
@@ -66,6 +68,7 @@ def _pipelined(port: int, commands: list[tuple[object, ...]]) -> list[object]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_twenty_kill_9_rounds_lose_nothing_acknowledged() -> None:
     added: set[bytes] = set()
     acked: set[bytes] = set()

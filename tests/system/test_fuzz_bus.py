@@ -8,9 +8,12 @@ the same with 1,000,000 frames and a random seed."""
 
 from __future__ import annotations
 
+import pytest
+
 from tools import fuzz_bus
 
 
+@pytest.mark.slow
 def test_a_node_survives_20000_fuzzed_bus_frames(capsys) -> None:
     code = fuzz_bus.main(["--count", "20000", "--seed", "32", "--seconds", "120",
                           "--secret-frames", "2000", "--quiet"])

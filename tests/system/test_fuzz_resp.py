@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tools import fuzz_resp
 
 SEED = 20261126
 
 
+@pytest.mark.slow
 def test_a_node_survives_200000_fuzzed_inputs(capsys) -> None:
     seed = int(os.environ.get("TRISQUE_FUZZ_SEED", SEED))
     code = fuzz_resp.main(["--count", "200000", "--seed", str(seed), "--seconds", "240"])

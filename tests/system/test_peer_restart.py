@@ -60,6 +60,7 @@ def linked_by_all(c: LocalCluster, ids: list[str], i: int) -> bool:
     return all(c.nodes_of(j)[ids[i]].link == "connected" for j in range(len(ids)) if j != i)
 
 
+@pytest.mark.timing
 def test_addjob_waits_for_a_peer_killed_right_after_its_restart(
         local_cluster: Factory) -> None:
     c, ids = joined(local_cluster, 7, node_timeout_ms=3000)
@@ -107,6 +108,7 @@ def test_addjob_waits_for_a_peer_killed_right_after_its_restart(
     assert 2.9 <= pfail_s <= 3.5, pfail_s
 
 
+@pytest.mark.timing
 def test_a_restarted_peer_is_reconnected_within_200_ms_of_listening(
         local_cluster: Factory) -> None:
     c, _ = joined(local_cluster, 2, node_timeout_ms=3000)

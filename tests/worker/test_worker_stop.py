@@ -14,11 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
 
 from cli.worker import leftovers
 from cli.worker.joblog import file_name
+from cli.worker.loop import Worker
+from cli.worker.settings import parse
 from tests.support.cluster import wait_until
-from tests.support.server import REPO, ServerProcess, repo_env
+from tests.support.server import REPO, ServerProcess, free_port, repo_env
 from tests.support.worker import (
     WorkerProcess,
     add_job,
@@ -40,41 +43,45 @@ def _sigterm_exit_time(worker: WorkerProcess) -> float:
     return took
 
 
-def test_sigterm_stops_a_worker_whose_node_died_long_ago(tmp_path: Path) -> None:
+async def test_stopping_cuts_short_the_backoff_of_a_worker_whose_node_died_long_ago(
+        tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+    """In-process on the mock clock: a minute of failed GETJOBs grows the backoff to its
+    longest sleep; the stop (what SIGTERM calls, as the next test shows on a real process)
+    ends the worker at once, not after the sleep."""
     cmd = script(tmp_path / "ok.sh", "#!/bin/sh\necho done >&3\n")
-    node = ServerProcess().start()
-    try:
-        worker = WorkerProcess([node.port], ["stop-q"], [cmd], log_dir=tmp_path / "logs").start()
-    finally:
-        node.kill()
-    try:
-        # Long enough for the backoff to grow past the bound (0.25, 0.5, 1, 2, 4 s...).
-        time.sleep(9)
-        assert worker.proc is not None and worker.proc.poll() is None, worker.log()
-        assert "GETJOB failed" in worker.log()
-        took = _sigterm_exit_time(worker)
-    finally:
-        worker.kill()
-    assert took < STOP_BOUND_S, (took, worker.log())
+    dead = free_port()  # nothing listens there: a node long dead
+    worker = Worker(parse(["--nodes", f"127.0.0.1:{dead}", "--queue", "stop-q",
+                           "--log-dir", str(tmp_path / "logs"), "--", str(cmd)]))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.serve)
+        await trio.sleep(60)  # virtual: past 0.25, 0.5, 1, 2, 4 s to the 5 s backoff
+        assert worker._backoff is not None, "the worker is not in a backoff sleep"
+        stopped_at = trio.current_time()
+        worker.stop_taking()
+    took = trio.current_time() - stopped_at
+    assert took < STOP_BOUND_S / 10, took
 
 
+@pytest.mark.timing
 def test_sigterm_stops_a_worker_stuck_on_a_node_that_never_answers(tmp_path: Path) -> None:
-    """A listening socket nobody accepts on: connects succeed (the kernel's backlog), HELLO
-    and GETJOB get no reply - a half-open node, waited on for the client's 5 s socket
-    timeout."""
+    """A node that accepts connections and never answers: HELLO and GETJOB get no reply - a
+    half-open node, waited on for the client's 5 s socket timeout."""
     cmd = script(tmp_path / "ok.sh", "#!/bin/sh\necho done >&3\n")
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
+        silent.settimeout(20)
         port = silent.getsockname()[1]
         worker = WorkerProcess([port], ["stop-q"], [cmd], log_dir=tmp_path / "logs").start()
         try:
-            time.sleep(2)  # inside the first HELLO's 5 s wait
-            took = _sigterm_exit_time(worker)
+            conn, _ = silent.accept()
+            with conn:
+                conn.settimeout(20)
+                assert conn.recv(4096), "no HELLO"  # the worker now waits for its reply
+                took = _sigterm_exit_time(worker)
         finally:
             worker.kill()
     assert took < STOP_BOUND_S, (took, worker.log())
-
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
