@@ -19,12 +19,14 @@ SLOW ?= 1
 
 # The editable install leaves compiling to `make build`, where its progress shows. It is a path
 # entry (compat mode), not setuptools' import finder, which costs every Python process (each
-# `trisque` run, each test's server) about 10 ms of start-up.
+# `trisque` run, each test's server) about 10 ms of start-up. setuptools calls compat mode
+# transitional: where it is gone, the default editable install is used.
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	TRISQUE_COMPILE=0 $(PY) -m pip install --quiet -e '.[dev,spark]' \
-		--config-settings editable_mode=compat
+		--config-settings editable_mode=compat \
+		|| TRISQUE_COMPILE=0 $(PY) -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 # Compile protocol/, broker/ and cluster/ with mypyc in place (tools/build_core.py): a minute or
