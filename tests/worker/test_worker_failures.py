@@ -193,6 +193,7 @@ def _run_all(node: ServerProcess, tmp_path: Path, q: str, bad: int, good: int,
     return elapsed, _runs(runs), bad_ids, good_ids
 
 
+@pytest.mark.timing
 def test_failing_jobs_do_not_starve_their_queue(node: ServerProcess, tmp_path: Path) -> None:
     good = 200
     (tmp_path / "a").mkdir()
