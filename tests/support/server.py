@@ -83,19 +83,32 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {start}-{start + PORT_BLOCK - 1}")
 
 
+def read_replies(sock: socket.socket, count: int) -> list[Any]:
+    """The next ``count`` replies on ``sock``, parsed (errors as protocol.resp.Error)."""
+    reader = ReplyReader()
+    replies: list[Any] = []
+    while len(replies) < count:
+        reply = reader.next()
+        if reply is NEED_DATA:
+            data = sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("the node closed the connection")
+            reader.feed(data)
+        else:
+            replies.append(reply)
+    return replies
+
+
+def pipelined(port: int, commands: list[tuple[Any, ...]], timeout: float = 30.0) -> list[Any]:
+    """Many commands on one fresh connection, written at once: the parsed replies, in order."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(b"".join(encode_command(*cmd) for cmd in commands))
+        return read_replies(s, len(commands))
+
+
 def send_command(port: int, *args: bytes | str | int, timeout: float = 5.0) -> Any:
     """One command over a fresh connection; the parsed reply (errors as protocol.resp.Error)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(encode_command(*args))
-        reader = ReplyReader()
-        while True:
-            reply = reader.next()
-            if reply is not NEED_DATA:
-                return reply
-            data = s.recv(65536)
-            if not data:
-                raise ConnectionError("server closed the connection")
-            reader.feed(data)
+    return pipelined(port, [args], timeout)[0]
 
 
 class ServerProcess:

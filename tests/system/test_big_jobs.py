@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from protocol.resp import NEED_DATA, Error, ReplyReader, encode_command
+from protocol.resp import Error, encode_command
 from tests.support.cluster import LocalCluster, wait_until
-from tests.support.server import send_command
+from tests.support.server import pipelined, send_command
 
 pytestmark = pytest.mark.cluster_processes
 
@@ -100,17 +100,8 @@ def test_a_body_over_the_limit_is_refused_at_once_with_the_directive_named(
 def test_sixty_1mb_jobs_made_on_one_node_are_consumed_on_another_within_5s(
         cluster: LocalCluster) -> None:
     bodies = {body_of(MB, b"fed-%d-" % n) for n in range(60)}
-    with socket.create_connection(("127.0.0.1", cluster.port(0)), timeout=30) as s:
-        s.sendall(b"".join(encode_command("ADDJOB", "fedq", b, "0", "REPLICATE", "1")
-                           for b in bodies))
-        reader = ReplyReader()
-        replies: list[object] = []
-        while len(replies) < len(bodies):
-            reply = reader.next()
-            if reply is NEED_DATA:
-                reader.feed(s.recv(1 << 16))
-            else:
-                replies.append(reply)
+    replies = pipelined(cluster.port(0),
+                        [("ADDJOB", "fedq", b, "0", "REPLICATE", "1") for b in bodies])
     assert all(isinstance(r, bytes) and r.startswith(b"D-") for r in replies), replies[:3]
     got: set[bytes] = set()
     start = time.monotonic()

@@ -20,12 +20,12 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
-from protocol.resp import NEED_DATA, Error, ReplyReader, encode_command
+from protocol.resp import Error, encode_command
 from tests.support.cluster import LocalCluster, wait_until
+from tests.support.server import read_replies
 
 pytestmark = pytest.mark.cluster_processes
 
@@ -42,18 +42,6 @@ def joined(local_cluster: Factory, n: int, node_timeout_ms: int) -> tuple[LocalC
         c.meet(i, 0)
     wait_until(lambda: c.mesh_ok(list(range(n)), ids), JOIN_WITHIN_S, f"a mesh of {n}")
     return c, ids
-
-
-def read_reply(sock: socket.socket) -> Any:
-    reader = ReplyReader()
-    while True:
-        reply = reader.next()
-        if reply is not NEED_DATA:
-            return reply
-        data = sock.recv(65536)
-        if not data:
-            raise ConnectionError("the node closed the connection")
-        reader.feed(data)
 
 
 def linked_by_all(c: LocalCluster, ids: list[str], i: int) -> bool:
@@ -82,7 +70,7 @@ def test_addjob_waits_for_a_peer_killed_right_after_its_restart(
         late.sendall(encode_command("ADDJOB", "q", "late", "30000", "REPLICATE", "7"))
         time.sleep(1)
         c.restart(1)
-        replies = [read_reply(waiting), read_reply(late)]
+        replies = [read_replies(waiting, 1)[0], read_replies(late, 1)[0]]
         answered_s = time.monotonic() - sent
     for reply in replies:
         assert isinstance(reply, bytes) and reply.startswith(b"D-"), reply

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from client.blocking import Client
-from protocol.resp import NEED_DATA, ReplyReader, encode_command
+from protocol.resp import encode_command
 from tests.support.cluster import LocalCluster, wait_until
-from tests.support.server import REPO, repo_env
+from tests.support.server import REPO, pipelined, repo_env
 
 pytestmark = pytest.mark.cluster_processes
 
@@ -65,24 +65,6 @@ def delivered(info: dict[str, Any] | None) -> set[str]:
 def origin(ids: list[str], job_id: str) -> int:
     """The node that created ``job_id`` (its ID embeds the first 8 hex chars of the node's)."""
     return next(i for i, node_id in enumerate(ids) if node_id[:8] == job_id[2:10])
-
-
-def pipelined(port: int, commands: list[tuple[str, ...]]) -> list[Any]:
-    """Many commands on one connection, written at once: the parsed replies, in order."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(b"".join(encode_command(*cmd) for cmd in commands))
-        reader = ReplyReader()
-        replies: list[Any] = []
-        while len(replies) < len(commands):
-            reply = reader.next()
-            if reply is NEED_DATA:
-                data = s.recv(1 << 20)
-                if not data:
-                    raise ConnectionError("server closed the connection")
-                reader.feed(data)
-            else:
-                replies.append(reply)
-        return replies
 
 
 def addr(c: LocalCluster, i: int) -> str:
