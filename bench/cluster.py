@@ -1,116 +1,359 @@
-"""``make bench``'s cluster cases: replicated ADDJOB, federation.
+"""``make bench``'s cluster rows: three trisque nodes against three reference Disque nodes.
 
-Starts one standalone trisque-server and three joined into a cluster (free loopback ports,
-temporary directories, the log off as in the other throughput cases), then, with the runs
-interleaved and the medians reported (the machine is shared and noisy):
+Starts two clusters of three nodes on free loopback ports, each joined with CLUSTER MEET, the
+log off: trisque-server, and Disque's own server when a binary is given (``--disque PATH`` or
+``TRISQUE_BENCH_DISQUE``; without one its cells print n/a). Every row runs on both clusters,
+the runs interleaved (the order alternating from run to run, every node flushed before each
+run), and prints the medians, trisque / Disque, and PASS/MISS against the resolve bar and the
+goal (``bench/cluster_report.py``):
 
-  (g) ADDJOB REPLICATE 3 through the 3 nodes, 50 connections spread round robin, vs
-      ADDJOB on the standalone node, 50 connections: the ratio (target >= 0.5; the
-      reference Disque does about 0.6 here)
-  (h) produce -> consume -> ACKJOB across the cluster: half the connections add jobs with
-      REPLICATE 3, half take them with GETJOB and acknowledge them with ACKJOB (whose
-      SETACK/GOTACK/DELJOB collect the three copies); end-to-end latency p50/p99 (from the
-      ADDJOB to the GETJOB reply) and the cycle rate. GETJOB is local, as in Disque: a job
-      is consumed on the node that queued it; the other copies are the replicas.
+  (g) ADDJOB REPLICATE 3 on node 1, redis-benchmark with 1, 10 and 50 connections, and
+      ADDJOB REPLICATE 3 ASYNC with 50: the rate (bar >= 0.8x Disque), and with one
+      connection the p50 latency too (bar <= 1.2x Disque's). Every job must be queued after
+      the run (QLEN), or the run fails: redis-benchmark counts error replies as requests.
+  (h) 20,000 ADDJOB REPLICATE 3 pipelined 100 at a time on one connection to node 1 (the
+      load generator), then the same jobs taken on node 2 with GETJOB TIMEOUT COUNT 100 on one
+      connection, each batch's FASTACK sent with the next GETJOB (raw socket): both rates.
+  (i) saturated federation: 25 producers add jobs (REPLICATE 1) on node 1 as fast as they
+      can while 25 consumers take them on node 2 (GETJOB TIMEOUT, ACKJOB): the rate, and the
+      p99 from ADDJOB to GETJOB's reply (bar: <= Disque's).
+  (j) idle: 10 consumers blocked for ``--idle`` seconds on an empty queue, 5 on node 2, 5 on
+      node 3, both clusters at once: the NEEDJOBS sent (INFO federation; Disque counts none,
+      its backoff allows 20 in 60 s) and every bus message (cluster_stats_messages_sent).
+  (l) one ADDJOB of a 40 MB body with REPLICATE 3 on node 1, then FASTACK: seconds.
 
-  (i) federation: a cycle whose 25 producers add jobs (REPLICATE 1) on node0
-      while its 25 consumers take them on node1 (GETJOB TIMEOUT, ACKJOB): every job
-      reaches its consumer through NEEDJOBS/YOURJOBS. Sustained rate (the run ends when
-      every job added was consumed) vs the same cycle on the standalone node: the ratio
-      (target >= 0.5). Then a steady load: 2 producers adding 1000 jobs/s in all,
-      evenly spaced (``--rate``), 8 consumers, the same nodes; and the same on the
-      standalone node, each after a 1 s warm-up (node1 then knows node0 as a source):
-      end-to-end p50/p99.
-  (j) an idle cluster: 10 consumers blocked for ``--idle`` seconds (default 60) on an
-      empty queue, 5 on node1 and 5 on node2: the NEEDJOBS they cause (INFO federation;
-      Disque's backoff allows 5 broadcasts per node in 60 s: 0, 4, 12, 28, 58 s, each to
-      the 2 other nodes, so 20) and every bus message sent by the 3 nodes (CLUSTER INFO's
-      cluster_stats_messages_sent, PING/PONG included).
-  (l) a big job: one ADDJOB of a 40 MB body with REPLICATE 3 on node0, synchronous
-      (answered once three nodes hold a copy), then FASTACK: seconds, median of the runs.
-
-``--disque PATH`` (or ``TRISQUE_BENCH_DISQUE=PATH``, as for ``bench.table``) runs the
-same cases against Disque's own server binary (loopback only), for its ratio in the same run.
-The load generator is ``trisque-benchmark``'s (cycles and blocked consumers are beyond
-redis-benchmark). ``--quick``: one run of 1 s per case, 10 s idle. Each case also prints
-the CPU time the servers used per operation (all nodes together, from /proc): on a machine
-with fewer cores than busy processes (3 nodes + the load generator) the throughput ratio
-mostly measures the machine, the CPU per job measures the code.
+Each row also has the servers' CPU time per job, all three nodes together (/proc): on a
+machine with fewer cores than busy processes the rates mostly measure the machine, the CPU
+per job measures the code. The load column is the 1-minute load average at the start of the
+row's runs. ``--quick``: one run of 1 s per row, 5,000 pipelined jobs, 10 s idle (about a
+minute). Results also go to ``bench-results/cluster.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import socket
-import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from bench.servers import DISQUE_ENV, BenchServer, DisqueServer, command, disque_binary
+from bench.cluster_report import (
+    FEDERATION_P99,
+    ONE_CONNECTION_P50,
+    RATE,
+    Row,
+    Side,
+    Target,
+    p99_lower_bound,
+    render,
+)
+from bench.servers import DISQUE_ENV, REPO, BenchServer, DisqueServer, command, disque_binary
+from bench.table import redis_benchmark
 from cli.bench import run_benchmark
 from cli.bench_load import BenchError, Spec
-from protocol.resp import encode_command
+from protocol.resp import NEED_DATA, Error, ReplyReader, encode_command
 
 BODY = 16
 NODE_TIMEOUT_MS = "3000"
-STEADY_RATE = 1000.0  # (i): jobs/s, well under what one node or the cluster sustains here
+QUEUE = "bench"
+PIPELINE = 100  # (h)
 BIG_BODY = 40 * 1024 * 1024  # (l)
+NO_DISQUE = f"no reference Disque in this run (--disque PATH or {DISQUE_ENV})"
+_STARTED = time.monotonic()
 
 
 def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    print(f"[{time.monotonic() - _STARTED:4.0f} s] {msg}", file=sys.stderr, flush=True)
 
 
-def start(kind: str, label: str, binary: str | None) -> BenchServer:
-    if kind == "disque":
-        assert binary is not None
-        server: BenchServer = DisqueServer(binary, label,
-                                           **{"cluster-node-timeout": NODE_TIMEOUT_MS})
-    else:
-        server = BenchServer("trisque", label, **{"cluster-node-timeout": NODE_TIMEOUT_MS})
-    server.start()
-    if not server.ok:
-        raise BenchError(f"{label}: {server.failure}")
-    return server
+def load_now() -> float:
+    return os.getloadavg()[0]
 
 
-def join(nodes: list[BenchServer], timeout: float = 30.0) -> None:
-    for n in nodes[1:]:
-        command(n.port, "CLUSTER", "MEET", "127.0.0.1", str(nodes[0].port))
-    deadline = time.monotonic() + timeout
-    want = f"cluster_reachable_nodes:{len(nodes) - 1}"
-    while time.monotonic() < deadline:
-        if all(want in command(n.port, "CLUSTER", "INFO").decode() for n in nodes):
-            return
-        time.sleep(0.1)
-    raise BenchError(f"the {len(nodes)} nodes did not join within {timeout:.0f} s")
+@dataclass
+class Cluster:
+    """Three joined nodes of one kind ("trisque" or "disque"); node 1 is ``nodes[0]``."""
+
+    kind: str
+    nodes: list[BenchServer]
+
+    def port(self, i: int) -> int:
+        return self.nodes[i].port
+
+    def addr(self, i: int) -> tuple[str, int]:
+        return ("127.0.0.1", self.nodes[i].port)
+
+    def flush(self) -> None:
+        for n in self.nodes:
+            n.flush()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the three servers used so far (Linux /proc)."""
+        total = 0
+        for n in self.nodes:
+            with open(f"/proc/{n.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
 
 
-def cpu_seconds(servers: list[BenchServer]) -> float:
-    """User + system CPU time the server processes used so far (Linux /proc)."""
-    total = 0
-    for server in servers:
-        with open(f"/proc/{server.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-    return total / os.sysconf("SC_CLK_TCK")
+def start_cluster(kind: str, binary: str | None, timeout: float = 30.0) -> Cluster:
+    settings = {"cluster-node-timeout": NODE_TIMEOUT_MS}
+    nodes: list[BenchServer] = []
+    cluster = Cluster(kind, nodes)
+    try:
+        for i in range(3):
+            label = f"{kind} node {i + 1}"
+            node = (DisqueServer(binary, label, **settings) if binary
+                    else BenchServer("trisque", label, **settings))
+            nodes.append(node)
+            node.start()
+            if not node.ok:
+                raise BenchError(f"{label}: {node.failure}")
+        for n in nodes[1:]:
+            command(n.port, "CLUSTER", "MEET", "127.0.0.1", str(nodes[0].port))
+        deadline = time.monotonic() + timeout
+        while not all("cluster_reachable_nodes:2" in command(n.port, "CLUSTER", "INFO").decode()
+                      for n in nodes):
+            if time.monotonic() > deadline:
+                raise BenchError(f"the 3 {kind} nodes did not join within {timeout:.0f} s")
+            time.sleep(0.1)
+    except (BenchError, OSError):
+        cluster.stop()
+        raise
+    return cluster
 
 
-def run(spec: Spec, procs: int, servers: list[BenchServer]) -> dict[str, Any]:
-    """One run; adds ``cpu_us_per_op``: the servers' CPU time per operation (all nodes)."""
-    before = cpu_seconds(servers)
+# ---------------------------------------------------------------------------------------------
+# Interleaved runs
+
+
+Reading = tuple[float, float | None]  # (value, server CPU us per job, or None)
+Measure = Callable[[Cluster], dict[str, Reading]]
+
+
+def interleaved(title: str, clusters: list[Cluster], runs: int, keys: list[str],
+                measure: Measure) -> dict[str, dict[str, Side]]:
+    """``runs`` runs of ``measure`` on each cluster, alternating which goes first; for each
+    key it returns, one ``Side`` per cluster kind. A cluster whose run fails skips its other
+    runs of this row (its cells then say why)."""
+    sides = {key: {c.kind: Side() for c in clusters} for key in keys}
+    for i in range(runs):
+        for c in (clusters if i % 2 == 0 else clusters[::-1]):
+            if sides[keys[0]][c.kind].failure is not None:
+                continue
+            c.flush()
+            load = load_now()
+            try:
+                readings = measure(c)
+            except (BenchError, OSError) as exc:
+                log(f"{title}: {c.kind}: run {i + 1}/{runs} failed: {exc}")
+                for key in keys:
+                    sides[key][c.kind].failure = f"{title}, {c.kind} run {i + 1}: {exc}"
+                continue
+            for key, (value, cpu_us) in readings.items():
+                side = sides[key][c.kind]
+                side.values.append(value)
+                side.loads.append(load)
+                if cpu_us is not None:
+                    side.cpu_us.append(cpu_us)
+            shown = ", ".join(f"{k} {v:,.3f}" for k, (v, _) in readings.items())
+            log(f"{title}: {c.kind}: run {i + 1}/{runs}: {shown} (load {load:.2f})")
+    return sides
+
+
+def row(title: str, unit: str, sides: dict[str, Side], target: Target | None = None,
+        show_cpu: bool = True) -> Row:
+    return Row(title, unit, sides["trisque"], sides.get("disque", Side(failure=NO_DISQUE)),
+               target, show_cpu)
+
+
+# ---------------------------------------------------------------------------------------------
+# (g): redis-benchmark
+
+
+def addjob_args(asynchronous: bool) -> list[str]:
+    return ["ADDJOB", QUEUE, "x" * BODY, "0", "REPLICATE", "3"] + (["ASYNC"] if asynchronous
+                                                                   else [])
+
+
+def addjob_run(c: Cluster, clients: int, requests: int, asynchronous: bool,
+               timeout: float) -> dict[str, Reading]:
+    """One redis-benchmark run on node 1, checked: every job queued there afterwards."""
+    c.flush()
+    before = c.cpu_seconds()
+    sample = redis_benchmark(c.port(0), addjob_args(asynchronous), requests, 1, timeout,
+                             clients=clients)
+    if asynchronous:
+        time.sleep(0.3)  # the copies still on their way count too
+    used = c.cpu_seconds() - before
+    queued = command(c.port(0), "QLEN", QUEUE)
+    if queued != requests:
+        raise BenchError(f"{queued} jobs queued after {requests} ADDJOBs: not every reply "
+                         "was a job")
+    readings: dict[str, Reading] = {"rate": (sample.ops_per_sec, used / requests * 1e6)}
+    if sample.p50_ms is not None:
+        readings["p50"] = (sample.p50_ms, None)
+    return readings
+
+
+def addjob_rows(clusters: list[Cluster], runs: int, duration: float, clients: int,
+                asynchronous: bool) -> list[Row]:
+    timeout = max(60.0, 15 * duration + 30)
+    title = (f"(g) ADDJOB REPLICATE 3{' ASYNC' if asynchronous else ''}, "
+             f"{clients} conn{'s' if clients > 1 else ''}")
+    log(f"{title} ...")
+    requests: dict[str, int] = {}
+    for c in clusters:  # unmeasured: warms up, and its rate sizes the runs to ``duration``
+        probe = {1: 300, 10: 1_000}.get(clients, 5_000)
+        try:
+            rate = addjob_run(c, clients, probe, asynchronous, timeout)["rate"][0]
+        except (BenchError, OSError) as exc:
+            log(f"{title}: {c.kind}: first run failed: {exc}")
+            rate = probe / duration  # the measured runs fail again and say why
+        requests[c.kind] = int(min(400_000, max(200, rate * duration)))
+    sides = interleaved(title, clusters, runs, ["rate", "p50"], lambda c: addjob_run(
+        c, clients, requests[c.kind], asynchronous, timeout))
+    rows = [row(title, "/s", sides["rate"], RATE)]
+    if clients == 1:
+        rows.append(row("    p50 latency, 1 conn", "ms", sides["p50"], ONE_CONNECTION_P50,
+                        show_cpu=False))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# (h): pipelined on node 1, consumed on node 2
+
+
+def consume_all(port: int, queue: str, jobs: int, deadline_s: float) -> float:
+    """Take ``jobs`` jobs from ``queue`` on one connection (GETJOB TIMEOUT COUNT 100, the
+    previous batch's FASTACK in the same write); seconds until the last FASTACK's reply."""
+    getjob = encode_command("GETJOB", "TIMEOUT", "1000", "COUNT", PIPELINE, "FROM", queue)
+    reader = ReplyReader()
+    with socket.create_connection(("127.0.0.1", port), timeout=10.0) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        start = time.monotonic()
+        taken = 0
+        pending: list[bytes] = []
+        while taken < jobs or pending:
+            if time.monotonic() - start > deadline_s:
+                raise BenchError(f"took {taken} of {jobs} jobs in {deadline_s:.0f} s")
+            payload = encode_command("FASTACK", *pending) if pending else b""
+            if taken < jobs:
+                payload += getjob
+            replies: list[Any] = []
+            sock.sendall(payload)
+            want = (1 if pending else 0) + (1 if taken < jobs else 0)
+            while len(replies) < want:
+                reply = reader.next()
+                if reply is NEED_DATA:
+                    data = sock.recv(256 * 1024)
+                    if not data:
+                        raise BenchError("the node closed the connection")
+                    reader.feed(data)
+                    continue
+                if isinstance(reply, Error):
+                    raise BenchError(f"error reply: {reply}")
+                replies.append(reply)
+            got = replies[-1] if taken < jobs else None
+            pending = [job[1] for job in got or ()]
+            taken += len(pending)
+        return time.monotonic() - start
+
+
+def pipelined_run(c: Cluster, jobs: int) -> dict[str, Reading]:
+    queue = "bench-pipelined"
+    cpu0 = c.cpu_seconds()
+    produced = run_benchmark(Spec("produce", [c.addr(0)], 1, pipeline=PIPELINE, body_size=BODY,
+                                  jobs=jobs, duration=max(120.0, jobs / 100), queues=[queue],
+                                  replicate=3), procs=1)
+    cpu1 = c.cpu_seconds()
+    if produced["errors"] or produced["ops"] != jobs:
+        raise BenchError(f"{produced['ops']} of {jobs} jobs added, {produced['errors']} error "
+                         f"replies (first: {produced['first_error']})")
+    seconds = consume_all(c.port(1), queue, jobs, max(60.0, jobs / 500))
+    cpu2 = c.cpu_seconds()
+    return {"add": (produced["ops_per_sec"], (cpu1 - cpu0) / jobs * 1e6),
+            "take": (jobs / seconds, (cpu2 - cpu1) / jobs * 1e6)}
+
+
+def pipelined_rows(clusters: list[Cluster], runs: int, jobs: int) -> list[Row]:
+    title = f"(h) {jobs:,} ADDJOB REPL 3 pipelined {PIPELINE}, node 1"
+    log(f"{title} ...")
+    sides = interleaved(title, clusters, runs, ["add", "take"],
+                        lambda c: pipelined_run(c, jobs))
+    return [row(title, "/s", sides["add"], RATE),
+            row("(h) the same taken on node 2, COUNT 100+FASTACK", "/s", sides["take"], RATE)]
+
+
+# ---------------------------------------------------------------------------------------------
+# (i): federation
+
+
+def federation_run(c: Cluster, duration: float, procs: int) -> dict[str, Reading]:
+    spec = Spec("cycle", [c.addr(0), c.addr(1)], 50, body_size=BODY, jobs=50_000_000,
+                duration=duration, queues=["bench-federation"], replicate=1, ack="ackjob",
+                producers=25, produce_nodes=[c.addr(0)], consume_nodes=[c.addr(1)])
+    before = c.cpu_seconds()
     result = run_benchmark(spec, procs=procs)
-    used = cpu_seconds(servers) - before
+    used = c.cpu_seconds() - before
     if result["errors"]:
         raise BenchError(f"{result['errors']} error replies, first: {result['first_error']}")
-    result["cpu_us_per_op"] = used / max(1, result["ops"]) * 1e6
-    return result
+    p99 = result["e2e_latency_ms"]["p99"]
+    left = result["produced"] - result["ops"]
+    if left > 0:
+        # The consumers went on waiting after the producers stopped, then gave up: the jobs
+        # left behind waited at least that long.
+        waited_ms = max(0.0, result["elapsed_s"] - duration) * 1000
+        p99 = p99_lower_bound(p99, result["ops"], left, waited_ms)
+        log(f"(i): {c.kind}: {left:,} of {result['produced']:,} jobs not consumed when the "
+            f"run ended; p99 counted as at least {p99:,.0f} ms")
+    return {"rate": (result["ops_per_sec"], used / max(1, result["ops"]) * 1e6),
+            "p99": (p99, None), "left": (float(left), None)}
 
 
-def info_field(port: int, text: bytes | str, name: str) -> int:
+def federation_rows(clusters: list[Cluster], runs: int, duration: float, procs: int
+                    ) -> list[Row]:
+    title = "(i) federation: produce node 1, consume node 2"
+    log(f"{title} ...")
+    sides = interleaved(title, clusters, runs, ["rate", "p99", "left"],
+                        lambda c: federation_run(c, duration, procs))
+    for kind, side in sides["left"].items():
+        if any(side.values):
+            sides["p99"][kind].notes.append(
+                f"{kind}: jobs not consumed when the run ended, in {sum(map(bool, side.values))}"
+                f" of {len(side.values)} run(s): their wait counts (a lower bound)")
+    return [row(title, "/s", sides["rate"], RATE),
+            row("    end-to-end p99", "ms", sides["p99"], FEDERATION_P99, show_cpu=False)]
+
+
+# ---------------------------------------------------------------------------------------------
+# (l) and (j)
+
+
+def big_job_run(c: Cluster) -> dict[str, Reading]:
+    body = b"k" * BIG_BODY
+    start = time.monotonic()
+    reply = command(c.port(0), "ADDJOB", "bench-big", body, "10000", "REPLICATE", "3",
+                    timeout=60)
+    took = time.monotonic() - start
+    if not (isinstance(reply, bytes) and reply.startswith(b"D-")):
+        raise BenchError(f"ADDJOB of 40 MB answered {reply!r} after {took:.2f} s")
+    command(c.port(0), "FASTACK", reply)
+    return {"s": (took, None)}
+
+
+def info_field(text: bytes | str, name: str) -> int:
     """An integer field of an INFO / CLUSTER INFO reply (0 when absent: Disque has no
     federation section)."""
     if isinstance(text, bytes):
@@ -121,212 +364,138 @@ def info_field(port: int, text: bytes | str, name: str) -> int:
     return 0
 
 
-def idle_messages(nodes: list[BenchServer], seconds: float) -> dict[str, Any]:
-    """(j): consumers blocked on an empty queue on node1 and node2 for ``seconds``."""
-    def sample() -> tuple[int, int]:
+def idle_rows(clusters: list[Cluster], seconds: float) -> list[Row]:
+    """(j): 10 consumers blocked on an empty queue, 5 on node 2 and 5 on node 3 of each
+    cluster, all at once, for ``seconds``."""
+    def sample(c: Cluster) -> tuple[int, int]:
         sent = needjobs = 0
-        for n in nodes:
-            sent += info_field(n.port, command(n.port, "CLUSTER", "INFO"),
-                               "cluster_stats_messages_sent")
-            needjobs += info_field(n.port, command(n.port, "INFO", "federation"),
-                                   "needjobs_sent")
+        for n in c.nodes:
+            sent += info_field(command(n.port, "CLUSTER", "INFO"), "cluster_stats_messages_sent")
+            needjobs += info_field(command(n.port, "INFO", "federation"), "needjobs_sent")
         return sent, needjobs
 
-    consumers = []
+    log(f"(j) idle, {seconds:g} s ...")
+    consumers: list[socket.socket] = []
+    load = load_now()
     try:
-        before = sample()
-        for i in range(10):
-            s = socket.create_connection(("127.0.0.1", nodes[1 + i % 2].port), timeout=5)
-            s.sendall(encode_command("GETJOB", "TIMEOUT", "0", "FROM", "idle-queue"))
-            consumers.append(s)
+        for c in clusters:
+            c.flush()
+        before = {c.kind: sample(c) for c in clusters}
+        for c in clusters:
+            for i in range(10):
+                s = socket.create_connection(("127.0.0.1", c.port(1 + i % 2)), timeout=5)
+                s.sendall(encode_command("GETJOB", "TIMEOUT", "0", "FROM", "idle-queue"))
+                consumers.append(s)
         time.sleep(seconds)
-        after = sample()
+        after = {c.kind: sample(c) for c in clusters}
     finally:
         for s in consumers:
             s.close()
-    return {"idle_s": seconds, "bus_sent": after[0] - before[0],
-            "needjobs": after[1] - before[1]}
+    bus: dict[str, Side] = {}
+    needjobs: dict[str, Side] = {}
+    for c in clusters:
+        bus[c.kind] = Side([after[c.kind][0] - before[c.kind][0]], loads=[load])
+        needjobs[c.kind] = Side([after[c.kind][1] - before[c.kind][1]], loads=[load])
+    if "disque" in needjobs:
+        needjobs["disque"] = Side(failure="Disque counts no NEEDJOBS", loads=[load])
+    return [row(f"(j) idle {seconds:g} s: NEEDJOBS sent", "", needjobs, show_cpu=False),
+            row(f"(j) idle {seconds:g} s: bus messages, 3 nodes", "", bus, show_cpu=False)]
 
 
-def big_job_seconds(nodes: list[BenchServer], runs: int) -> float | None:
-    """(l): the median time of a 40 MB ADDJOB REPLICATE 3 on node0; None if one failed."""
-    body = b"k" * BIG_BODY
-    times = []
-    for _ in range(runs):
-        start = time.monotonic()
-        reply = command(nodes[0].port, "ADDJOB", "bench-big", body, "10000", "REPLICATE", "3",
-                        timeout=60)
-        took = time.monotonic() - start
-        if not (isinstance(reply, bytes) and reply.startswith(b"D-")):
-            log(f"(l): ADDJOB of 40 MB answered {reply!r} after {took:.2f} s")
-            return None
-        times.append(took)
-        command(nodes[0].port, "FASTACK", reply)
-    return float(statistics.median(times))
+# ---------------------------------------------------------------------------------------------
+# The run
 
 
-def measure(kind: str, binary: str | None, runs: int, duration: float,
-            procs: int, idle_s: float) -> dict[str, Any]:
-    single = start(kind, f"{kind} standalone", binary)
-    nodes = [start(kind, f"{kind} node{i}", binary) for i in range(3)]
-    try:
-        join(nodes)
-        addr = [("127.0.0.1", n.port) for n in nodes]
-        one: list[dict[str, Any]] = []
-        three: list[dict[str, Any]] = []
-        cycles: list[dict[str, Any]] = []
-        for i in range(runs):
-            log(f"{kind}: run {i + 1}/{runs}")
-            for n in (single, *nodes):
-                n.flush()
-            one.append(run(Spec("produce", [("127.0.0.1", single.port)], 50, body_size=BODY,
-                                jobs=50_000_000, duration=duration, queues=["bench"]),
-                           procs, [single]))
-            three.append(run(Spec("produce", addr, 50, body_size=BODY, jobs=50_000_000,
-                                  duration=duration, queues=["bench"], replicate=3),
-                             procs, nodes))
-            for n in nodes:
-                n.flush()
-            cycles.append(run(Spec("cycle", addr, 50, body_size=BODY, jobs=50_000_000,
-                                   duration=duration, queues=["bench-cycle"], replicate=3,
-                                   ack="ackjob", producers=25), procs, nodes))
-        fed_one: list[dict[str, Any]] = []
-        fed_three: list[dict[str, Any]] = []
-        steady_one: list[dict[str, Any]] = []
-        steady_three: list[dict[str, Any]] = []
-        single_addr = [("127.0.0.1", single.port)]
-        for i in range(runs):
-            log(f"{kind}: federation run {i + 1}/{runs}")
-            for n in (single, *nodes):
-                n.flush()
-            fed_one.append(run(Spec("cycle", single_addr, 50, body_size=BODY,
-                                    jobs=50_000_000, duration=duration, queues=["fed-cycle"],
-                                    ack="ackjob", producers=25), procs, [single]))
-            fed_three.append(run(Spec("cycle", addr[:2], 50, body_size=BODY, jobs=50_000_000,
-                                      duration=duration, queues=["fed-cycle"], replicate=1,
-                                      ack="ackjob", producers=25, produce_nodes=addr[:1],
-                                      consume_nodes=addr[1:2]), procs, nodes))
-            steady = Spec("cycle", single_addr, 10, body_size=BODY, jobs=50_000_000,
-                          duration=duration, queues=["fed-steady"], ack="ackjob", producers=2,
-                          rate=STEADY_RATE)
-            across = Spec("cycle", addr[:2], 10, body_size=BODY, jobs=50_000_000,
-                          duration=duration, queues=["fed-steady"], replicate=1, ack="ackjob",
-                          producers=2, produce_nodes=addr[:1], consume_nodes=addr[1:2],
-                          rate=STEADY_RATE)
-            # Steady state: node1 must already know node0 as a source of the queue. From
-            # cold, consumers that block before the first job exists wait for the next
-            # broadcast NEEDJOBS (4 s later, Disque's backoff), as they do on Disque.
-            for spec, where, out in ((steady, [single], steady_one),
-                                     (across, nodes, steady_three)):
-                run(Spec(**{**spec.__dict__, "duration": 1.0}), 1, where)
-                out.append(run(spec, 1, where))
-        log(f"{kind}: 40 MB jobs")
-        big_s = big_job_seconds(nodes, runs)
-        idle = idle_messages(nodes, idle_s) if idle_s > 0 else {}
-        if kind == "disque":
-            idle["needjobs"] = None  # Disque counts no federation message anywhere
+def measure(clusters: list[Cluster], opts: argparse.Namespace) -> list[Row]:
+    rows = []
+    for clients, asynchronous in ((1, False), (10, False), (50, False), (50, True)):
+        rows += addjob_rows(clusters, opts.runs, opts.duration, clients, asynchronous)
+    rows += pipelined_rows(clusters, opts.runs, opts.jobs)
+    rows += federation_rows(clusters, opts.runs, opts.duration, opts.procs)
+    log("(l) 40 MB job ...")
+    rows.append(row("(l) 40 MB ADDJOB REPLICATE 3, node 1", "s",
+                    interleaved("(l)", clusters, opts.runs, ["s"], big_job_run)["s"],
+                    show_cpu=False))
+    if opts.idle > 0:
+        rows += idle_rows(clusters, opts.idle)
+    return rows
 
-        def e2e(runs: list[dict[str, Any]], q: str) -> float:
-            return float(statistics.median(r["e2e_latency_ms"][q] for r in runs))
 
-        p50 = statistics.median(c["e2e_latency_ms"]["p50"] for c in cycles)
-        p99 = statistics.median(c["e2e_latency_ms"]["p99"] for c in cycles)
-        def med(runs: list[dict[str, Any]], key: str) -> float:
-            return float(statistics.median(r[key] for r in runs))
-
-        return {"single": med(one, "ops_per_sec"), "repl3": med(three, "ops_per_sec"),
-                "cpu_single": med(one, "cpu_us_per_op"), "cpu_repl3": med(three, "cpu_us_per_op"),
-                "cycle": med(cycles, "ops_per_sec"), "cpu_cycle": med(cycles, "cpu_us_per_op"),
-                "p50": p50, "p99": p99,
-                "fed_single": med(fed_one, "ops_per_sec"), "fed_three": med(fed_three, "ops_per_sec"),
-                "cpu_fed": med(fed_three, "cpu_us_per_op"),
-                "fed_p99": e2e(fed_three, "p99"),
-                "steady_rate_one": med(steady_one, "ops_per_sec"),
-                "steady_rate_three": med(steady_three, "ops_per_sec"),
-                "steady_p50_one": e2e(steady_one, "p50"), "steady_p99_one": e2e(steady_one, "p99"),
-                "steady_p50_three": e2e(steady_three, "p50"),
-                "steady_p99_three": e2e(steady_three, "p99"),
-                "idle_needjobs": idle.get("needjobs", 0), "idle_bus": idle.get("bus_sent", 0),
-                "big_s": big_s}
-    finally:
-        for n in (single, *nodes):
-            n.stop()
+def _loadavg() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=int, help="runs per case (default 3, quick 1)")
-    p.add_argument("--duration", type=float,
-                   help="seconds per run (default 2, quick 1)")
-    p.add_argument("--procs", type=int, default=2, help="load generator processes (default 2)")
+    p.add_argument("--runs", type=int, help="runs per row and cluster (default 3, quick 1)")
+    p.add_argument("--duration", type=float, help="seconds per run (default 2, quick 1)")
+    p.add_argument("--jobs", type=int, help="(h): jobs pipelined (default 20,000, quick 5,000)")
+    p.add_argument("--procs", type=int, default=2,
+                   help="(i): load generator processes (default 2)")
     p.add_argument("--disque", metavar="PATH",
-                   help=f"also measure this disque-server binary (default: ${DISQUE_ENV} if set)")
+                   help=f"the reference disque-server binary (default: ${DISQUE_ENV} if set)")
     p.add_argument("--idle", type=float,
                    help="(j): seconds of idle blocked consumers (default 60, quick 10; 0 skips it)")
     p.add_argument("--quick", action="store_true",
-                   help="one run of 1 s per case and 10 s of idle consumers, for iteration")
+                   help="one run of 1 s per row, 5,000 pipelined jobs, 10 s idle")
+    p.add_argument("--out", default=str(REPO / "bench-results" / "cluster.json"))
     opts = p.parse_args(argv)
     opts.runs = opts.runs or (1 if opts.quick else 3)
     opts.duration = opts.duration or (1.0 if opts.quick else 2.0)
+    opts.jobs = opts.jobs or (5_000 if opts.quick else 20_000)
     if opts.idle is None:
         opts.idle = 10.0 if opts.quick else 60.0
-    if opts.runs < 1 or opts.duration <= 0 or opts.idle < 0:
-        p.error("--runs and --duration must be positive, --idle at least 0")
+    if opts.runs < 1 or opts.duration <= 0 or opts.jobs < 1 or opts.procs < 1 or opts.idle < 0:
+        p.error("--runs, --duration, --jobs and --procs must be positive, --idle at least 0")
     try:
-        opts.disque = disque_binary(opts.disque)
+        disque = disque_binary(opts.disque)
     except ValueError as exc:
         p.error(str(exc))
-    load = os.getloadavg()
-    print(f"# cluster benchmark: {platform.node()} {os.cpu_count()} CPUs, load average "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {opts.runs} runs of {opts.duration:g} s, "
-          f"medians; 50 connections, {BODY}-byte bodies")
-    sides = [("trisque", None)] + ([("disque", opts.disque)] if opts.disque else [])
-    results = {}
+    load_before = _loadavg()
+    started = time.monotonic()
+    clusters: list[Cluster] = []
+    disque_failure = NO_DISQUE
     try:
-        for kind, binary in sides:
-            results[kind] = measure(kind, binary, opts.runs, opts.duration, opts.procs,
-                                    opts.idle)
-    except BenchError as exc:
-        print(f"cluster benchmark failed: {exc}")
-        return 1
-    print(f"{'':34}" + "".join(f"{k:>16}" for k in results))
-    rows = [
-        ("(g) ADDJOB standalone, ops/s", "single", "{:.0f}"),
-        ("(g) ADDJOB REPLICATE 3, 3 nodes", "repl3", "{:.0f}"),
-        ("(g) ratio (issue: >= 0.5)", None, "{:.2f}"),
-        ("(g) server CPU us/ADDJOB standalone", "cpu_single", "{:.0f}"),
-        ("(g) server CPU us/ADDJOB REPL 3", "cpu_repl3", "{:.0f}"),
-        ("(h) cycle REPLICATE 3 + ACKJOB /s", "cycle", "{:.0f}"),
-        ("(h) server CPU us per cycle", "cpu_cycle", "{:.0f}"),
-        ("(h) end-to-end p50 ms", "p50", "{:.2f}"),
-        ("(h) end-to-end p99 ms", "p99", "{:.2f}"),
-        ("(i) cycle standalone /s", "fed_single", "{:.0f}"),
-        ("(i) cycle node0 -> node1 /s", "fed_three", "{:.0f}"),
-        ("(i) ratio (issue: >= 0.5)", "fed_ratio", "{:.2f}"),
-        ("(i) server CPU us per job, 3 nodes", "cpu_fed", "{:.0f}"),
-        ("(i) saturated end-to-end p99 ms", "fed_p99", "{:.1f}"),
-        ("(i) steady standalone /s", "steady_rate_one", "{:.0f}"),
-        ("(i) steady standalone p50 ms", "steady_p50_one", "{:.2f}"),
-        ("(i) steady standalone p99 ms", "steady_p99_one", "{:.2f}"),
-        ("(i) steady node0 -> node1 /s", "steady_rate_three", "{:.0f}"),
-        ("(i) steady node0 -> node1 p50 ms", "steady_p50_three", "{:.2f}"),
-        ("(i) steady node0 -> node1 p99 ms", "steady_p99_three", "{:.2f}"),
-        (f"(j) idle {opts.idle:g} s: NEEDJOBS sent", "idle_needjobs", "{:.0f}"),
-        (f"(j) idle {opts.idle:g} s: bus messages", "idle_bus", "{:.0f}"),
-        ("(l) 40 MB ADDJOB REPLICATE 3, s", "big_s", "{:.2f}"),
+        try:
+            clusters.append(start_cluster("trisque", None))
+        except (BenchError, OSError) as exc:
+            print(f"cluster benchmark failed: trisque: {exc}")
+            return 1
+        if disque:
+            try:
+                clusters.append(start_cluster("disque", disque))
+            except (BenchError, OSError) as exc:
+                disque_failure = f"the Disque cluster did not start: {exc}"
+                log(disque_failure)
+        rows = measure(clusters, opts)
+    finally:
+        for c in clusters:
+            c.stop()
+    for r in rows:
+        if r.disque.failure == NO_DISQUE:
+            r.disque.failure = disque_failure
+    elapsed = time.monotonic() - started
+    header = [
+        f"# cluster benchmark, {time.strftime('%Y-%m-%d %H:%M %Z')}: 3 trisque nodes against "
+        f"3 Disque nodes{'' if disque else ' (none given)'}, {platform.node()} "
+        f"({os.cpu_count()} CPUs), loopback",
+        f"# medians of {opts.runs} interleaved run(s) of ~{opts.duration:g} s; {BODY}-byte bodies;"
+        f" load average (1, 5, 15 min) {load_before} at the start, {_loadavg()} at the end; "
+        f"{elapsed:.0f} s",
+        "# (g): redis-benchmark on node 1; (h), (i): trisque-benchmark's generator and a raw "
+        "socket; bar and goal bound trisque / Disque; CPU: the 3 servers' per job (us)",
     ]
-    for title, key, fmt in rows:
-        cells = []
-        for r in results.values():
-            if key == "fed_ratio":
-                value = r["fed_three"] / r["fed_single"]
-            else:
-                value = r["repl3"] / r["single"] if key is None else r[key]
-            cells.append("n/a" if value is None else fmt.format(value))
-        print(f"{title:34}" + "".join(f"{c:>16}" for c in cells))
-    load = os.getloadavg()
-    print(f"# load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    text = render(rows, header)
+    print(text, flush=True)
+    out = Path(opts.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "reference_disque": disque,
+        "load_before": load_before, "load_after": _loadavg(), "elapsed_s": round(elapsed, 1),
+        "settings": {k: v for k, v in vars(opts).items() if k != "out"},
+        "rows": [r.to_json() for r in rows], "table": text}, indent=2))
     return 0
 
 

@@ -188,11 +188,11 @@ def bounded_preload(port: int, queue: str, jobs: int, is_redis: bool) -> int:
 
 
 def redis_benchmark(port: int, args: list[str], requests: int, pipeline: int,
-                    timeout: float) -> Sample:
+                    timeout: float, clients: int = 50) -> Sample:
     exe = shutil.which("redis-benchmark")
     if exe is None:
         raise BenchError("redis-benchmark is not installed")
-    argv = [exe, "-h", "127.0.0.1", "-p", str(port), "-c", "50", "-n", str(requests),
+    argv = [exe, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients), "-n", str(requests),
             "-P", str(pipeline), "--csv", *args]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
