@@ -344,8 +344,9 @@ def federation_rows(clusters: list[Cluster], runs: int, duration: float, procs: 
 def big_job_run(c: Cluster) -> dict[str, Reading]:
     body = b"k" * BIG_BODY
     start = time.monotonic()
-    reply = command(c.port(0), "ADDJOB", "bench-big", body, "10000", "REPLICATE", "3",
-                    timeout=60)
+    # Disque needs several seconds on a busy machine: its ADDJOB may wait a minute.
+    reply = command(c.port(0), "ADDJOB", "bench-big", body, "60000", "REPLICATE", "3",
+                    timeout=90)
     took = time.monotonic() - start
     if not (isinstance(reply, bytes) and reply.startswith(b"D-")):
         raise BenchError(f"ADDJOB of 40 MB answered {reply!r} after {took:.2f} s")
