@@ -19,7 +19,7 @@ https://github.com/antirez/disque); redis-server, the yardstick, always. 50 conn
 Then, after the table: (k) the HTTP API next to RESP (``bench/http.py``), (p) ``trisque
 --pipe`` next to ``redis-cli --pipe`` into the same node (``bench/pipe.py``) and (f) the
 Spark data source (``python -m bench.spark``). ``python -m bench.cluster`` has the
-cluster cases (g)-(j).
+cluster rows (g)-(j) and (l), against Disque's own three-node cluster.
 
 Each throughput case first gives every server one short unmeasured run (warm-up, and the rate
 that sizes its runs to ``--duration``), then runs every server ``--runs`` times, interleaved,
