@@ -152,9 +152,9 @@ def interleaved(title: str, clusters: list[Cluster], runs: int, keys: list[str],
         for c in (clusters if i % 2 == 0 else clusters[::-1]):
             if sides[keys[0]][c.kind].failure is not None:
                 continue
-            c.flush()
             load = load_now()
             try:
+                c.flush()
                 readings = measure(c)
             except (BenchError, OSError) as exc:
                 log(f"{title}: {c.kind}: run {i + 1}/{runs} failed: {exc}")
