@@ -94,7 +94,7 @@ from cluster.wiring import attach
 from node import client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
-from node.conn_core import CommandPath, NodeCounters, transition, unblock
+from node.conn_core import CommandPath, NodeCounters, reply_came, transition, unblock
 from node.conn_state import CLOSED, CLOSING_HELD, is_blocked
 from node.connection import MUST_WAIT, Connection, set_keepalive
 from node.nodes_store import NodesFileWriter, NodesStoreError
@@ -296,6 +296,11 @@ class Server:
                 continue
             if conn.state is CLOSED:
                 continue
+            if conn.awaited:
+                # One of its pipelined ADDJOBs: written in its place (node/conn_core.py).
+                reply_came(conn, encode(reply, client.protover))
+                conn.last_active = self.clock.monotonic()
+                continue
             if not client.reply_flags & REPLY_OFF:
                 conn.send_nowait(encode(reply, client.protover))
                 conn.last_active = self.clock.monotonic()  # a reply is an interaction
@@ -388,7 +393,7 @@ class Server:
             return  # extended: the later task resumes them
         # In the order the clients connected, as Disque's client list.
         for conn in sorted(self.connections, key=lambda c: c.client.id):
-            if conn.parser.buffered and not is_blocked(conn.state):
+            if conn.has_input() and not is_blocked(conn.state):
                 self.reactor.schedule(conn)
 
     def kill(self, conn: Connection, kill: KillClients) -> Any:
