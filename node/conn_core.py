@@ -21,7 +21,8 @@ goes on with the next commands as long as the broker says each may pass the wait
 ``waiting``, in order: None for an ADDJOB whose ``Reply`` has not come, the encoded reply
 (and its log ticket) for one that replied at once. The broker emits a client's ADDJOB
 replies in the order they ran (broker/cluster_jobs.py), so each ``Reply`` fills the first
-None (``reply_came``), and the complete head of ``waiting`` is written (``flush_waiting``):
+None (``reply_came``), and the complete head of ``waiting`` is written once per batch of
+replies dispatched together (``replies_came``, ``flush_waiting``):
 replies leave in order, each ADDJOB's only once its job is confirmed or failed. A command
 that may not pass (anything but such an ADDJOB, or a protocol error) is kept in
 ``deferred`` and the connection is BLOCKED until every waiting reply came; it then runs
@@ -561,15 +562,23 @@ def settle_behind(conn: ConnCore) -> None:
 
 
 def reply_came(conn: ConnCore, data: bytes) -> None:
-    """The ``Reply`` of the first of its waiting ADDJOBs (the broker emits them in order):
-    written with the replies queued behind it, unless the connection's replies are held."""
+    """The ``Reply`` of the first of its waiting ADDJOBs (the broker emits them in order),
+    put in its place; ``replies_came`` writes it, once for the replies dispatched together."""
     waiting = conn.waiting
     waiting[waiting.index(None)] = (data, 0)
     conn.awaited -= 1
     if not conn.awaited:
         transition(conn, to_unblocked(conn.state))  # nothing waits: the deferred one may run
+
+
+def replies_came(conn: ConnCore) -> None:
+    """After ``reply_came``: write the replies now complete at the head of ``waiting`` (unless
+    the connection's replies are held: the release writes them, after the held ones), and run
+    what may run now."""
+    if conn.state is CLOSED:
+        return
     if not is_held(conn.state):
-        flush_waiting(conn)  # else the release writes them, after the held ones
+        flush_waiting(conn)
     make_room(conn)
     state = conn.state
     if (conn.parser.buffered or conn.deferred is not None) and not (

@@ -58,9 +58,13 @@ def registered(c: LocalCluster, i: int) -> int:
     return int(info(c, i, "registered_jobs"))
 
 
+@pytest.mark.parametrize("log", ["no", "always", "everysec"])
 def test_pipelined_replicated_addjobs_are_all_confirmed_and_replied_in_order(
-        local_cluster: Factory) -> None:
-    c, _ = joined(local_cluster)
+        local_cluster: Factory, log: str) -> None:
+    """With the log on, each reply also waits for its job's record: replies dispatched once
+    their batches are durable must still leave in order."""
+    directives = [{"appendonly": "yes", "appendfsync": log}] * 3 if log != "no" else None
+    c, _ = joined(local_cluster, directives=directives)
     n = 400
     replies = pipelined(c.port(0), [("ADDJOB", "q", f"job-{k}", "5000", "REPLICATE", "3")
                                     for k in range(n)])
