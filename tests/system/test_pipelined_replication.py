@@ -205,3 +205,25 @@ def test_the_query_buffer_limit_still_closes_a_client_behind_waiting_addjobs(
         assert "max query buffer length" in c.logs()
         wait_until(lambda: registered(c, 0) == 0 and info(c, 0, "blocked_clients") == "0",
                    SETTLE_S, "the waiting jobs of the closed client dropped")
+
+
+def test_addjobs_behind_a_command_carried_out_in_its_own_task_and_a_protocol_error(
+        local_cluster: Factory) -> None:
+    """CONFIG SET appendonly waits in the connection's own task, which runs the ADDJOBs after
+    it; a protocol error behind waiting ADDJOBs is answered after their replies, then the
+    connection closes."""
+    c, _ = joined(local_cluster)
+    replies = pipelined(c.port(0), [("CONFIG", "SET", "appendonly", "yes")]
+                        + [("ADDJOB", "task", f"t{k}", "5000", "REPLICATE", "3")
+                           for k in range(5)] + [("PING",)])
+    assert replies[0] == b"OK" and replies[-1] == b"PONG"
+    assert [body_of(c, 1, r.decode()) for r in replies[1:6]] == [f"t{k}".encode()
+                                                                for k in range(5)]
+    with socket.create_connection(("127.0.0.1", c.port(0)), timeout=10) as s:
+        s.sendall(b"".join(encode_command("ADDJOB", "perr", f"p{k}", "5000", "REPLICATE", "3")
+                           for k in range(3)) + b"*1\r\n$x\r\n")
+        got = read_replies(s, 4)
+        assert [body_of(c, 2, r.decode()) for r in got[:3]] == [b"p0", b"p1", b"p2"]
+        assert str(got[3]).startswith("ERR Protocol error"), got[3]
+        s.settimeout(5)
+        assert s.recv(1) == b""
