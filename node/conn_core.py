@@ -581,9 +581,12 @@ def replies_came(conn: ConnCore) -> None:
         flush_waiting(conn)
     make_room(conn)
     state = conn.state
-    if (conn.parser.buffered or conn.deferred is not None) and not (
-            is_blocked(state) or is_held(state)):
+    if is_blocked(state) or is_held(state):
+        return
+    if conn.parser.buffered or conn.deferred is not None:
         conn.reactor.schedule(conn)
+    elif state is DRAINING:
+        conn._after_turn()  # its end was read and everything it sent has run: it closes
 
 
 def flush_waiting(conn: ConnCore) -> None:
