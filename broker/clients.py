@@ -1,7 +1,9 @@
 """What the broker knows of a connected client, and of a client blocked in GETJOB.
 
 The driver creates a ``Client`` per connection and passes it with every command; the broker
-records authentication, protocol version, name and the ``Waiter`` of a blocked GETJOB on it.
+records authentication, protocol version, name, the ``Waiter`` of a blocked GETJOB and the
+synchronous ADDJOBs waiting for their copies (``repl_waits``, in the order they ran: their
+replies leave in that order, see ``broker/cluster_jobs.py``) on it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ REPLY_SKIP: Final = 4
 
 class Client:
     __slots__ = ("id", "addr", "name", "authenticated", "protover", "waiter", "lib_name",
-                 "lib_ver", "ctime_ms", "handle", "last_cmd", "reply_flags")
+                 "lib_ver", "ctime_ms", "handle", "last_cmd", "reply_flags", "repl_waits")
 
     def __init__(self, client_id: int, addr: str = "", now_ms: int = 0, handle: Any = None) -> None:
         self.id = client_id
@@ -47,6 +49,9 @@ class Client:
         self.handle = handle  # the driver's connection object
         self.last_cmd = b"NULL"  # the command running or last run (CLIENT LIST's cmd=)
         self.reply_flags = 0  # REPLY_*: 0 for a client that gets every reply
+        # Its synchronous ADDJOBs whose replies have not left yet (cluster_jobs.ReplWait), in
+        # order: created with the first one.
+        self.repl_waits: list[Any] | None = None
 
 
 def reply_wanted(client: Client) -> bool:

@@ -19,6 +19,17 @@ re-sent to every node asked before); at the ADDJOB ms-timeout the client gets
 ``replication_achieved`` queues the job, emits its log record and then the ``Reply`` with
 the ID: the runtime sends a ``Reply`` only after the log records before it are durable.
 
+Pipelined ADDJOBs. The runtime may run a client's next ADDJOBs while earlier ones wait
+(``may_run_ahead`` says which; node/conn_core.py, "Pipelined ADDJOBs"), so one client can
+have several ``ReplWait``s. They are also kept in the order they ran, in
+``Client.repl_waits``, and each one's ``Reply`` is emitted only when every one before it
+has had its own (``_finish``): a later job confirmed first waits for the earlier one's
+reply, so the runtime gets a client's ADDJOB replies in the order the client sent them.
+The client counts once in ``blocked_clients`` while it has any. A client that goes away
+takes the jobs still waiting for copies with it (DELJOB), as one blocked in a single
+ADDJOB does; jobs already confirmed whose reply was held stay, as a job whose reply is lost
+on the way does.
+
 Acked jobs. ACKJOB (or SETACK) makes a job ACKED and logs it (a ``job`` record in state
 acked, flag ``FLAG_REPLICA``); its ``qtime`` is then the next garbage-collection attempt
 (``Replication.try_gc`` decides, with Disque's exponential schedule). A job is freed when
@@ -76,13 +87,17 @@ _ACKED: Final = JobState.ACKED
 class ReplWait:
     """A client blocked in ADDJOB until its job is replicated."""
 
-    __slots__ = ("client", "deadline", "added", "started")
+    __slots__ = ("client", "job_id", "deadline", "added", "started", "reply")
 
-    def __init__(self, client: Client, deadline: int, added: int) -> None:
+    def __init__(self, client: Client, job_id: bytes, deadline: int, added: int) -> None:
         self.client = client
+        self.job_id = job_id
         self.deadline = deadline  # ms; 0: no timeout
         self.added = added  # when one more node was last tried (ADDJOB, then every 50 ms)
         self.started = added  # the ADDJOB, when its first REPLJOBs left (replication latency)
+        # The ADDJOB's reply once it has one, held until the client's earlier ADDJOBs had
+        # theirs (None: still waiting).
+        self.reply: Any = None
 
 
 class ReplicatingBroker(BrokerCore, Protocol):
@@ -120,9 +135,15 @@ def addjob(b: ReplicatingBroker, cmd: AddJob, client: Client, now_ms: int, repli
     if (replicate > 1 or external) and not cmd.async_:
         job.confirmed = () if external else b.myself
         b.register(job, schedule=False)
-        wait = ReplWait(client, now_ms + cmd.timeout_ms if cmd.timeout_ms else 0, now_ms)
+        wait = ReplWait(client, job.id, now_ms + cmd.timeout_ms if cmd.timeout_ms else 0,
+                        now_ms)
         b.repl_wait[job.id] = wait
-        b.blocked_clients += 1
+        waits = client.repl_waits
+        if waits is None:
+            client.repl_waits = waits = []
+        if not waits:
+            b.blocked_clients += 1
+        waits.append(wait)
         _schedule_wait(b, job, wait, now_ms)
         reply = BLOCKED
     else:
@@ -182,23 +203,47 @@ def abort_wait(b: ReplicatingBroker, job: Job, reply: Error) -> None:
     wait = b.repl_wait.pop(job.id, None)
     if wait is None:
         return
-    b.blocked_clients -= 1
-    b.outbox.append(Reply(wait.client, reply))
+    _finish(b, wait, reply)
     if b.replication is not None:
         b.replication.deljob(job.id, job.delivered)
 
 
+def _finish(b: ReplicatingBroker, wait: ReplWait, reply: Any) -> None:
+    """``wait``'s ADDJOB has its reply: emit it, and those held behind it, once every ADDJOB
+    the client ran before it has had its own."""
+    wait.reply = reply
+    waits = wait.client.repl_waits
+    if waits is None or waits[0] is not wait:
+        return  # an earlier one still waits (or the client is gone)
+    done = 0
+    for held in waits:
+        if held.reply is None:
+            break
+        b.outbox.append(Reply(held.client, held.reply))
+        done += 1
+    del waits[:done]
+    if not waits:
+        b.blocked_clients -= 1
+
+
 def client_gone(b: ReplicatingBroker, client: Client) -> None:
-    """A client blocked in ADDJOB disconnected: as Disque, the job is dropped (DELJOB)."""
-    for job_id, wait in list(b.repl_wait.items()):
-        if wait.client is client:
-            del b.repl_wait[job_id]
-            b.blocked_clients -= 1
-            job = b.jobs.get(job_id)
-            if job is not None:
-                if b.replication is not None:
-                    b.replication.deljob(job_id, job.delivered)
-                b.unregister(job)
+    """A client blocked in ADDJOB disconnected: as Disque, each job still waiting for its
+    copies is dropped (DELJOB); those confirmed, their reply held behind, stay."""
+    waits = client.repl_waits
+    if not waits:
+        return
+    client.repl_waits = None
+    b.blocked_clients -= 1
+    for wait in waits:
+        job_id = wait.job_id
+        if b.repl_wait.get(job_id) is not wait:
+            continue  # confirmed (or failed) already
+        del b.repl_wait[job_id]
+        job = b.jobs.get(job_id)
+        if job is not None:
+            if b.replication is not None:
+                b.replication.deljob(job_id, job.delivered)
+            b.unregister(job)
 
 
 def got_job(b: ReplicatingBroker, job_id: bytes, sender: str, now_ms: int) -> bool:
@@ -218,7 +263,6 @@ def replication_achieved(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
     """Disque's jobReplicationAchieved. False if the job left this node (external)."""
     wait = b.repl_wait.pop(job.id, None)
     if wait is not None:
-        b.blocked_clients -= 1
         b.repl_latency.observe((now_ms - wait.started) / 1000)
     job.transition(_ACTIVE)
     job.confirmed = ()
@@ -226,7 +270,7 @@ def replication_achieved(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
         # Replicated externally: one of the holders queues it; this node forgets it.
         _rep(b).enqueue_elsewhere(job, job.delay)
         if wait is not None:
-            b.outbox.append(Reply(wait.client, Status(job.id.decode("ascii"))))
+            _finish(b, wait, Status(job.id.decode("ascii")))
         b.unregister(job)
         return False
     if job.delay == 0:
@@ -235,7 +279,7 @@ def replication_achieved(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
         b.reschedule(job)
     b.log_job(job, None)
     if wait is not None:
-        b.outbox.append(Reply(wait.client, Status(job.id.decode("ascii"))))
+        _finish(b, wait, Status(job.id.decode("ascii")))
     return True
 
 

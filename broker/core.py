@@ -64,4 +64,23 @@ class Broker(BrokerState):
         return row.handler(self, cmd, client, now_ms)
 
 
+    def may_run_ahead(self, argv: list[bytes]) -> bool:
+        """Whether ``argv`` may run while its client's earlier ADDJOBs wait for their copies,
+        its reply queued behind theirs (the connection's pipelined ADDJOBs,
+        node/conn_core.py): only an ADDJOB whose outcome cannot depend on those jobs. Not one
+        with MAXLEN (it counts the queue's jobs, which the waiting ones join when confirmed),
+        nor one into a queue with a policy (deduplication looks for the same body among the
+        queue's jobs). Anything else waits for their replies, as it would behind a client
+        that sends one command at a time: a GETJOB there could never see a job whose ADDJOB
+        has not replied."""
+        if len(argv) < 4 or argv[0].lower() != b"addjob":
+            return False
+        if self.policies.live and self.policies.get(argv[1]) is not None:
+            return False
+        for i in range(4, len(argv)):  # options and their numbers: a number is no MAXLEN
+            if argv[i].lower() == b"maxlen":
+                return False
+        return True
+
+
 VERSION: Final = _VERSION

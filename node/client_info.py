@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from node.conn_state import CLOSED, CLOSING, CLOSING_HELD, is_blocked
+from node.conn_state import CLOSED, CLOSING, CLOSING_HELD, is_waiting
 
 if TYPE_CHECKING:
     from node.connection import Connection
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def flags(conn: Connection, monitoring: bool) -> str:
     """Disque's flag letters: O monitor, b blocked, c close after reply, A closing; N none."""
     state = conn.state
-    letters = ("O" if monitoring else "") + ("b" if is_blocked(state) else "") \
+    letters = ("O" if monitoring else "") + ("b" if is_waiting(state) else "") \
         + ("c" if state is CLOSING or state is CLOSING_HELD else "") \
         + ("A" if state is CLOSED else "")
     return letters or "N"

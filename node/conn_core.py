@@ -11,6 +11,23 @@ failed, one ``send``), the non-waiting send of replies from elsewhere (``send_no
 client-output-buffer-limit rule. It imports no trio, so ``tools/build_core.py`` compiles it with
 the protocol, broker and cluster modules it calls, which it then calls directly in C.
 
+Pipelined ADDJOBs
+-----------------
+A synchronous ADDJOB (REPLICATE n > 1, not ASYNC) returns ``BLOCKED`` until n nodes hold a
+copy. Rather than stop the client's pipeline there, the connection moves to REPLICATING and
+goes on with the next commands as long as the broker says each may pass the waiting ADDJOBs
+(``Broker.may_run_ahead``: an ADDJOB whose outcome cannot depend on them) and fewer than
+``MAX_ADDJOBS_WAITING`` replies wait. Every reply from the first waiting ADDJOB on goes to
+``waiting``, in order: None for an ADDJOB whose ``Reply`` has not come, the encoded reply
+(and its log ticket) for one that replied at once. The broker emits a client's ADDJOB
+replies in the order they ran (broker/cluster_jobs.py), so each ``Reply`` fills the first
+None (``reply_came``), and the complete head of ``waiting`` is written once per batch of
+replies dispatched together (``replies_came``, ``flush_waiting``):
+replies leave in order, each ADDJOB's only once its job is confirmed or failed. A command
+that may not pass (anything but such an ADDJOB, or a protocol error) is kept in
+``deferred`` and the connection is BLOCKED until every waiting reply came; it then runs
+first. A client using CLIENT REPLY OFF/SKIP blocks at its first waiting ADDJOB, as before.
+
 What needs trio is in the interpreted ``node.connection.Connection``, a subclass: the hooks
 this class leaves to it (``_hand_off`` to the connection's own task for an intent that waits,
 ``_send_later`` to a sender task for what the socket did not take, ``_close_when_written`` and
@@ -47,9 +64,13 @@ from node.conn_state import (
     is_blocked,
     is_draining,
     is_held,
+    is_replicating,
+    is_waiting,
     next_state,
     to_blocked,
     to_draining,
+    to_held,
+    to_replicating,
     to_unblocked,
     to_unheld,
 )
@@ -70,6 +91,10 @@ MAX_READS_PER_TURN = 8
 # client that pipelines requests for big jobs and does not read is paused with about this much
 # unsent, not with every reply its buffer asked for.
 MAX_OUTPUT_PER_TURN = 256 * 1024
+# Replies a connection may owe behind a synchronous ADDJOB that waits for its copies (the
+# waiting ADDJOBs and the replies queued behind them): one more command waits in the buffer
+# (docs/limits.md). Each waiting ADDJOB re-sends its REPLJOBs every 50 ms until confirmed.
+MAX_ADDJOBS_WAITING: Final = 256
 
 
 class _Close:
@@ -209,6 +234,14 @@ class ConnCore:
         self.logged: list[tuple[int, int, int]] = []
         # Where it is in its life (node/conn_state.py): changed only by transition().
         self.state: ConnState = OPEN
+        # Pipelined ADDJOBs (see the module docstring): the replies owed from the first
+        # waiting ADDJOB on (None: its Reply has not come; else (reply, log ticket)), how
+        # many are None, the newest ticket among those queued since the last release, and
+        # the command that waits for them all (argv, or the ProtocolError met).
+        self.waiting: list[Any] = []
+        self.awaited = 0
+        self.behind_ticket = 0
+        self.deferred: Any = None
         self.pending: list[bytes] = []  # what the socket did not take; a sender task owns it
         self.sending = False
         self.soft_since = 0.0  # when unsent replies went past the soft output limit
@@ -256,7 +289,7 @@ class ConnCore:
         its replies are still written (a client may shut down only its sending side), and it
         closes after."""
         state = self.state
-        if is_blocked(state) or not (is_held(state) or self.parser.buffered):
+        if is_waiting(state) or not (is_held(state) or self.parser.buffered):
             self.close()
             return
         transition(self, to_draining(state))
@@ -265,10 +298,10 @@ class ConnCore:
             self.reactor.schedule(self)
 
     def has_input(self) -> bool:
-        return bool(self.parser.buffered)
+        return bool(self.parser.buffered) or self.deferred is not None
 
     def ticket(self) -> int:
-        return max((ticket for _, _, ticket in self.logged), default=0)
+        return max(max((ticket for _, _, ticket in self.logged), default=0), self.behind_ticket)
 
     def crashed(self) -> None:
         # A bug met by one connection must not take the node down: say so loudly, drop
@@ -376,6 +409,10 @@ class ConnCore:
         self.pending.clear()
         self.out.clear()
         self.logged.clear()
+        self.waiting.clear()
+        self.awaited = 0
+        self.behind_ticket = 0
+        self.deferred = None
         # The client points back at this connection: left as it is, the pair is a cycle that
         # only a full garbage collection frees (rare here, see Server._start), about 2 KB per
         # connection in the meantime. A reply that still comes for it is dropped (dispatch_now).
@@ -414,6 +451,8 @@ def turn(conn: ConnCore, budget: int) -> int:
         transition(conn, HELD)
     elif state is DRAINING:
         transition(conn, DRAINING_HELD)
+    elif is_replicating(state):
+        transition(conn, to_held(state))  # the ADDJOBs behind the waiting ones
     else:
         return 0
     reactor = conn.reactor
@@ -447,7 +486,7 @@ def turn(conn: ConnCore, budget: int) -> int:
         return ran
     elif conn.backlog:
         reactor.schedule(conn)  # the rest of its buffer: next round, behind the others
-    if conn.out or conn.logged:
+    if conn.out or conn.logged or conn.behind_ticket:
         # Replies are written at the end of the round, all together (after the round's
         # log commit for those that logged): a client that is woken by the first of them
         # finds the others there too, rather than being put to sleep and woken per reply.
@@ -464,6 +503,10 @@ def release_if_durable(conn: ConnCore) -> bool:
     connection served in a round, so the common case (nothing logged, the socket takes
     everything) is written out here, with one ``send`` and no further calls."""
     logged = conn.logged
+    if conn.behind_ticket:
+        if conn.behind_ticket > conn.append_log.done_ticket:
+            return False
+        settle_behind(conn)
     if logged:
         append_log = conn.append_log
         done = append_log.done_ticket
@@ -491,12 +534,83 @@ def release_if_durable(conn: ConnCore) -> bool:
                 return True
             if sent != len(data):
                 conn._send_later(data[sent:])
+    if conn.waiting:
+        flush_waiting(conn)
+        make_room(conn)
     state = conn.state
-    if conn.parser.buffered and (state is OPEN or state is DRAINING):
+    if ((conn.parser.buffered or conn.deferred is not None)
+            and (state is OPEN or state is DRAINING or is_replicating(state))):
         conn.reactor.schedule(conn)
     elif state is CLOSING or is_draining(state):
         conn._after_turn()
     return True
+
+
+def settle_behind(conn: ConnCore) -> None:
+    """The log batches of the replies queued in ``waiting`` are finished: those whose write
+    failed become ``-ERR`` (as ``patch_failures`` does for ``out``)."""
+    failed = conn.append_log.failed
+    if failed:
+        waiting = conn.waiting
+        for i in range(len(waiting)):
+            entry = waiting[i]
+            if entry is not None and entry[1]:
+                error = failed.get(entry[1])
+                if error is not None:
+                    waiting[i] = (encode(errors.err(error), conn.client.protover), 0)
+    conn.behind_ticket = 0
+
+
+def reply_came(conn: ConnCore, data: bytes) -> None:
+    """The ``Reply`` of the first of its waiting ADDJOBs (the broker emits them in order),
+    put in its place; ``replies_came`` writes it, once for the replies dispatched together."""
+    waiting = conn.waiting
+    waiting[waiting.index(None)] = (data, 0)
+    conn.awaited -= 1
+    if not conn.awaited:
+        transition(conn, to_unblocked(conn.state))  # nothing waits: the deferred one may run
+
+
+def replies_came(conn: ConnCore) -> None:
+    """After ``reply_came``: write the replies now complete at the head of ``waiting`` (unless
+    the connection's replies are held: the release writes them, after the held ones), and run
+    what may run now."""
+    if conn.state is CLOSED:
+        return
+    if not is_held(conn.state):
+        flush_waiting(conn)
+    make_room(conn)
+    state = conn.state
+    if is_blocked(state) or is_held(state):
+        return
+    if conn.parser.buffered or conn.deferred is not None:
+        conn.reactor.schedule(conn)
+    elif state is DRAINING:
+        conn._after_turn()  # its end was read and everything it sent has run: it closes
+
+
+def flush_waiting(conn: ConnCore) -> None:
+    """Write the replies at the head of ``waiting`` that are there (durable: their batches
+    finished before the release that settled them)."""
+    waiting = conn.waiting
+    n = 0
+    for entry in waiting:
+        if entry is None:
+            break
+        n += 1
+    if n:
+        data = b"".join([waiting[i][0] for i in range(n)])
+        del waiting[:n]
+        conn.send_nowait(data)
+
+
+def make_room(conn: ConnCore) -> None:
+    """A connection BLOCKED by ``MAX_ADDJOBS_WAITING`` (no command deferred) that has room
+    again runs its next ADDJOBs."""
+    state = conn.state
+    if (is_blocked(state) and conn.awaited and conn.deferred is None
+            and len(conn.waiting) < MAX_ADDJOBS_WAITING):
+        transition(conn, to_replicating(state))
 
 
 def patch_failures(conn: ConnCore, failures: dict[int, str]) -> None:
@@ -559,18 +673,48 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
     parser = conn.parser
     route = conn.route
     out = conn.out
+    waiting = conn.waiting
     ran = written = 0
     while not is_blocked(conn.state) and not counters.stopping and now >= counters.paused_until:
         if ran == budget:
             conn.backlog = True
             return ran, None
-        try:
-            parsed = parser.next()
-        except ProtocolError as exc:
-            encode_into(errors.protocol_error(str(exc)), out)
-            return ran, CLOSE
-        if not isinstance(parsed, list):
-            break  # NEED_DATA
+        if waiting and len(waiting) >= MAX_ADDJOBS_WAITING:
+            transition(conn, to_blocked(conn.state))  # room again once replies leave
+            break
+        parsed: Any = conn.deferred
+        if parsed is None:
+            try:
+                parsed = parser.next()
+            except ProtocolError as exc:
+                if not waiting:
+                    encode_into(errors.protocol_error(str(exc)), out)
+                    return ran, CLOSE
+                parsed = exc  # answered in order, after the waiting replies
+            else:
+                if not isinstance(parsed, list):
+                    break  # NEED_DATA
+        else:
+            conn.deferred = None  # it waited for the ADDJOBs before it: its turn now
+            if not waiting and isinstance(parsed, ProtocolError):
+                encode_into(errors.protocol_error(str(parsed)), out)
+                return ran, CLOSE
+        if waiting:
+            if isinstance(parsed, ProtocolError) or not broker.may_run_ahead(parsed):
+                conn.deferred = parsed
+                transition(conn, to_blocked(conn.state))
+                break
+            ran += 1
+            reply = command_path.run(client, parsed, now)
+            ticket = route(broker.take_effects(), others) if broker.outbox else 0
+            if reply is BLOCKED:
+                waiting.append(None)
+                conn.awaited += 1
+            else:
+                waiting.append((encode(reply, client.protover), ticket))
+                if ticket > conn.behind_ticket:
+                    conn.behind_ticket = ticket
+            continue
         argv: list[bytes] = parsed
         ran += 1
         reply = command_path.run(client, argv, now)
@@ -594,7 +738,8 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
         if broker.outbox:
             ticket = route(broker.take_effects(), others)
             if reply is BLOCKED:
-                transition(conn, to_blocked(conn.state))
+                if _replicating(conn, client):
+                    continue
                 break
             start = len(out)
             encode_into(reply, out, client.protover)
@@ -602,7 +747,8 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
                 conn.logged.append((start, len(out), ticket))
         else:
             if reply is BLOCKED:
-                transition(conn, to_blocked(conn.state))
+                if _replicating(conn, client):
+                    continue
                 break
             start = len(out)
             encode_into(reply, out, client.protover)
@@ -617,6 +763,18 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
                 return ran, None
     conn.backlog = False
     return ran, None
+
+
+def _replicating(conn: ConnCore, client: Client) -> bool:
+    """The command just run blocked: True if it is a synchronous ADDJOB the next commands
+    may pass (REPLICATING), False if the connection is BLOCKED."""
+    if client.repl_waits and not client.reply_flags:
+        conn.waiting.append(None)
+        conn.awaited += 1
+        transition(conn, to_replicating(conn.state))
+        return True
+    transition(conn, to_blocked(conn.state))
+    return False
 
 
 def send_some(conn: ConnCore, data: bytes | memoryview) -> int | None:

@@ -17,15 +17,19 @@ A state combines three things that change together:
 * HELD: a turn is running its commands, or ran them and their replies wait for the end of the
   reactor's round (the group commit); replies from elsewhere queue behind them meanwhile, and
   no new turn starts;
-* BLOCKED: a command waits for a ``Reply`` effect (GETJOB with nothing to deliver, a
-  synchronous ADDJOB); the commands pipelined behind it wait in the buffer.
+* what it waits for, if anything: REPLICATING (synchronous ADDJOBs wait for their copies,
+  and the next commands run as long as they are ADDJOBs that may pass them, their replies
+  queued behind: ``node/conn_core.py``, "Pipelined ADDJOBs") or BLOCKED (a command waits for
+  a ``Reply`` effect: GETJOB with nothing to deliver, a synchronous ADDJOB of a client that
+  cannot pipeline them, or a command that may not pass the waiting ADDJOBs, or one more
+  ADDJOB than ``MAX_ADDJOBS_WAITING``); the commands behind a BLOCKED one wait in the buffer.
 
-Both HELD and BLOCKED happen in OPEN and DRAINING alike (a client may send ``PING`` then a
-GETJOB that blocks and shut down its side, all in one packet), so each combination is a
-state. ``ALLOWED`` lists every move by name, and ``tests/server/test_conn_states.py`` tries
+HELD, REPLICATING and BLOCKED happen in OPEN and DRAINING alike (a client may send ``PING``
+then a GETJOB that blocks and shut down its side, all in one packet), so each combination is
+a state. ``ALLOWED`` lists every move by name, and ``tests/server/test_conn_states.py`` tries
 every pair of states against it; the moves that add or drop one part (``to_held``,
-``to_unheld``, ``to_blocked``, ``to_unblocked``, ``to_draining``) are looked up in tables made
-from each state's parts.
+``to_unheld``, ``to_blocked``, ``to_replicating``, ``to_unblocked``, ``to_draining``) are
+looked up in tables made from each state's parts.
 
 What stays a plain field of the connection, because it varies independently of the state:
 
@@ -38,7 +42,10 @@ What stays a plain field of the connection, because it varies independently of t
   ``registered`` (in the epoll, which follows ``parks`` and the state);
 * events reported by the epoll and not yet acted on: ``readable``, ``hup`` (the peer shut its
   sending side: a turn reads to the end rather than once);
-* ``backlog``: the buffer holds commands a turn's budget left for the next round.
+* ``backlog``: the buffer holds commands a turn's budget left for the next round;
+* the pipelined ADDJOBs' bookkeeping: ``waiting`` (the replies owed, in order), ``awaited``
+  (how many of them are ``Reply`` effects still to come) and ``deferred`` (the command that
+  may not pass them).
 
 Hot path: a connection changes state twice per turn (HELD at its start, released at the end
 of the round). Those two moves and the predicates are pointer compares with the ``Final``
@@ -62,6 +69,10 @@ class ConnState(enum.Enum):
     DRAINING_HELD = "draining-held"
     DRAINING_BLOCKED = "draining-blocked"
     DRAINING_BLOCKED_HELD = "draining-blocked-held"
+    REPLICATING = "replicating"
+    REPLICATING_HELD = "replicating-held"
+    DRAINING_REPLICATING = "draining-replicating"
+    DRAINING_REPLICATING_HELD = "draining-replicating-held"
     CLOSING = "closing"
     CLOSING_HELD = "closing-held"
     CLOSED = "closed"
@@ -88,6 +99,22 @@ ALLOWED: Final[frozenset[tuple[ConnState, ConnState]]] = frozenset({
     # The Reply it waited for came (or CLIENT REPLY OFF dropped it).
     (_S.BLOCKED, _S.OPEN), (_S.BLOCKED_HELD, _S.HELD),
     (_S.DRAINING_BLOCKED, _S.DRAINING), (_S.DRAINING_BLOCKED_HELD, _S.DRAINING_HELD),
+    # A synchronous ADDJOB waits for its copies, the commands behind it may pass it.
+    (_S.HELD, _S.REPLICATING_HELD), (_S.DRAINING_HELD, _S.DRAINING_REPLICATING_HELD),
+    # A turn runs the ADDJOBs behind them (or its held replies are written).
+    (_S.REPLICATING, _S.REPLICATING_HELD), (_S.DRAINING_REPLICATING, _S.DRAINING_REPLICATING_HELD),
+    (_S.REPLICATING_HELD, _S.REPLICATING),
+    (_S.DRAINING_REPLICATING_HELD, _S.DRAINING_REPLICATING),
+    # A command that may not pass them, or one ADDJOB too many: it waits for their replies.
+    (_S.REPLICATING_HELD, _S.BLOCKED_HELD),
+    (_S.DRAINING_REPLICATING_HELD, _S.DRAINING_BLOCKED_HELD),
+    # Some of their replies came: room for more ADDJOBs (none waits that may not pass).
+    (_S.BLOCKED, _S.REPLICATING), (_S.BLOCKED_HELD, _S.REPLICATING_HELD),
+    (_S.DRAINING_BLOCKED, _S.DRAINING_REPLICATING),
+    (_S.DRAINING_BLOCKED_HELD, _S.DRAINING_REPLICATING_HELD),
+    # The last of their replies came.
+    (_S.REPLICATING, _S.OPEN), (_S.REPLICATING_HELD, _S.HELD),
+    (_S.DRAINING_REPLICATING, _S.DRAINING), (_S.DRAINING_REPLICATING_HELD, _S.DRAINING_HELD),
     # The client's end was read, with commands left to run (before a turn or within one).
     (_S.OPEN, _S.DRAINING), (_S.HELD, _S.DRAINING_HELD),
     # QUIT, a protocol error, CLIENT KILL of itself: in the turn that ran it.
@@ -99,25 +126,29 @@ ALLOWED: Final[frozenset[tuple[ConnState, ConnState]]] = frozenset({
 _NEXT: Final[dict[ConnState, frozenset[ConnState]]] = {
     state: frozenset(new for old, new in ALLOWED if old is state) for state in ConnState}
 
-# Each state's parts: how far from its end, blocked, held.
-_PARTS: Final[dict[ConnState, tuple[str, bool, bool]]] = {
-    _S.OPEN: ("open", False, False), _S.HELD: ("open", False, True),
-    _S.BLOCKED: ("open", True, False), _S.BLOCKED_HELD: ("open", True, True),
-    _S.DRAINING: ("draining", False, False), _S.DRAINING_HELD: ("draining", False, True),
-    _S.DRAINING_BLOCKED: ("draining", True, False),
-    _S.DRAINING_BLOCKED_HELD: ("draining", True, True),
-    _S.CLOSING: ("closing", False, False), _S.CLOSING_HELD: ("closing", False, True),
-    _S.CLOSED: ("closed", False, False),
+# Each state's parts: how far from its end, what it waits for, held.
+_PARTS: Final[dict[ConnState, tuple[str, str, bool]]] = {
+    _S.OPEN: ("open", "", False), _S.HELD: ("open", "", True),
+    _S.BLOCKED: ("open", "blocked", False), _S.BLOCKED_HELD: ("open", "blocked", True),
+    _S.REPLICATING: ("open", "replicating", False),
+    _S.REPLICATING_HELD: ("open", "replicating", True),
+    _S.DRAINING: ("draining", "", False), _S.DRAINING_HELD: ("draining", "", True),
+    _S.DRAINING_BLOCKED: ("draining", "blocked", False),
+    _S.DRAINING_BLOCKED_HELD: ("draining", "blocked", True),
+    _S.DRAINING_REPLICATING: ("draining", "replicating", False),
+    _S.DRAINING_REPLICATING_HELD: ("draining", "replicating", True),
+    _S.CLOSING: ("closing", "", False), _S.CLOSING_HELD: ("closing", "", True),
+    _S.CLOSED: ("closed", "", False),
 }
 _BY_PARTS: Final = {parts: state for state, parts in _PARTS.items()}
 
 
-def _variants(end: str | None = None, blocked: bool | None = None,
+def _variants(end: str | None = None, wait: str | None = None,
               held: bool | None = None) -> dict[ConnState, ConnState]:
     """Each state that has a variant with these parts changed -> that variant."""
     found = {}
-    for state, (old_end, old_blocked, old_held) in _PARTS.items():
-        parts = (old_end if end is None else end, old_blocked if blocked is None else blocked,
+    for state, (old_end, old_wait, old_held) in _PARTS.items():
+        parts = (old_end if end is None else end, old_wait if wait is None else wait,
                  old_held if held is None else held)
         variant = _BY_PARTS.get(parts)
         if variant is not None and variant is not state:
@@ -127,11 +158,14 @@ def _variants(end: str | None = None, blocked: bool | None = None,
 
 _HELD_OF: Final = _variants(held=True)
 _UNHELD_OF: Final = _variants(held=False)
-_BLOCKED_OF: Final = _variants(blocked=True)
-_UNBLOCKED_OF: Final = _variants(blocked=False)
+_BLOCKED_OF: Final = _variants(wait="blocked")
+_REPLICATING_OF: Final = _variants(wait="replicating")
+_UNBLOCKED_OF: Final = _variants(wait="")
 _DRAINING_OF: Final = _variants(end="draining")
 _HELD_STATES: Final = frozenset(state for state, parts in _PARTS.items() if parts[2])
-_BLOCKED_STATES: Final = frozenset(state for state, parts in _PARTS.items() if parts[1])
+_BLOCKED_STATES: Final = frozenset(s for s, parts in _PARTS.items() if parts[1] == "blocked")
+_REPLICATING_STATES: Final = frozenset(
+    s for s, parts in _PARTS.items() if parts[1] == "replicating")
 _DRAINING_STATES: Final = frozenset(s for s, parts in _PARTS.items() if parts[0] == "draining")
 
 OPEN: Final = ConnState.OPEN
@@ -142,6 +176,10 @@ DRAINING: Final = ConnState.DRAINING
 DRAINING_HELD: Final = ConnState.DRAINING_HELD
 DRAINING_BLOCKED: Final = ConnState.DRAINING_BLOCKED
 DRAINING_BLOCKED_HELD: Final = ConnState.DRAINING_BLOCKED_HELD
+REPLICATING: Final = ConnState.REPLICATING
+REPLICATING_HELD: Final = ConnState.REPLICATING_HELD
+DRAINING_REPLICATING: Final = ConnState.DRAINING_REPLICATING
+DRAINING_REPLICATING_HELD: Final = ConnState.DRAINING_REPLICATING_HELD
 CLOSING: Final = ConnState.CLOSING
 CLOSING_HELD: Final = ConnState.CLOSING_HELD
 CLOSED: Final = ConnState.CLOSED
@@ -164,7 +202,8 @@ def next_state(old: ConnState, new: ConnState) -> ConnState:
 
 def is_held(state: ConnState) -> bool:
     return (state is HELD or state is BLOCKED_HELD or state is DRAINING_HELD
-            or state is DRAINING_BLOCKED_HELD or state is CLOSING_HELD)
+            or state is DRAINING_BLOCKED_HELD or state is CLOSING_HELD
+            or state is REPLICATING_HELD or state is DRAINING_REPLICATING_HELD)
 
 
 def is_blocked(state: ConnState) -> bool:
@@ -172,10 +211,23 @@ def is_blocked(state: ConnState) -> bool:
             or state is DRAINING_BLOCKED_HELD)
 
 
+def is_replicating(state: ConnState) -> bool:
+    """ADDJOBs wait for their copies; more ADDJOBs may run behind them."""
+    return (state is REPLICATING or state is REPLICATING_HELD or state is DRAINING_REPLICATING
+            or state is DRAINING_REPLICATING_HELD)
+
+
+def is_waiting(state: ConnState) -> bool:
+    """Blocked or replicating: replies this connection has not had yet will come as ``Reply``
+    effects (CLIENT LIST's flag ``b``; never closed as idle)."""
+    return is_blocked(state) or is_replicating(state)
+
+
 def is_draining(state: ConnState) -> bool:
     """The client's end was read: nothing more to read (DRAINING with or without the rest)."""
     return (state is DRAINING or state is DRAINING_HELD or state is DRAINING_BLOCKED
-            or state is DRAINING_BLOCKED_HELD)
+            or state is DRAINING_BLOCKED_HELD or state is DRAINING_REPLICATING
+            or state is DRAINING_REPLICATING_HELD)
 
 
 def is_closing(state: ConnState) -> bool:
@@ -201,7 +253,12 @@ def to_blocked(state: ConnState) -> ConnState:
     return _BLOCKED_OF.get(state, state)
 
 
+def to_replicating(state: ConnState) -> ConnState:
+    return _REPLICATING_OF.get(state, state)
+
+
 def to_unblocked(state: ConnState) -> ConnState:
+    """``state`` waiting for nothing (from BLOCKED or REPLICATING alike)."""
     return _UNBLOCKED_OF.get(state, state)
 
 

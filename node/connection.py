@@ -38,9 +38,11 @@ Replies from elsewhere (a blocked GETJOB served, a MONITOR line) come through
 ``send_nowait``: while HELD (replies of this connection wait for the log or are being built)
 they queue behind those; while a sender task runs they queue behind its bytes;
 otherwise they are sent at once. So replies leave in the order their causes happened. A
-blocked command (GETJOB, synchronous ADDJOB) stops the pipeline (BLOCKED); commands
-behind it stay in the buffer until the ``Reply`` that unblocks it is dispatched
-(``Server.dispatch_now`` queues the connection again).
+blocked GETJOB stops the pipeline (BLOCKED); commands behind it stay in the buffer until
+the ``Reply`` that unblocks it is dispatched (``Server.dispatch_now`` queues the connection
+again). A synchronous ADDJOB that waits for its copies lets the ADDJOBs behind it run
+(REPLICATING), their replies queued in order behind its own, and stops the pipeline at the
+first command that may not pass it (``node/conn_core.py``, "Pipelined ADDJOBs").
 
 **Compiled.** What runs for every request and never waits (the turn, the per-command loop,
 the release at the end of the round, the non-waiting send) is ``ConnCore`` in
@@ -64,7 +66,10 @@ from node.conn_core import (
     READ_SIZE,
     ConnCore,
     execute_commands,
+    flush_waiting,
+    make_room,
     send_some,
+    settle_behind,
     transition,
 )
 from node.conn_core import Host as CoreHost
@@ -116,12 +121,20 @@ class Connection(ConnCore):
                 _, status = execute_commands(self, MAX_TASK_COMMANDS, host.clock.now_ms(),
                                              others)
                 host.bus.flush()  # no reactor round ends for these: their frames go now
-            if self.logged:
-                failures = await host.wait_durable({t for _, _, t in self.logged})
+            if self.logged or self.behind_ticket:
+                tickets = {t for _, _, t in self.logged}
+                if self.behind_ticket:
+                    tickets.add(self.behind_ticket)
+                failures = await host.wait_durable(tickets)
                 self._patch_failures(failures)
+                if self.behind_ticket:
+                    settle_behind(self)
             transition(self, to_unheld(self.state))
             if self.out:
                 self._write_out()
+            if self.waiting:  # pipelined ADDJOBs (node/conn_core.py)
+                flush_waiting(self)
+                make_room(self)
             if others:
                 host.dispatch(others, 0)
             if status is CLOSE:

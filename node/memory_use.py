@@ -39,12 +39,15 @@ def human(n: int) -> str:
 
 def client_bytes(connections: Iterable[Connection]) -> int:
     """Each connection's objects and its buffers: unread input, replies the round has yet to
-    write, replies the socket did not take."""
+    write, replies queued behind its waiting ADDJOBs, replies the socket did not take."""
     total = 0
     for conn in connections:
         total += CLIENT_BYTES + conn.parser.buffered
         for chunk in conn.out:
             total += len(chunk)
+        for entry in conn.waiting:
+            if entry is not None:
+                total += len(entry[0])
         for chunk in conn.pending:
             total += len(chunk)
     return total

@@ -41,10 +41,14 @@ and handed to a task, which gives it back with ``unpark`` (registered again, and
 buffer still holds commands). Parking happens for replies the socket would not take (a sender
 task waits until it is writable), for the two commands only the runtime can finish that wait
 (CONFIG SET appendonly/maxclients and SHUTDOWN: the connection's own task), and after QUIT or
-a protocol error (until what is unsent is written and it closes). A blocked GETJOB or
-synchronous ADDJOB is not parked: it stays in the epoll, its input is read and kept (within
-the query buffer limit) so that a disconnect is noticed at once, and it executes nothing until
-the ``Reply`` that unblocks it is dispatched, which queues it again if commands wait behind it.
+a protocol error (until what is unsent is written and it closes). A blocked GETJOB is not
+parked: it stays in the epoll, its input is read and kept (within the query buffer limit) so
+that a disconnect is noticed at once, and it executes nothing until the ``Reply`` that
+unblocks it is dispatched, which queues it again if commands wait behind it. A synchronous
+ADDJOB waiting for its copies stays in the epoll the same way, but its connection
+(REPLICATING) keeps getting turns for the ADDJOBs behind it, up to ``MAX_ADDJOBS_WAITING``
+replies owed; the first command that may not pass them waits as behind a GETJOB
+(``node/conn_core.py``, "Pipelined ADDJOBs").
 A task that makes a connection runnable (``schedule``) wakes the loop if it is waiting, with
 a write to an eventfd that is in the epoll.
 

@@ -26,7 +26,7 @@ from typing import Final, Protocol
 from mypy_extensions import mypyc_attr
 
 from broker.effects import Reply
-from node.conn_state import CLOSED, ConnState, is_blocked, is_draining, is_held
+from node.conn_state import CLOSED, ConnState, is_draining, is_held, is_waiting
 
 # Fairness bounds of one round (see node/reactor.py). A turn of an unpipelined client runs one
 # command; these only bite for pipelines and floods.
@@ -210,7 +210,7 @@ class ReactorCore:
             return 0
         now = self.clock.monotonic()
         idle = [c for c in self.by_fd.values()
-                if not (c.parks or is_blocked(c.state) or is_held(c.state)) and now - c.last_active > timeout]
+                if not (c.parks or is_waiting(c.state) or is_held(c.state)) and now - c.last_active > timeout]
         for conn in idle:
             conn.close()
         return len(idle)

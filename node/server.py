@@ -63,6 +63,7 @@ import signal
 import socket
 import sys
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -94,7 +95,14 @@ from cluster.wiring import attach
 from node import client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
-from node.conn_core import CommandPath, NodeCounters, transition, unblock
+from node.conn_core import (
+    CommandPath,
+    NodeCounters,
+    replies_came,
+    reply_came,
+    transition,
+    unblock,
+)
 from node.conn_state import CLOSED, CLOSING_HELD, is_blocked
 from node.connection import MUST_WAIT, Connection, set_keepalive
 from node.nodes_store import NodesFileWriter, NodesStoreError
@@ -224,6 +232,9 @@ class Server:
         self._ops_sample = (self.clock.monotonic(), 0)
         self.ops_per_sec = 0
         self.memory = memory_use.MemoryReport()  # before any data: the startup footprint
+        # Replies waiting for the log, in order, and whether the task that writes them runs.
+        self.durable_replies: deque[tuple[list[Reply], int]] = deque()
+        self.dispatching = False
         self.shutdown_event = trio.Event()
         self.shutdown_rewrite = False
         self.listening: list[tuple[str, int]] = []
@@ -286,6 +297,7 @@ class Server:
 
     def dispatch_now(self, replies: list[Reply]) -> None:
         """Write replies to clients that were blocked (an HTTP request's stand-in included)."""
+        replicated: list[Connection] = []  # connections with pipelined ADDJOBs answered
         for client, reply in replies:
             conn = client.handle
             if conn is None:
@@ -296,6 +308,13 @@ class Server:
                 continue
             if conn.state is CLOSED:
                 continue
+            if conn.awaited:
+                # One of its pipelined ADDJOBs: written in its place (node/conn_core.py), with
+                # the others of this batch (one send).
+                reply_came(conn, encode(reply, client.protover))
+                if not replicated or replicated[-1] is not conn:
+                    replicated.append(conn)
+                continue
             if not client.reply_flags & REPLY_OFF:
                 conn.send_nowait(encode(reply, client.protover))
                 conn.last_active = self.clock.monotonic()  # a reply is an interaction
@@ -305,6 +324,11 @@ class Server:
             if not is_blocked(conn.state) and conn.parser.buffered:
                 # Pipelined commands waited behind the blocked command: their turn.
                 self.reactor.schedule(conn)
+        if replicated:
+            now = self.clock.monotonic()
+            for conn in replicated:
+                replies_came(conn)  # a connection twice in the list writes nothing the 2nd
+                conn.last_active = now
 
     def sample_memory(self) -> None:
         """What the runtime holds, for ``used_memory`` (node/memory_use.py)."""
@@ -324,18 +348,34 @@ class Server:
 
     def dispatch(self, replies: list[Reply], ticket: int) -> None:
         """Write ``replies`` to their clients once the log records emitted before them are
-        durable (``dispatch_now`` if they already are)."""
+        durable (``dispatch_now`` if they already are), after every reply dispatched before
+        them: a client's pipelined ADDJOBs are answered in the order their replies were made
+        (node/conn_core.py), so replies must not pass each other here."""
         ticket = max(ticket, self.log_ticket())
-        if not ticket:
+        if not ticket and not self.durable_replies:
             self.dispatch_now(replies)
-        else:
-            self.nursery.start_soon(self._dispatch_when_durable, replies, ticket)
+            return
+        self.durable_replies.append((replies, ticket))
+        if not self.dispatching:
+            self.dispatching = True
+            self.nursery.start_soon(self._dispatch_when_durable)
 
-    async def _dispatch_when_durable(self, replies: list[Reply], ticket: int) -> None:
-        failures = await self.wait_durable({ticket})
-        if ticket in failures:
-            replies = [Reply(client, errors.err(failures[ticket])) for client, _ in replies]
-        self.dispatch_now(replies)
+    async def _dispatch_when_durable(self) -> None:
+        """One task writes the queued replies in order, each batch once its log batch is
+        durable (batches finish in ticket order, so waiting for each in turn costs nothing):
+        tasks of their own could wake in any order."""
+        queue = self.durable_replies
+        try:
+            while queue:
+                replies, ticket = queue[0]
+                failures = await self.wait_durable({ticket}) if ticket else {}
+                queue.popleft()
+                if ticket in failures:
+                    replies = [Reply(client, errors.err(failures[ticket]))
+                               for client, _ in replies]
+                self.dispatch_now(replies)
+        finally:
+            self.dispatching = False
 
     def log_ticket(self) -> int:
         """The newest log batch that may not be durable yet (0 when the log is idle or off)."""
@@ -388,7 +428,7 @@ class Server:
             return  # extended: the later task resumes them
         # In the order the clients connected, as Disque's client list.
         for conn in sorted(self.connections, key=lambda c: c.client.id):
-            if conn.parser.buffered and not is_blocked(conn.state):
+            if conn.has_input() and not is_blocked(conn.state):
                 self.reactor.schedule(conn)
 
     def kill(self, conn: Connection, kill: KillClients) -> Any:

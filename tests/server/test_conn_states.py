@@ -25,6 +25,19 @@ ALLOWED = {
     # its Reply came
     (S.BLOCKED, S.OPEN), (S.BLOCKED_HELD, S.HELD),
     (S.DRAINING_BLOCKED, S.DRAINING), (S.DRAINING_BLOCKED_HELD, S.DRAINING_HELD),
+    # a synchronous ADDJOB waits, the ADDJOBs behind it may pass it
+    (S.HELD, S.REPLICATING_HELD), (S.DRAINING_HELD, S.DRAINING_REPLICATING_HELD),
+    (S.REPLICATING, S.REPLICATING_HELD), (S.DRAINING_REPLICATING, S.DRAINING_REPLICATING_HELD),
+    (S.REPLICATING_HELD, S.REPLICATING), (S.DRAINING_REPLICATING_HELD, S.DRAINING_REPLICATING),
+    # a command that may not pass them, or the bound
+    (S.REPLICATING_HELD, S.BLOCKED_HELD), (S.DRAINING_REPLICATING_HELD, S.DRAINING_BLOCKED_HELD),
+    # room again under the bound
+    (S.BLOCKED, S.REPLICATING), (S.BLOCKED_HELD, S.REPLICATING_HELD),
+    (S.DRAINING_BLOCKED, S.DRAINING_REPLICATING),
+    (S.DRAINING_BLOCKED_HELD, S.DRAINING_REPLICATING_HELD),
+    # their last reply came
+    (S.REPLICATING, S.OPEN), (S.REPLICATING_HELD, S.HELD),
+    (S.DRAINING_REPLICATING, S.DRAINING), (S.DRAINING_REPLICATING_HELD, S.DRAINING_HELD),
     (S.OPEN, S.DRAINING), (S.HELD, S.DRAINING_HELD),  # the client's end was read
     (S.HELD, S.CLOSING_HELD), (S.DRAINING_HELD, S.CLOSING_HELD),  # QUIT, protocol error
 } | {(state, S.CLOSED) for state in S if state is not S.CLOSED}
@@ -64,6 +77,8 @@ def test_the_variants_agree_with_the_names(state: ConnState) -> None:
     name = state.name
     assert conn_state.is_held(state) == name.endswith("HELD")
     assert conn_state.is_blocked(state) == ("BLOCKED" in name)
+    assert conn_state.is_replicating(state) == ("REPLICATING" in name)
+    assert conn_state.is_waiting(state) == ("BLOCKED" in name or "REPLICATING" in name)
     assert conn_state.is_draining(state) == name.startswith("DRAINING")
     assert conn_state.is_closing(state) == (name.startswith("CLOSING") or state is S.CLOSED)
     if (state, conn_state.to_unheld(state)) in ALLOWED:
@@ -71,7 +86,12 @@ def test_the_variants_agree_with_the_names(state: ConnState) -> None:
                                                     if name != "HELD" else "OPEN")
     if (state, conn_state.to_unblocked(state)) in ALLOWED:
         assert conn_state.to_unblocked(state).name == name.replace("BLOCKED_", "").replace(
-            "_BLOCKED", "").replace("BLOCKED", "OPEN")
+            "_BLOCKED", "").replace("BLOCKED", "OPEN").replace("REPLICATING_", "").replace(
+            "_REPLICATING", "").replace("REPLICATING", "OPEN")
+    if (state, conn_state.to_replicating(state)) in ALLOWED:
+        assert conn_state.to_replicating(state).name == (
+            name.replace("BLOCKED", "REPLICATING") if "BLOCKED" in name
+            else name.replace("HELD", "REPLICATING_HELD"))
 
 
 def test_no_state_is_assigned_outside_the_transition_function() -> None:
@@ -104,4 +124,5 @@ def test_the_predicates_agree_with_the_parts(state: ConnState) -> None:
     """The predicates are written out as compares for speed: they must match the sets."""
     assert conn_state.is_held(state) == (state in conn_state._HELD_STATES)
     assert conn_state.is_blocked(state) == (state in conn_state._BLOCKED_STATES)
+    assert conn_state.is_replicating(state) == (state in conn_state._REPLICATING_STATES)
     assert conn_state.is_draining(state) == (state in conn_state._DRAINING_STATES)
