@@ -12,11 +12,14 @@ or a client takes a queue's last job; this core decides whom to ask:
   first time), and each send doubles the next delay (2, 4, 8, 16, 30, 30 s with Disque's
   defaults). A node never seen as a source answering resets ``bcast_attempt``.
 * **ad hoc**: NEEDJOBS(queue, n) to the queue's recent sources (nodes whose YOURJOBS for it
-  arrived within ``RESPONDER_TTL_MS``), n = import rate / sources within [5, 100]. Sent
-  when ``now - adhoc_time >= min(adhoc_min << adhoc_attempt, adhoc_max)`` (25 ms doubling
-  to 2 s), or at once, unthrottled, when a client took the queue's last job while the import
-  rate is positive (Disque's NEEDJOBS_REACHED_ZERO; with a zero rate that case does
-  nothing). Any YOURJOBS received resets ``adhoc_attempt``.
+  arrived within ``RESPONDER_TTL_MS``), n = import rate / sources, or the COUNTs of the
+  clients waiting / sources if more, within [5, 100]. Sent when ``now - adhoc_time >=
+  min(adhoc_min << adhoc_attempt, adhoc_max)`` (25 ms doubling to 2 s), or at once,
+  unthrottled, when a client took the queue's last job while the import rate is positive
+  (Disque's NEEDJOBS_REACHED_ZERO; with a zero rate that case does nothing), or when a
+  YOURJOBS leaves clients still waiting (``_ask_again``: one request per answer while the
+  demand lasts; a source with nothing left does not answer, which ends it). Any YOURJOBS
+  received resets ``adhoc_attempt``.
 
 Disque re-runs the "clients waiting" case from its client cron for every queue with a
 blocked client; here each such queue has an explicit due time (the earlier of its next
@@ -34,8 +37,8 @@ exported, nor any job behind it: it stays queued here. A leaving node answers bu
 never asks. Receiving (``_on_yourjobs``): each job through ``broker.federation.import_job``;
 every one queued counts towards the import rate and makes the sender a source. Blocked
 clients are served as each job is queued; the "last job taken" requests that serving causes
-are run after the whole message, once the rate counts it (Disque serves blocked clients
-after the event loop iteration, with the same effect).
+are run after the whole message, once the rate counts it and only if the queue is still
+empty (Disque serves blocked clients after the event loop iteration, with the same effect).
 
 A job this node imported within ``RECENT_IMPORT_MS`` and no longer holds (delivered, acked
 and collected) is not imported again: TCP never duplicates a frame, but a duplicated or very

@@ -16,6 +16,10 @@ REPLJOB -> ``_on_repljob``, GOTJOB -> ``_on_gotjob``, ENQUEUE -> ``_on_enqueue``
 WILLQUEUE -> ``_on_willqueue``, QUEUED and WORKING -> ``_on_queued``, SETACK ->
 ``_on_setack``, GOTACK -> ``_on_gotack``, DELJOB -> ``_on_deljob``, PAUSE -> ``_on_pause``.
 
+Batches: a run of SETACK, GOTACK, DELJOB, WILLQUEUE or QUEUED messages to one node, with
+nothing else to that node in between, leaves as one ``*_BATCH`` frame (``_send``), and a
+received batch is handled entry by entry, as the single messages would be.
+
 Invariants: a frame is handled only from a sender in the node table (not in handshake), as
 Disque's ``if (!sender) return``; a malformed body is logged (key ``malformed-job:<ip>``)
 and dropped, never raised; no handler calls back into a broker command, and no broker call
