@@ -13,7 +13,7 @@ or a client takes a queue's last job; this core decides whom to ask:
   defaults). A node never seen as a source answering resets ``bcast_attempt``.
 * **ad hoc**: NEEDJOBS(queue, n) to the queue's recent sources (nodes whose YOURJOBS for it
   arrived within ``RESPONDER_TTL_MS``), n = import rate / sources, or the COUNTs of the
-  clients waiting / sources if more, within [5, 100]. Sent when ``now - adhoc_time >=
+  clients waiting / sources if more, within [5, 1000] (Disque: 100). Sent when ``now - adhoc_time >=
   min(adhoc_min << adhoc_attempt, adhoc_max)`` (25 ms doubling to 2 s), or at once,
   unthrottled, when a client took the queue's last job while the import rate is positive
   (Disque's NEEDJOBS_REACHED_ZERO; with a zero rate that case does nothing), or when a
@@ -64,6 +64,7 @@ from cluster.batches import cut, job_record_size
 from cluster.effects import ClusterEffect, LinkId, LogLine, Send
 from cluster.job_messages import (
     FED_TYPES,
+    NEEDJOBS_MAX_COUNT,
     NEEDJOBS_MAX_REQUEST,
     FedMessage,
     NeedJobs,
@@ -209,17 +210,18 @@ class FederationCore:
     def _request_size(self, q: Queue, rate: int, sources: int) -> int:
         """How many jobs an ad hoc NEEDJOBS asks each source for: Disque's import rate per
         source, or what the clients waiting here asked for (their COUNTs) shared among the
-        sources if that is more, within [NEEDJOBS_MIN_REQUEST, NEEDJOBS_MAX_REQUEST]."""
+        sources if that is more, within [NEEDJOBS_MIN_REQUEST, NEEDJOBS_MAX_COUNT]: Disque
+        caps it at 100, one round trip per 100 jobs however fast the consumers take them."""
         demand = 0
         for waiter in q.waiters:
             demand += waiter.count
-            if demand >= NEEDJOBS_MAX_REQUEST * max(sources, 1):
+            if demand >= NEEDJOBS_MAX_COUNT * max(sources, 1):
                 break
         if sources:
             size = max(rate // sources, -(-demand // sources))
         else:
             size = max(NEEDJOBS_MIN_REQUEST, demand)
-        return min(max(size, NEEDJOBS_MIN_REQUEST), NEEDJOBS_MAX_REQUEST)
+        return min(max(size, NEEDJOBS_MIN_REQUEST), NEEDJOBS_MAX_COUNT)
 
     def _ask_again(self, q: Queue, now_ms: int) -> None:
         """A YOURJOBS was queued and clients still wait: ask the sources at once rather than

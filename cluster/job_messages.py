@@ -23,7 +23,7 @@ wrong raises ``cluster.wire.MalformedBody``, so the job core only sees well-form
 
 Federation (handled by ``cluster.federation.FederationCore``, ``FED_TYPES``):
 
-    NEEDJOBS  queue (bytes), count (int 1..NEEDJOBS_MAX_REQUEST: how many jobs the sender
+    NEEDJOBS  queue (bytes), count (int 1..NEEDJOBS_MAX_COUNT: how many jobs the sender
               would like; a hint)
     YOURJOBS  jobs (1..NEEDJOBS_MAX_REQUEST job records, each as in REPLJOB: state
               ``active``, its holders 40-hex node IDs)
@@ -55,6 +55,9 @@ MAX_NODES = 10_000  # nodes a REPLJOB may name as holders
 
 
 NEEDJOBS_MAX_REQUEST = 100  # Disque's: the most jobs one NEEDJOBS asks for, one YOURJOBS moves
+#: The most jobs one NEEDJOBS may ask for here (answered in YOURJOBS frames of at most
+#: NEEDJOBS_MAX_REQUEST): a busy consumer node gets more per round trip than Disque's 100.
+NEEDJOBS_MAX_COUNT = 1000
 MAX_BATCH = 1000  # the most entries one batched frame carries (a 40 KiB frame of DELJOBs)
 
 
@@ -282,7 +285,7 @@ def parse_federation(frame: Frame) -> FedMessage:
     if not isinstance(body, dict):
         raise MalformedBody("body is not a map")
     if frame.type is MessageType.NEEDJOBS:
-        return NeedJobs(_queue(body), int_field(body, "count", 1, NEEDJOBS_MAX_REQUEST))
+        return NeedJobs(_queue(body), int_field(body, "count", 1, NEEDJOBS_MAX_COUNT))
     if frame.type is MessageType.YOURJOBS:
         records = body.get("jobs")
         if not isinstance(records, list) or not 0 < len(records) <= NEEDJOBS_MAX_REQUEST:

@@ -271,7 +271,7 @@ def test_malformed_bodies_are_logged_and_dropped() -> None:
     no_holders[3], no_holders[12] = "active", []
     bodies: list[tuple[MessageType, Any]] = [
         (NEED, {"queue": 5, "count": 1}), (NEED, {"queue": b"q", "count": 0}),
-        (NEED, {"queue": b"q", "count": 101}), (NEED, {"queue": b"", "count": 1}),
+        (NEED, {"queue": b"q", "count": 1001}), (NEED, {"queue": b"", "count": 1}),
         (NEED, {"queue": b"q", "count": True}), (NEED, [b"q", 1]), (NEED, {"queue": b"q"}),
         (YOURS, {"jobs": []}), (YOURS, {"jobs": [[1, 2]]}), (YOURS, {"jobs": [bad_state]}),
         (YOURS, {"jobs": [no_holders]}), (YOURS, {"jobs": "x"}), (YOURS, None),
@@ -374,3 +374,17 @@ def test_a_source_with_nothing_left_ends_the_chain_of_requests() -> None:
     c.run_for(1000)
     later = [at - t0 for at, _ in needjobs(c, 1, 0)][3:]
     assert later and all(b - a >= 25 for a, b in zip([0, *later], later, strict=False))
+
+
+def test_a_request_over_100_jobs_is_answered_in_frames_of_100() -> None:
+    c = fed()
+    local_jobs(c, 0, 700)
+    t0 = c.sim.now
+    for _ in range(2):
+        assert c.cmd(1, "GETJOB", "TIMEOUT", "0", "COUNT", "150", "FROM", "q",
+                     client=c.client()) is BLOCKED
+    c.run_for(0)
+    # One job from the broadcast, then one request for the waiting client's 150.
+    assert needjobs(c, 1, 0)[:2] == [(t0, 1), (t0, 150)]
+    sizes = [len(b["jobs"]) for _, s, _, t, b in c.sends if t is YOURS and s == c.node_id(0)]
+    assert sizes[:3] == [1, 100, 50]
