@@ -70,12 +70,15 @@ class Waiter(Timed):
     """A blocked GETJOB: served with one job from the first of its queues that gets one, or
     answered with a null array at ``awake`` (0: no timeout)."""
 
-    __slots__ = ("client", "queues", "withcounters", "awake", "active")
+    __slots__ = ("client", "queues", "withcounters", "count", "awake", "active")
 
-    def __init__(self, client: Client, queues: tuple[bytes, ...], withcounters: bool) -> None:
+    def __init__(self, client: Client, queues: tuple[bytes, ...], withcounters: bool,
+                 count: int = 1) -> None:
         self.client = client
         self.queues = queues
         self.withcounters = withcounters
+        # GETJOB's COUNT: served one job, it comes back for more; what federation asks for.
+        self.count = count
         self.awake = 0
         self.active = True
         self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)

@@ -652,7 +652,8 @@ class BrokerState:
             return NULL_ARRAY
         if self.leaving:
             return errors.LEAVING
-        waiter = Waiter(client, tuple(q.name for q in queues), cmd.withcounters)
+        waiter = Waiter(client, tuple(q.name for q in queues), cmd.withcounters,
+                        cmd.max_jobs)
         client.waiter = waiter
         for q in queues:
             q.waiters.append(waiter)

@@ -12,11 +12,14 @@ or a client takes a queue's last job; this core decides whom to ask:
   first time), and each send doubles the next delay (2, 4, 8, 16, 30, 30 s with Disque's
   defaults). A node never seen as a source answering resets ``bcast_attempt``.
 * **ad hoc**: NEEDJOBS(queue, n) to the queue's recent sources (nodes whose YOURJOBS for it
-  arrived within ``RESPONDER_TTL_MS``), n = import rate / sources within [5, 100]. Sent
-  when ``now - adhoc_time >= min(adhoc_min << adhoc_attempt, adhoc_max)`` (25 ms doubling
-  to 2 s), or at once, unthrottled, when a client took the queue's last job while the import
-  rate is positive (Disque's NEEDJOBS_REACHED_ZERO; with a zero rate that case does
-  nothing). Any YOURJOBS received resets ``adhoc_attempt``.
+  arrived within ``RESPONDER_TTL_MS``), n = import rate / sources, or the COUNTs of the
+  clients waiting / sources if more, within [5, 1000] (Disque: 100). Sent when ``now - adhoc_time >=
+  min(adhoc_min << adhoc_attempt, adhoc_max)`` (25 ms doubling to 2 s), or at once,
+  unthrottled, when a client took the queue's last job while the import rate is positive
+  (Disque's NEEDJOBS_REACHED_ZERO; with a zero rate that case does nothing), or when a
+  YOURJOBS leaves clients still waiting (``_ask_again``: one request per answer while the
+  demand lasts; a source with nothing left does not answer, which ends it). Any YOURJOBS
+  received resets ``adhoc_attempt``.
 
 Disque re-runs the "clients waiting" case from its client cron for every queue with a
 blocked client; here each such queue has an explicit due time (the earlier of its next
@@ -34,8 +37,8 @@ exported, nor any job behind it: it stays queued here. A leaving node answers bu
 never asks. Receiving (``_on_yourjobs``): each job through ``broker.federation.import_job``;
 every one queued counts towards the import rate and makes the sender a source. Blocked
 clients are served as each job is queued; the "last job taken" requests that serving causes
-are run after the whole message, once the rate counts it (Disque serves blocked clients
-after the event loop iteration, with the same effect).
+are run after the whole message, once the rate counts it and only if the queue is still
+empty (Disque serves blocked clients after the event loop iteration, with the same effect).
 
 A job this node imported within ``RECENT_IMPORT_MS`` and no longer holds (delivered, acked
 and collected) is not imported again: TCP never duplicates a frame, but a duplicated or very
@@ -61,6 +64,7 @@ from cluster.batches import cut, job_record_size
 from cluster.effects import ClusterEffect, LinkId, LogLine, Send
 from cluster.job_messages import (
     FED_TYPES,
+    NEEDJOBS_MAX_COUNT,
     NEEDJOBS_MAX_REQUEST,
     FedMessage,
     NeedJobs,
@@ -187,8 +191,7 @@ class FederationCore:
         if reached_zero and rate == 0:
             return  # no flow to keep up: the next client to block asks
         sources = st.valid_responders(now_ms)
-        to_fetch = rate // len(sources) if sources else NEEDJOBS_MIN_REQUEST
-        to_fetch = min(max(to_fetch, NEEDJOBS_MIN_REQUEST), NEEDJOBS_MAX_REQUEST)
+        to_fetch = self._request_size(q, rate, len(sources))
         if st.bcast_time is None or now_ms - st.bcast_time >= self._bcast_delay(st):
             st.bcast_time = now_ms
             st.bcast_attempt += 1
@@ -203,6 +206,39 @@ class FederationCore:
                 self._send(node_id, NeedJobs(q.name, to_fetch))
         if not reached_zero or q.waiters:
             self._arm(q, st, now_ms)
+
+    def _request_size(self, q: Queue, rate: int, sources: int) -> int:
+        """How many jobs an ad hoc NEEDJOBS asks each source for: Disque's import rate per
+        source, or what the clients waiting here asked for (their COUNTs) shared among the
+        sources if that is more, within [NEEDJOBS_MIN_REQUEST, NEEDJOBS_MAX_COUNT]: Disque
+        caps it at 100, one round trip per 100 jobs however fast the consumers take them."""
+        demand = 0
+        for waiter in q.waiters:
+            demand += waiter.count
+            if demand >= NEEDJOBS_MAX_COUNT * max(sources, 1):
+                break
+        if sources:
+            size = max(rate // sources, -(-demand // sources))
+        else:
+            size = max(NEEDJOBS_MIN_REQUEST, demand)
+        return min(max(size, NEEDJOBS_MIN_REQUEST), NEEDJOBS_MAX_COUNT)
+
+    def _ask_again(self, q: Queue, now_ms: int) -> None:
+        """A YOURJOBS was queued and clients still wait: ask the sources at once rather than
+        at the ad hoc delay. One request per answer received, so a source that has nothing
+        (it does not answer) ends the chain and the backoff applies again."""
+        if self.broker.leaving:
+            return
+        st = self._state(q, now_ms)
+        sources = st.valid_responders(now_ms)
+        if not sources:
+            return
+        to_fetch = self._request_size(q, st.rate(now_ms), len(sources))
+        st.adhoc_time = now_ms
+        st.adhoc_attempt += 1
+        for node_id in sources:
+            self._send(node_id, NeedJobs(q.name, to_fetch))
+        self._arm(q, st, now_ms)
 
     def import_from(self, q: Queue, now_ms: int) -> list[str]:
         st: _QueueFed | None = q.fed
@@ -254,6 +290,7 @@ class FederationCore:
         recent = self._recent
         self._forget_old_imports(now_ms)
         self._deferred = []
+        touched: dict[bytes, Queue] = {}
         try:
             for job in msg.jobs():
                 if job.id in recent and job.id not in b.jobs:
@@ -264,6 +301,7 @@ class FederationCore:
                 recent[job.id] = now_ms
                 self.stats["imported"] += 1
                 q = b.queue_for(job.queue, now_ms)
+                touched[q.name] = q
                 st = self._state(q, now_ms)
                 if sender not in st.responders:
                     st.bcast_attempt = 0  # a new source: broadcast sooner again
@@ -274,8 +312,14 @@ class FederationCore:
                     self._arm(q, st, now_ms)  # the ad hoc delay just got shorter
         finally:
             deferred, self._deferred = self._deferred, None
+        for q in touched.values():
+            if q.waiters and not q.pause & PAUSE_OUT:
+                self._ask_again(q, now_ms)  # not enough for every waiting client
         for q in dict.fromkeys(deferred):
-            self.need_jobs(q, True, now_ms)
+            # Reached zero only if still empty after the whole message (Disque serves its
+            # blocked clients after it), and not asked again just above.
+            if not len(q) and not q.waiters:
+                self.need_jobs(q, True, now_ms)
 
     # =========================================================================================
 

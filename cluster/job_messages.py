@@ -23,10 +23,17 @@ wrong raises ``cluster.wire.MalformedBody``, so the job core only sees well-form
 
 Federation (handled by ``cluster.federation.FederationCore``, ``FED_TYPES``):
 
-    NEEDJOBS  queue (bytes), count (int 1..NEEDJOBS_MAX_REQUEST: how many jobs the sender
+    NEEDJOBS  queue (bytes), count (int 1..NEEDJOBS_MAX_COUNT: how many jobs the sender
               would like; a hint)
     YOURJOBS  jobs (1..NEEDJOBS_MAX_REQUEST job records, each as in REPLJOB: state
               ``active``, its holders 40-hex node IDs)
+
+Batches (``Batch``): SETACK, GOTACK, DELJOB, WILLQUEUE and QUEUED are sent once per job,
+often for many jobs to the same node at once (an ACKJOB or FASTACK of many IDs, a GC round);
+the job core packs a run of them to one node into one frame of the matching ``*_BATCH``
+type, whose body is ``items``: 2..``MAX_BATCH`` entries, each the single message's fields
+in order (a DELJOB or WILLQUEUE entry is just the ID; SETACK ``[id, mayhave]``, GOTACK
+``[id, known]``, QUEUED ``[id, nack, deliv]``), checked as strictly as the single message.
 
 ``id`` is a job ID (bytes) that passes ``protocol.jobid.is_valid``. NACK has a number in
 ``cluster.wire.MessageType`` but no body here: Disque propagates a NACK as QUEUED with the
@@ -48,6 +55,10 @@ MAX_NODES = 10_000  # nodes a REPLJOB may name as holders
 
 
 NEEDJOBS_MAX_REQUEST = 100  # Disque's: the most jobs one NEEDJOBS asks for, one YOURJOBS moves
+#: The most jobs one NEEDJOBS may ask for here (answered in YOURJOBS frames of at most
+#: NEEDJOBS_MAX_REQUEST): a busy consumer node gets more per round trip than Disque's 100.
+NEEDJOBS_MAX_COUNT = 1000
+MAX_BATCH = 1000  # the most entries one batched frame carries (a 40 KiB frame of DELJOBs)
 
 
 def _id(body: dict[str, Any]) -> bytes:
@@ -161,7 +172,51 @@ class YourJobs:
         return [Job.from_record(r) for r in self.records]
 
 
-JobMessage = JobRef | ReplJob | Enqueue | Queued | SetAck | GotAck | PauseQueue
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Several messages of one type (``single``: SETACK, GOTACK, DELJOB, WILLQUEUE, QUEUED)
+    to one node in one frame; ``items`` are their wire entries (``batch_item``)."""
+
+    type: MessageType  # the *_BATCH type
+    items: list[Any]
+
+    def body(self) -> dict[str, Any]:
+        return {"items": self.items}
+
+    def messages(self) -> list[JobRef | SetAck | GotAck | Queued]:
+        single = SINGLE_OF[self.type]
+        if single is MessageType.SETACK:
+            return [SetAck(i[0], i[1]) for i in self.items]
+        if single is MessageType.GOTACK:
+            return [GotAck(i[0], i[1]) for i in self.items]
+        if single is MessageType.QUEUED:
+            return [Queued(i[0], i[1], i[2]) for i in self.items]
+        return [JobRef(single, i) for i in self.items]
+
+
+#: Single message type -> the type of a frame carrying several of them.
+BATCH_OF: dict[MessageType, MessageType] = {
+    MessageType.SETACK: MessageType.SETACK_BATCH,
+    MessageType.GOTACK: MessageType.GOTACK_BATCH,
+    MessageType.DELJOB: MessageType.DELJOB_BATCH,
+    MessageType.WILLQUEUE: MessageType.WILLQUEUE_BATCH,
+    MessageType.QUEUED: MessageType.QUEUED_BATCH,
+}
+SINGLE_OF: dict[MessageType, MessageType] = {b: s for s, b in BATCH_OF.items()}
+
+
+def batch_item(msg: JobRef | SetAck | GotAck | Queued) -> Any:
+    """A batchable message's entry in a ``Batch`` (see the module docstring)."""
+    if isinstance(msg, SetAck):
+        return [msg.job_id, msg.may_have]
+    if isinstance(msg, GotAck):
+        return [msg.job_id, msg.known]
+    if isinstance(msg, Queued):
+        return [msg.job_id, msg.nack, msg.deliv]
+    return msg.job_id
+
+
+JobMessage = JobRef | ReplJob | Enqueue | Queued | SetAck | GotAck | PauseQueue | Batch
 FedMessage = NeedJobs | YourJobs
 FED_TYPES = frozenset({MessageType.NEEDJOBS, MessageType.YOURJOBS})
 
@@ -169,7 +224,7 @@ _REF_TYPES = frozenset({MessageType.GOTJOB, MessageType.WILLQUEUE, MessageType.D
                         MessageType.WORKING})
 JOB_TYPES = _REF_TYPES | frozenset({MessageType.REPLJOB, MessageType.ENQUEUE,
                                     MessageType.QUEUED, MessageType.SETACK,
-                                    MessageType.GOTACK, MessageType.PAUSE})
+                                    MessageType.GOTACK, MessageType.PAUSE}) | frozenset(SINGLE_OF)
 
 
 def parse(frame: Frame) -> JobMessage:
@@ -192,7 +247,36 @@ def parse(frame: Frame) -> JobMessage:
         return GotAck(_id(body), _bool(body, "known"))
     if t is MessageType.PAUSE:
         return PauseQueue(_queue(body), int_field(body, "flags", 0, 3))
+    if t in SINGLE_OF:
+        return Batch(t, _items(body, SINGLE_OF[t]))
     raise MalformedBody(f"{t.name} is not a job message")
+
+
+def _items(body: dict[str, Any], single: MessageType) -> list[Any]:
+    """A batch's entries, each checked as its single message's fields are."""
+    items = body.get("items")
+    if not isinstance(items, list) or not 1 < len(items) <= MAX_BATCH:
+        raise MalformedBody(f"field 'items' must be a list of 2..{MAX_BATCH} entries")
+    if single in (MessageType.DELJOB, MessageType.WILLQUEUE):
+        for job_id in items:
+            if not isinstance(job_id, bytes) or not is_valid(job_id):
+                raise MalformedBody("field 'items': each entry must be a valid job ID")
+        return items
+    # [id, mayhave] / [id, known] / [id, nack, deliv]
+    width = 3 if single is MessageType.QUEUED else 2
+    for entry in items:
+        if not isinstance(entry, list) or len(entry) != width:
+            raise MalformedBody(f"field 'items': each entry must be a list of {width} fields")
+        job_id = entry[0]
+        if not isinstance(job_id, bytes) or not is_valid(job_id):
+            raise MalformedBody("field 'items': each entry must start with a valid job ID")
+        if single is MessageType.SETACK:
+            n = entry[1]
+            if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= 2**31:
+                raise MalformedBody("field 'items': mayhave must be an integer in [0, 2**31]")
+        elif not all(isinstance(f, bool) for f in entry[1:]):
+            raise MalformedBody("field 'items': the flags must be booleans")
+    return items
 
 
 def parse_federation(frame: Frame) -> FedMessage:
@@ -201,7 +285,7 @@ def parse_federation(frame: Frame) -> FedMessage:
     if not isinstance(body, dict):
         raise MalformedBody("body is not a map")
     if frame.type is MessageType.NEEDJOBS:
-        return NeedJobs(_queue(body), int_field(body, "count", 1, NEEDJOBS_MAX_REQUEST))
+        return NeedJobs(_queue(body), int_field(body, "count", 1, NEEDJOBS_MAX_COUNT))
     if frame.type is MessageType.YOURJOBS:
         records = body.get("jobs")
         if not isinstance(records, list) or not 0 < len(records) <= NEEDJOBS_MAX_REQUEST:

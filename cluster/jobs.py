@@ -16,6 +16,10 @@ REPLJOB -> ``_on_repljob``, GOTJOB -> ``_on_gotjob``, ENQUEUE -> ``_on_enqueue``
 WILLQUEUE -> ``_on_willqueue``, QUEUED and WORKING -> ``_on_queued``, SETACK ->
 ``_on_setack``, GOTACK -> ``_on_gotack``, DELJOB -> ``_on_deljob``, PAUSE -> ``_on_pause``.
 
+Batches: a run of SETACK, GOTACK, DELJOB, WILLQUEUE or QUEUED messages to one node, with
+nothing else to that node in between, leaves as one ``*_BATCH`` frame (``_send``), and a
+received batch is handled entry by entry, as the single messages would be.
+
 Invariants: a frame is handled only from a sender in the node table (not in handshake), as
 Disque's ``if (!sender) return``; a malformed body is logged (key ``malformed-job:<ip>``)
 and dropped, never raised; no handler calls back into a broker command, and no broker call
@@ -44,7 +48,10 @@ from broker.core import Broker
 from broker.job import REC_CONFIRMED, REC_STATE, Job, JobState
 from cluster.effects import ClusterEffect, LinkId, LogLine, Send
 from cluster.job_messages import (
+    BATCH_OF,
     JOB_TYPES,
+    MAX_BATCH,
+    Batch,
     Enqueue,
     GotAck,
     JobMessage,
@@ -53,6 +60,7 @@ from cluster.job_messages import (
     Queued,
     ReplJob,
     SetAck,
+    batch_item,
     parse,
 )
 from cluster.membership import Membership
@@ -80,12 +88,16 @@ class JobCore:
         # Big jobs only: job ID -> node -> when its REPLJOB was last sent there.
         self.big_sent: dict[bytes, dict[str, int]] = {}
         self.stats: dict[str, int] = {"sent": 0, "received": 0, "malformed": 0}
+        # Node ID -> the batchable run open in the outbox for it: [single type, the run's
+        # index in the outbox, its entries]; cleared when the outbox is taken.
+        self._runs: dict[str, list[Any]] = {}
 
     # =========================================================================================
     # The runtime's side (cluster/effects.py)
 
     def take_effects(self) -> list[ClusterEffect]:
         effects, self.outbox = self.outbox, []
+        self._runs.clear()
         return effects
 
     def tick(self, now_ms: int) -> None:
@@ -96,7 +108,11 @@ class JobCore:
         accepted = accept(self.membership, frame, peer_ip, parse, self.stats, self.outbox, "job")
         if accepted is not None:
             msg, sender_id = accepted
-            _HANDLERS[msg.type](self, msg, sender_id, now_ms)
+            if type(msg) is Batch:
+                for one in msg.messages():
+                    _HANDLERS[one.type](self, one, sender_id, now_ms)
+            else:
+                _HANDLERS[msg.type](self, msg, sender_id, now_ms)
 
     # =========================================================================================
     # broker.replication.Replication
@@ -313,6 +329,25 @@ class JobCore:
     # =========================================================================================
 
     def _send(self, node_id: str, msg: JobMessage) -> None:
+        """Queue ``msg`` for ``node_id``. A SETACK, GOTACK, DELJOB, WILLQUEUE or QUEUED
+        following one of the same type to the same node, with nothing else sent to that
+        node between them, joins its frame (a ``Batch``): one frame per run instead of one
+        per job, and each node still receives every message in the order it was sent."""
+        runs = self._runs
+        batch_type = BATCH_OF.get(msg.type)
+        if batch_type is None:
+            if runs:
+                runs.pop(node_id, None)  # what follows for that node goes after this
+        else:
+            run = runs.get(node_id)
+            if run is not None and run[0] is msg.type and len(run[2]) < MAX_BATCH:
+                items: list[Any] = run[2]
+                items.append(batch_item(msg))  # type: ignore[arg-type]
+                if len(items) == 2:  # the run's first frame becomes a batch of both
+                    self.outbox[run[1]] = Send(node_id, batch_type, Batch(batch_type,
+                                                                          items).body())
+                return
+            runs[node_id] = [msg.type, len(self.outbox), [batch_item(msg)]]  # type: ignore[arg-type]
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
         self.outbox.append(Send(node_id, msg.type, msg.body()))

@@ -51,7 +51,9 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.hmac import HMAC
 
 MAGIC = b"TQCB"
-WIRE_VERSION = 1
+#: 2: the batched job messages (SETACK_BATCH ...) exist; a node of version 1 would drop
+#: the link at the first one.
+WIRE_VERSION = 2
 HEADER = struct.Struct(">4sBBH40sI")
 HEADER_SIZE = HEADER.size
 MAC_SIZE = 32
@@ -101,6 +103,12 @@ class MessageType(enum.IntEnum):
     PAUSE = 20
     NEEDJOBS = 21
     YOURJOBS = 22
+    # Several job messages of one type to one node in one frame (cluster/job_messages.py).
+    SETACK_BATCH = 30
+    GOTACK_BATCH = 31
+    DELJOB_BATCH = 32
+    WILLQUEUE_BATCH = 33
+    QUEUED_BATCH = 34
     QPOLICY = 40  # queue policies (cluster/policy_sync.py); numbers are never reused
     TIMER = 41  # periodic timers (cluster/periodic_sync.py)
 

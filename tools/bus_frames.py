@@ -120,6 +120,12 @@ def sample_bodies(node_ids: list[str], ports: list[int],
         ]
         out += [(t, JobRef(t, job_id).body()) for t in (
             MessageType.GOTJOB, MessageType.WILLQUEUE, MessageType.DELJOB, MessageType.WORKING)]
+    pair = ids[:2] if len(ids) >= 2 else ids * 2
+    out += [(MessageType.SETACK_BATCH, {"items": [[i, len(node_ids)] for i in pair]}),
+            (MessageType.GOTACK_BATCH, {"items": [[i, True] for i in pair]}),
+            (MessageType.DELJOB_BATCH, {"items": list(pair)}),
+            (MessageType.WILLQUEUE_BATCH, {"items": list(pair)}),
+            (MessageType.QUEUED_BATCH, {"items": [[i, False, True] for i in pair]})]
     out += [(MessageType.PAUSE, PauseQueue(QUEUES[0], 3).body()),
             (MessageType.NEEDJOBS, NeedJobs(QUEUES[1], 5).body()),
             (MessageType.QPOLICY, {"policies": policies}),

@@ -19,7 +19,7 @@ from broker.effects import LogRecord, Reply
 from broker.job import Job
 from cluster.effects import Send
 from cluster.federation import FederationCore
-from cluster.job_messages import FED_TYPES, JOB_TYPES
+from cluster.job_messages import BATCH_OF, FED_TYPES, JOB_TYPES
 from cluster.jobs import JobCore
 from cluster.sim import Sim, SimNode
 from cluster.wire import Frame, MessageType
@@ -141,9 +141,16 @@ class JobCluster:
                 if self.broker(i).jobs[job_id].state.value == "queued"]
 
     def messages(self, kind: MessageType, job_id: bytes | None = None) -> list[tuple[str, str]]:
-        """(sender, receiver) of every ``kind`` message delivered so far, about ``job_id``."""
+        """(sender, receiver) of every ``kind`` message delivered so far, about ``job_id``;
+        a batched frame (``kind``'s ``*_BATCH`` type) counts once per message it carries."""
         out = []
+        batch = BATCH_OF.get(kind)
         for _, src, dst, t, body in self.trace:
+            if t is batch and batch is not None:
+                for item in body["items"]:
+                    if job_id is None or (item if isinstance(item, bytes) else item[0]) == job_id:
+                        out.append((src, dst))
+                continue
             if t is kind and (job_id is None or body.get("id") == job_id
                               or (isinstance(body.get("job"), list)
                                   and body["job"][0] == job_id)):

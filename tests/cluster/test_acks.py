@@ -4,6 +4,7 @@ copy confirmed, dummy ACKs, FASTACK, and the GC schedule."""
 
 from __future__ import annotations
 
+from cluster.job_messages import BATCH_OF
 from cluster.sim import Faults
 from cluster.wire import MessageType as M
 from tests.cluster.jobsim import JobCluster
@@ -215,3 +216,48 @@ def test_ackjob_of_a_job_only_this_node_holds_is_collected_at_once_with_one_ack_
     assert c.messages(M.SETACK, job_id) == [] and c.messages(M.DELJOB, job_id) == []
     assert [(r.kind, r.payload) for r in c.logs[0][before:]] == [("ack", job_id)]
     assert c.cmd(0, "ACKJOB", job_id) == 0  # known no more: a dummy ACK, counted 0 as Disque
+
+
+def test_acking_many_jobs_at_once_sends_one_frame_of_each_kind_per_node() -> None:
+    c = JobCluster(3)
+    ids = [c.addjob(0, "q", f"x{i}", "500") for i in range(50)]
+    c.trace.clear()
+    assert c.cmd(1, "ACKJOB", *ids) == 50
+    c.run_for(50)
+    assert all(c.holders(job_id) == [] for job_id in ids)
+    me, others = c.node_id(1), {c.node_id(0), c.node_id(2)}
+    for kind in (M.SETACK, M.GOTACK, M.DELJOB):
+        # Every job's message still went to (or came from) each other node ...
+        pairs = c.messages(kind)
+        assert len(pairs) == 100
+        # ... packed into one frame per node.
+        frames = [(s, d) for _, s, d, t, _ in c.trace if t in (kind, BATCH_OF[kind])]
+        assert sorted(frames) == sorted(
+            (me, o) if kind is not M.GOTACK else (o, me) for o in others)
+
+
+def test_fastack_of_many_jobs_sends_one_deljob_frame_per_node() -> None:
+    c = JobCluster(3)
+    ids = [c.addjob(0, "q", f"x{i}", "500") for i in range(30)]
+    c.trace.clear()
+    assert c.cmd(2, "FASTACK", *ids) == 30
+    c.run_for(50)
+    assert all(c.holders(job_id) == [] for job_id in ids)
+    frames = [(t, len(b["items"])) for _, s, _, t, b in c.trace if s == c.node_id(2)]
+    assert frames == [(M.DELJOB_BATCH, 30), (M.DELJOB_BATCH, 30)]
+
+
+def test_a_batch_never_moves_a_message_past_another_sent_to_the_same_node() -> None:
+    c = JobCluster(3)
+    ids = [c.addjob(0, "q", f"x{i}", "500") for i in range(3)]
+    core = c.jn(0).core
+    core.take_effects()
+    a, b = c.node_id(1), c.node_id(2)
+    core.deljob(ids[0], (a, b))
+    core.deljob(ids[1], (a, b))
+    core.pause(b"q", 1)  # to every other node: ends both runs
+    core.deljob(ids[2], (a,))
+    sent = [(e.node_id, e.type, e.body.get("items", e.body.get("id")))
+            for e in core.take_effects()]
+    assert sent == [(a, M.DELJOB_BATCH, [ids[0], ids[1]]), (b, M.DELJOB_BATCH, [ids[0], ids[1]]),
+                    (a, M.PAUSE, None), (b, M.PAUSE, None), (a, M.DELJOB, ids[2])]

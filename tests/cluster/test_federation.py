@@ -271,7 +271,7 @@ def test_malformed_bodies_are_logged_and_dropped() -> None:
     no_holders[3], no_holders[12] = "active", []
     bodies: list[tuple[MessageType, Any]] = [
         (NEED, {"queue": 5, "count": 1}), (NEED, {"queue": b"q", "count": 0}),
-        (NEED, {"queue": b"q", "count": 101}), (NEED, {"queue": b"", "count": 1}),
+        (NEED, {"queue": b"q", "count": 1001}), (NEED, {"queue": b"", "count": 1}),
         (NEED, {"queue": b"q", "count": True}), (NEED, [b"q", 1]), (NEED, {"queue": b"q"}),
         (YOURS, {"jobs": []}), (YOURS, {"jobs": [[1, 2]]}), (YOURS, {"jobs": [bad_state]}),
         (YOURS, {"jobs": [no_holders]}), (YOURS, {"jobs": "x"}), (YOURS, None),
@@ -333,3 +333,58 @@ def test_requests_stop_when_no_client_waits_any_more() -> None:
     # "q": at once only (its client left before the 4 s one); "other": at once and at 4 s.
     assert sent == [(0, b"q"), (0, b"other"), (4_000, b"other")]
     assert c.broker(1).federation.next_deadline() is None  # type: ignore[union-attr]
+
+
+def test_waiting_clients_are_asked_for_at_once_by_their_count_until_served() -> None:
+    c = fed()
+    local_jobs(c, 0, 300)
+    t0 = c.sim.now
+    clients = []
+    for _ in range(3):
+        client = c.client()
+        assert c.cmd(1, "GETJOB", "TIMEOUT", "0", "COUNT", "30", "FROM", "q",
+                     client=client) is BLOCKED
+        clients.append(client)
+    c.run_for(0)
+    # The broadcast brought one job (one client served); the two still waiting asked their
+    # only source again at once, for what they want (2 x 30), not at the 25 ms ad hoc delay.
+    asked = needjobs(c, 1, 0)
+    assert asked[:2] == [(t0, 1), (t0, 60)]
+    assert all(c.reply_to(1, client) for client in clients)
+    assert c.sim.now == t0
+    # Served: no client waits, so no further request was made at once.
+    assert len(asked) == 2
+
+
+def test_a_source_with_nothing_left_ends_the_chain_of_requests() -> None:
+    c = fed()
+    local_jobs(c, 0, 2)
+    t0 = c.sim.now
+    for _ in range(3):
+        assert c.cmd(1, "GETJOB", "TIMEOUT", "0", "COUNT", "10", "FROM", "q",
+                     client=c.client()) is BLOCKED
+    c.run_for(0)
+    # Half of its 2 jobs, then its last one, each answer asked again at once (sized by the
+    # rate, 40/s after two jobs, or the waiting clients' COUNTs); the source then holds
+    # nothing and does not answer, so the third client waits for the ad hoc backoff, not a
+    # loop of requests.
+    at_t0 = [n for at, n in needjobs(c, 1, 0) if at == t0]
+    assert at_t0 == [1, 20, 40]
+    assert c.cmd(0, "QLEN", "q") == 0
+    c.run_for(1000)
+    later = [at - t0 for at, _ in needjobs(c, 1, 0)][3:]
+    assert later and all(b - a >= 25 for a, b in zip([0, *later], later, strict=False))
+
+
+def test_a_request_over_100_jobs_is_answered_in_frames_of_100() -> None:
+    c = fed()
+    local_jobs(c, 0, 700)
+    t0 = c.sim.now
+    for _ in range(2):
+        assert c.cmd(1, "GETJOB", "TIMEOUT", "0", "COUNT", "150", "FROM", "q",
+                     client=c.client()) is BLOCKED
+    c.run_for(0)
+    # One job from the broadcast, then one request for the waiting client's 150.
+    assert needjobs(c, 1, 0)[:2] == [(t0, 1), (t0, 150)]
+    sizes = [len(b["jobs"]) for _, s, _, t, b in c.sends if t is YOURS and s == c.node_id(0)]
+    assert sizes[:3] == [1, 100, 50]

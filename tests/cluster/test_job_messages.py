@@ -3,10 +3,15 @@ every malformed field is refused with MalformedBody."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from broker.job import Job
 from cluster.job_messages import (
+    BATCH_OF,
+    MAX_BATCH,
+    Batch,
     Enqueue,
     GotAck,
     JobRef,
@@ -16,6 +21,7 @@ from cluster.job_messages import (
     ReplJob,
     SetAck,
     YourJobs,
+    batch_item,
     parse,
     parse_federation,
 )
@@ -100,3 +106,41 @@ def test_federation_parse_refuses_job_messages_and_vice_versa() -> None:
         parse_federation(_through_the_wire(MessageType.GOTJOB, {"id": ID}))
     with pytest.raises(MalformedBody):
         parse(_through_the_wire(MessageType.NEEDJOBS, {"queue": b"q", "count": 1}))
+
+
+ID2 = b"D-bbbbbbbb-000000000000000000000000-05a1"
+
+
+@pytest.mark.parametrize("msgs", [
+    [SetAck(ID, 3), SetAck(ID2, 0)], [GotAck(ID, True), GotAck(ID2, False)],
+    [JobRef(MessageType.DELJOB, ID), JobRef(MessageType.DELJOB, ID2)],
+    [JobRef(MessageType.WILLQUEUE, ID)] * 3, [Queued(ID, True, False), Queued(ID2, False, True)],
+], ids=lambda m: m[0].type.name)
+def test_a_batch_carries_each_message_it_was_made_of(msgs: list[Any]) -> None:
+    kind = BATCH_OF[msgs[0].type]
+    batch = Batch(kind, [batch_item(m) for m in msgs])
+    parsed = parse(_through_the_wire(kind, batch.body()))
+    assert parsed == batch and parsed.messages() == msgs  # type: ignore[union-attr]
+
+
+BAD_BATCHES = [
+    (MessageType.DELJOB_BATCH, {}), (MessageType.DELJOB_BATCH, {"items": [ID]}),  # one: single
+    (MessageType.DELJOB_BATCH, {"items": [ID] * (MAX_BATCH + 1)}),
+    (MessageType.DELJOB_BATCH, {"items": [ID, b"D-short"]}),
+    (MessageType.WILLQUEUE_BATCH, {"items": [ID, [ID]]}),
+    (MessageType.SETACK_BATCH, {"items": [[ID, 3], [ID2]]}),
+    (MessageType.SETACK_BATCH, {"items": [[ID, 3], [ID2, True]]}),
+    (MessageType.SETACK_BATCH, {"items": [[ID, 3], [ID2, -1]]}),
+    (MessageType.SETACK_BATCH, {"items": [[ID, 3], ID2]}),
+    (MessageType.GOTACK_BATCH, {"items": [[ID, True], [ID2, 1]]}),
+    (MessageType.GOTACK_BATCH, {"items": [[ID, True], [5, True]]}),
+    (MessageType.QUEUED_BATCH, {"items": [[ID, True, False], [ID2, False]]}),
+    (MessageType.QUEUED_BATCH, {"items": [[ID, True, False], [ID2, False, "no"]]}),
+    (MessageType.QUEUED_BATCH, {"items": "not a list"}),
+]
+
+
+@pytest.mark.parametrize(("kind", "body"), BAD_BATCHES)
+def test_malformed_batches_are_refused(kind: MessageType, body: dict[str, object]) -> None:
+    with pytest.raises(MalformedBody):
+        parse(Frame(kind, NODE, body))

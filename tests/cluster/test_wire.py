@@ -13,7 +13,7 @@ NODE = "a" * 40
 
 def test_literal_ping_bytes() -> None:
     data = wire.encode(Frame(MessageType.PING, NODE, {}))
-    assert data == b"TQCB\x01\x00\x00\x01" + NODE.encode() + b"\x00\x00\x00\x01" + b"\x80"
+    assert data == b"TQCB\x02\x00\x00\x01" + NODE.encode() + b"\x00\x00\x00\x01" + b"\x80"
 
 
 def test_roundtrip_and_incremental() -> None:
@@ -30,7 +30,7 @@ def test_roundtrip_and_incremental() -> None:
     dec.truncated_at_eof()
 
 
-def _header(magic=b"TQCB", version=1, flags=0, mtype=1, sender=b"a" * 40, length=1):
+def _header(magic=b"TQCB", version=wire.WIRE_VERSION, flags=0, mtype=1, sender=b"a" * 40, length=1):
     return struct.pack(">4sBBH40sI", magic, version, flags, mtype, sender, length)
 
 

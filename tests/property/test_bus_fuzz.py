@@ -27,6 +27,13 @@ def workload(c: AllCoresCluster) -> list[bytes]:
     c.cmd(0, "WORKING", ids[0])
     c.cmd(0, "NACK", ids[1])
     c.cmd(0, "ACKJOB", ids[2])
+    acked = [c.addjob(0, "fuzzq3", f"ack{i}", "0", "REPLICATE", "3") for i in range(2)]
+    c.cmd(1, "ACKJOB", *acked)  # SETACK_BATCH, GOTACK_BATCH, DELJOB_BATCH
+    for i in range(2):
+        c.addjob(0, "fuzzq4", f"nack{i}", "0", "REPLICATE", "3", "RETRY", "1")
+    nacked = [j[1] for j in c.cmd(0, "GETJOB", "NOHANG", "COUNT", "2", "FROM", "fuzzq4")]
+    c.cmd(0, "NACK", *nacked)  # QUEUED_BATCH
+    c.cmd(0, "GETJOB", "NOHANG", "COUNT", "2", "FROM", "fuzzq4")  # due together: WILLQUEUE_BATCH
     c.cmd(1, "ENQUEUE", ids[0])
     c.cmd(0, "PAUSE", "fuzzq2", "all", "bcast")
     c.cmd(0, "PAUSE", "fuzzq2", "none", "bcast")
