@@ -53,6 +53,10 @@ def poll(reactor: ReactorCore) -> None:
         if found is None:
             if fd == reactor.wake_fd:
                 os.eventfd_read(fd)
+            else:
+                link = reactor.bus_fds.get(fd)
+                if link is not None:
+                    reactor.bus_ready.append(link)
             continue
         conn = cast(ConnCore, found)
         conn.readable = True
@@ -66,8 +70,8 @@ def poll(reactor: ReactorCore) -> None:
 
 
 def run_round(reactor: ReactorCore) -> None:
-    """One turn for each connection queued when the round starts (within the bounds), then
-    the end of the round."""
+    """The bus links the epoll reported, then one turn for each connection queued when the
+    round starts (within the bounds), then the end of the round."""
     reactor.rounds += 1
     clock = reactor.clock
     reactor.now = clock.monotonic()
@@ -80,6 +84,13 @@ def run_round(reactor: ReactorCore) -> None:
     deadline = perf_counter() + MAX_ROUND_S
     turns = 0
     try:
+        if reactor.bus_ready:
+            # The bus links first: the frames they bring (a GOTJOB) may release clients,
+            # and what they send goes out with the round's other frames, in one write per
+            # link at its end (``end_round``'s ``flush_bus``).
+            ready = reactor.bus_ready
+            reactor.bus_ready = []
+            reactor.serve_bus(ready)
         # Those queued when the round starts: a connection re-queued by its budget waits for
         # the next round, behind the others.
         for _ in range(min(len(runnable), MAX_TURNS_PER_ROUND)):

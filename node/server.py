@@ -214,6 +214,11 @@ class Server:
         # the log, the replies for other clients go through dispatch.
         self.reactor = Reactor(self.clock, self.persistence, self.flush_broker, self.dispatch,
                                self.wait_durable, flush_bus=self.bus.flush)
+        # The bus links' sockets are served by the reactor's rounds too: a frame is read,
+        # handled and answered with no hop between tasks (node/bus.py).
+        self.bus.watch = self.reactor.add_bus
+        self.bus.unwatch = self.reactor.remove_bus
+        self.reactor.serve_bus = self.bus.serve_ready
         self.nursery: trio.Nursery  # run() sets it; connections start their tasks there
         self.next_client_id = 0
         self.start_time = time.time()
