@@ -33,6 +33,9 @@ and time, following the contract of ``cluster/effects.py``:
   allows, is not sent and is logged). At the end of the flush that queued them, the small
   frames of each link are joined and written with one ``write`` by the flushing task itself
   (``bus_core.write_now``: the reactor's round, a bus event), with no hop to another task.
+  The REPLJOBs and GOTJOBs a flush sends one node one after the other are joined into one
+  BATCH frame (``cluster.wire.batch_body``; not a REPLJOB of a job with a large value), and
+  the receiver hands them to its cores one by one (``cluster.wire.unbatch``).
   The writer task takes over the queue only for what that write left (the socket was full),
   for a big frame (written from its own buffer, its MAC computed slice by slice, the other
   tasks let run after every ``WRITE_SLICE`` bytes) and for a frame sent outside a flush;
@@ -80,8 +83,10 @@ and time, following the contract of ``cluster/effects.py``:
   still have it after kill -9, and may hand an at-most-once job over only once its ``del``
   is durable (else it could come back here while the receiver has it): a ``Send`` of
   GOTJOB or YOURJOBS whose node has log records not yet durable
-  (``log_ticket()``, 0 when none) is sent by a task once ``wait_durable(ticket)`` says so,
-  and dropped if that write failed (the broker undid the copy). Other sends go at once.
+  (``log_ticket()``, 0 when none) is held (``held``, by ticket) and sent by one task per
+  ticket once ``wait_durable(ticket)`` says so, all of them in one flush (joined into BATCH
+  frames), and dropped if that write failed (the broker undid the copy). Other sends go at
+  once.
 """
 
 from __future__ import annotations
@@ -106,7 +111,6 @@ from cluster.effects import (
     LogLine,
     NewNodeId,
     SaveNodes,
-    Send,
 )
 from cluster.wire import Frame, WireError, mac_state
 from node import bus_core
@@ -655,22 +659,24 @@ class Bus(BusCore):
         else:
             raise AssertionError(f"unknown cluster effect {effect!r}")
 
-    def send_when_durable(self, ticket: int, effect: Send) -> bool:
+    def send_when_durable(self, ticket: int) -> bool:
         if self._nursery is None:
             return False
-        self._nursery.start_soon(self._send_when_durable, ticket, effect)
+        self._nursery.start_soon(self._send_when_durable, ticket)
         return True
 
-    async def _send_when_durable(self, ticket: int, effect: Send) -> None:
-        if not await self.wait_durable(ticket):
-            self.counters["sends_dropped"] += 1
+    async def _send_when_durable(self, ticket: int) -> None:
+        durable = await self.wait_durable(ticket)
+        sends = self.held.pop(ticket, [])
+        if not durable:
+            self.counters["sends_dropped"] += len(sends)
             return
         self.flushing = True
         try:
-            bus_core.send(self, self.up.get(effect.node_id), effect.type, effect.body)
+            for effect in sends:
+                bus_core.send(self, self.up.get(effect.node_id), effect.type, effect.body)
         finally:
-            self.flushing = False
-            bus_core.write_dirty(self)
+            bus_core.end_flush(self)
 
     def _connect(self, want: Connect) -> None:
         ob = self.outbound.get(want.node_id)

@@ -28,14 +28,19 @@ from mypy_extensions import mypyc_attr
 
 from cluster.effects import Answer, ClusterEffect, Send
 from cluster.wire import (
+    BATCH_MAX,
+    BATCHABLE,
+    BIG_VALUE,
     MAC_SIZE,
     Frame,
     FrameDecoder,
     MessageType,
     Oversized,
     WireError,
+    batch_body,
     encode_parts,
     max_body_for,
+    unbatch,
 )
 
 READ_SIZE: Final = 65536
@@ -98,6 +103,10 @@ class LinkCore:
         # only part of a direct write): until it empties it, frames only join the queue.
         self.writing = False
         self.dirty = False  # in ``bus.dirty``: frames queued during this flush
+        # Messages of one ``BATCHABLE`` type sent during this flush, not encoded yet: joined
+        # into one BATCH frame when the flush ends or a message of another type follows.
+        self.batch: list[dict[str, Any]] = []
+        self.batch_type = MessageType.GOTJOB
         self.watched = False  # served by the reactor's rounds
         self.decoder = FrameDecoder(bus.secret)
         # Moved only by complete frames: a peer dribbling a byte now and then does not keep
@@ -149,6 +158,9 @@ class BusCore:
         self.flushing = False
         self.dirty: list[LinkCore] = []
         self.in_round = False  # serving the reactor's ready links: its round flushes once
+        # Sends waiting for a log batch to be durable (GOTJOB, YOURJOBS), by its ticket: one
+        # task per batch sends them all, in one flush (``send_when_durable``).
+        self.held: dict[int, list[Send]] = {}
 
     @property
     def max_body(self) -> int:
@@ -165,8 +177,9 @@ class BusCore:
     def core_error(self, handler: object) -> None:
         raise NotImplementedError
 
-    def send_when_durable(self, ticket: int, effect: Send) -> bool:
-        """Send ``effect`` once the log batch ``ticket`` is durable (False: no task can)."""
+    def send_when_durable(self, ticket: int) -> bool:
+        """Send ``held[ticket]`` once the log batch ``ticket`` is durable (False: no task
+        can wait for it)."""
         raise NotImplementedError
 
     def route_other(self, effect: ClusterEffect) -> None:
@@ -224,7 +237,10 @@ def take_frames(link: LinkCore, data: bytes) -> None:
             frame = decoder.next()
             if frame is None:
                 break
-            frames.append(frame)
+            if frame.type is MessageType.BATCH:
+                frames.extend(unbatch(frame))
+            else:
+                frames.append(frame)
     finally:  # the frames before a bad one still count, as they arrived
         if frames:
             link.spoke = True
@@ -311,8 +327,16 @@ def flush(bus: BusCore) -> None:
         bus.after_flush()
     finally:
         if outer:
-            bus.flushing = False
-            write_dirty(bus)
+            end_flush(bus)
+
+
+def end_flush(bus: BusCore) -> None:
+    """Encode each link's batch, then write each link's frames of the flush."""
+    for link in bus.dirty:
+        if link.batch:
+            close_batch(bus, link)
+    bus.flushing = False
+    write_dirty(bus)
 
 
 def write_dirty(bus: BusCore) -> None:
@@ -331,8 +355,14 @@ def route(bus: BusCore, effect: ClusterEffect) -> None:
         assert isinstance(effect, Send)
         if effect.type in WAIT_FOR_LOG:
             ticket = bus.log_ticket()
-            if ticket and bus.send_when_durable(ticket, effect):
-                return
+            if ticket:
+                waiting = bus.held.get(ticket)
+                if waiting is not None:
+                    waiting.append(effect)
+                    return
+                if bus.send_when_durable(ticket):
+                    bus.held[ticket] = [effect]
+                    return
         send(bus, bus.up.get(effect.node_id), effect.type, effect.body)
     elif t is Answer:
         assert isinstance(effect, Answer)
@@ -345,6 +375,55 @@ def send(bus: BusCore, link: LinkCore | None, mtype: MessageType, body: dict[str
     if link is None or link.closed:
         bus.counters["sends_dropped"] += 1
         return
+    if bus.flushing and mtype in BATCHABLE and small(mtype, body):
+        # Joined with the link's other messages of this type in the flush (one frame, one
+        # header, one decode at the receiver), in order with the link's other frames.
+        batch = link.batch
+        if batch and (link.batch_type is not mtype or len(batch) >= BATCH_MAX):
+            close_batch(bus, link)
+        batch.append(body)
+        link.batch_type = mtype
+        if not link.dirty:
+            link.dirty = True
+            bus.dirty.append(link)
+        bus.counters["frames_sent"] += 1
+        sent = bus.sent_by_type
+        sent[mtype] = sent.get(mtype, 0) + 1
+        return
+    if link.batch:
+        close_batch(bus, link)
+    encode_frame(bus, link, mtype, body)
+
+
+def small(mtype: MessageType, body: dict[str, Any]) -> bool:
+    """Whether a message may join a batch: a GOTJOB always, a REPLJOB unless its job holds a
+    value as large as the wire sends from its own buffer (``BIG_VALUE``: a big job's body goes
+    in a frame of its own, never copied)."""
+    if mtype is not MessageType.REPLJOB:
+        return True
+    record = body.get("job")
+    if not isinstance(record, list):
+        return False
+    for value in record:
+        if isinstance(value, bytes) and len(value) >= BIG_VALUE // 4:
+            return False
+    return True
+
+
+def close_batch(bus: BusCore, link: LinkCore) -> None:
+    """Encode the link's pending messages: one alone as itself, several as a BATCH frame."""
+    batch = link.batch
+    link.batch = []
+    if len(batch) == 1:
+        encode_frame(bus, link, link.batch_type, batch[0], counted=True)
+    else:
+        encode_frame(bus, link, MessageType.BATCH, batch_body(link.batch_type, batch),
+                     counted=True)
+
+
+def encode_frame(bus: BusCore, link: LinkCore, mtype: MessageType, body: dict[str, Any],
+                 counted: bool = False) -> None:
+    """One frame into the link's queue (``counted``: its messages were counted as sent)."""
     secret = bus.secret
     try:
         parts = encode_parts(mtype, bus.node_id, body, secret, bus.max_body,
@@ -365,9 +444,10 @@ def send(bus: BusCore, link: LinkCore | None, mtype: MessageType, body: dict[str
         return
     # A small frame comes whole, MAC included; a big one without it (see MacLater).
     if enqueue(link, parts, secret is not None and len(parts) > 1):
-        bus.counters["frames_sent"] += 1
-        sent = bus.sent_by_type
-        sent[mtype] = sent.get(mtype, 0) + 1
+        if not counted:
+            bus.counters["frames_sent"] += 1
+            sent = bus.sent_by_type
+            sent[mtype] = sent.get(mtype, 0) + 1
     else:
         bus.counters["sends_dropped"] += 1
 

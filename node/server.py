@@ -52,6 +52,7 @@ the error if that write failed (``Server.dispatch``).
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import inspect
@@ -91,7 +92,7 @@ from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
 from cluster.wiring import attach
-from node import client_info, config_file, memory_use, nodes_store
+from node import bus_core, client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
 from node.conn_core import CommandPath, NodeCounters, transition, unblock
@@ -213,12 +214,13 @@ class Server:
         # Serves every client connection (node/reactor.py); the round's group commit writes
         # the log, the replies for other clients go through dispatch.
         self.reactor = Reactor(self.clock, self.persistence, self.flush_broker, self.dispatch,
-                               self.wait_durable, flush_bus=self.bus.flush)
+                               self.wait_durable,
+                               flush_bus=functools.partial(bus_core.flush, self.bus))
         # The bus links' sockets are served by the reactor's rounds too: a frame is read,
         # handled and answered with no hop between tasks (node/bus.py).
         self.bus.watch = self.reactor.add_bus
         self.bus.unwatch = self.reactor.remove_bus
-        self.reactor.serve_bus = self.bus.serve_ready
+        self.reactor.serve_bus = functools.partial(bus_core.serve_ready, self.bus)
         self.nursery: trio.Nursery  # run() sets it; connections start their tasks there
         self.next_client_id = 0
         self.start_time = time.time()

@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from broker.config import Config
+from cluster.wire import WIRE_VERSION
 from node.bus import BUS_PORT_OFFSET
 from node.clock import TrioClock
 from node.server import Server
@@ -89,7 +90,8 @@ async def test_garbage_on_the_bus_port_while_clients_are_served(
     caplog.set_level(logging.INFO, logger="trisque")
     async with node(tmp_path) as (a, ca):
         for data in (b"GET / HTTP/1.0\r\n\r\n", os.urandom(4096) + b"\x00",
-                     b"TQCB\x01\x00\x00\x01" + b"f" * 40 + b"\xff\xff\xff\xff"):
+                     b"TQCB" + bytes([WIRE_VERSION]) + b"\x00\x00\x01" + b"f" * 40
+                     + b"\xff\xff\xff\xff"):
             stream = await trio.open_tcp_stream("127.0.0.1", a.config.port + BUS_PORT_OFFSET)
             await stream.send_all(data)
             with trio.fail_after(5):
