@@ -43,10 +43,14 @@ from node.reactor_core import (
 
 
 def poll(reactor: ReactorCore) -> None:
-    """Queue the connections the epoll reports ready (without waiting)."""
+    """Queue the connections the epoll reports ready, and list the bus links it reports
+    (without waiting)."""
     runnable = reactor.runnable
-    if len(runnable) >= MAX_TURNS_PER_ROUND:
-        return  # level-triggered: those not queued now are reported again later
+    # Level-triggered: connections not queued now are reported again later. The bus links
+    # are still listed: a flood of clients must not keep the cluster's frames waiting.
+    full = len(runnable) >= MAX_TURNS_PER_ROUND
+    if full and not reactor.bus_fds:
+        return
     by_fd = reactor.by_fd
     for fd, flags in reactor.epoll.poll(0, MAX_EVENTS):
         found = by_fd.get(fd)
@@ -57,6 +61,8 @@ def poll(reactor: ReactorCore) -> None:
                 link = reactor.bus_fds.get(fd)
                 if link is not None:
                     reactor.bus_ready.append(link)
+            continue
+        if full:
             continue
         conn = cast(ConnCore, found)
         conn.readable = True
