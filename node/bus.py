@@ -10,17 +10,14 @@ and time, following the contract of ``cluster/effects.py``:
   one line) and hands them over. At most ``MAX_INBOUND`` inbound links at once; past that a new
   connection is closed at once (rate-limited log line).
 * **Links.** Every link, inbound or outbound, is a ``Link`` with an int ``LinkId`` that is
-  never reused in the process. Its socket is served by the reactor's rounds
-  (``node/reactor.py``; the server sets ``watch``/``unwatch`` to the reactor's
-  ``add_bus``/``remove_bus``): a round reads each readable link once, feeds its
-  ``FrameDecoder`` and hands the complete frames to the cores (``bus_core.read_ready``), with
-  the peer's and our own IP and, for an outbound link, the table ID it was opened for. That
-  per-frame path is ``node/bus_core.py``, compiled with the core; this module adds the tasks.
-  Each link runs two: a writer (below) and a reader, which on an inbound link only keeps
-  the deadlines (on a bus with no reactor, the tests', it reads the socket itself,
-  ``_read_loop``). A ``WireError`` (bad magic, version, type, oversized, malformed body, bad
-  MAC, a frame cut by EOF) closes the link with one log line per (peer address, reason)
-  every ``LOG_EVERY_S``. An inbound peer that sends no complete frame within
+  never reused in the process. It runs two tasks: a reader that reads the socket directly
+  (trio waits only when the kernel has nothing) and hands the complete frames of each read
+  to the cores (``bus_core.take_frames``, with the peer's and our own IP and, for an outbound
+  link, the table ID it was opened for), and a writer (below). What runs per frame - decode,
+  the cores, the flush, encode, the write - is ``node/bus_core.py``, compiled with the core;
+  this module adds the tasks. A ``WireError`` (bad magic, version, type, oversized, malformed
+  body, bad MAC, a frame cut by EOF) closes the link with one log line per (peer address,
+  reason) every ``LOG_EVERY_S``. An inbound peer that sends no complete frame within
   ``first_frame_timeout`` (``min(FIRST_FRAME_TIMEOUT_S, cluster-node-timeout)``) is closed,
   and so is one silent for ``idle_timeout`` (``max(IDLE_TIMEOUT_MIN_S, 4 x node timeout)``:
   a live peer pings far more often) - a peer that vanished without a FIN does not hold a
@@ -32,15 +29,17 @@ and time, following the contract of ``cluster/effects.py``:
   buffer of its own, never copied; a frame over ``max_body``, what ``job-max-body-len``
   allows, is not sent and is logged). At the end of the flush that queued them, the small
   frames of each link are joined and written with one ``write`` by the flushing task itself
-  (``bus_core.write_now``: the reactor's round, a bus event), with no hop to another task.
+  (``bus_core.write_pending``: a link's reader, a timer), with no hop to another task; the
+  reactor's rounds leave theirs queued until the reactor waits or yields
+  (``bus_core.flush_round``), so that a busy quantum's rounds share one write per link.
   The REPLJOBs and GOTJOBs a flush sends one node one after the other are joined into one
   BATCH frame (``cluster.wire.batch_body``; not a REPLJOB of a job with a large value), and
   the receiver hands them to its cores one by one (``cluster.wire.unbatch``).
   The writer task takes over the queue only for what that write left (the socket was full),
   for a big frame (written from its own buffer, its MAC computed slice by slice, the other
   tasks let run after every ``WRITE_SLICE`` bytes) and for a frame sent outside a flush;
-  until it has emptied the queue, new frames join it (order is kept). A round reads up to
-  ``BIG_READ_SIZE`` of a link while a big frame arrives. A link whose
+  until it has emptied the queue, new frames join it (order is kept). The reader reads up to
+  ``BIG_READ_SIZE`` at once while a big frame arrives. A link whose
   unsent bytes pass ``SEND_QUEUE_LIMIT`` plus one frame of the largest size, or whose
   peer accepts no byte for ``send_stall_timeout`` (the node timeout, at least 1 s), is closed:
   a peer that stopped reading costs bounded memory and is then handled as a dead link. A
@@ -69,16 +68,15 @@ and time, following the contract of ``cluster/effects.py``:
 * **Effects go through one place.** Every event handed to a core (a frame,
   ``link_up``/``link_down``, a ``tick`` every ``TICK_S``) goes through ``Bus.event``, which
   then flushes (``bus_core.flush``). The job cores' frames of one read are handed over back
-  to back and flushed once (``receive_frames``); in a reactor round, not at all: the round's
-  end flushes the bus once for its frames and its clients' commands (and the server flushes
-  after each command that leaves the reactor and after every timer tick). An exception out
-  of a core is logged with its traceback (rate-limited) and the node goes on. ``flush``
-  first calls ``before_flush`` (the server routes the *broker's* effects there, so log
-  records reach the append log before any message that depends on them), then takes each
-  core's effects and routes each one (``bus_core.route``; all but ``Send``/``Answer`` in
-  ``Bus.route_other``): links, sends, the nodes file (``save_nodes`` callback), the node ID
-  (``new_node_id`` callback) and log lines (at most one per key every ``LOG_EVERY_S``, the
-  number suppressed meanwhile added to the next one), then writes the links.
+  to back and flushed once (``receive_frames``); the server flushes at the end of every
+  reactor round, after each command that leaves the reactor and after every timer tick. An
+  exception out of a core is logged with its traceback (rate-limited) and the node goes on.
+  ``flush`` first calls ``before_flush`` (the server routes the *broker's* effects there, so
+  log records reach the append log before any message that depends on them), then takes
+  each core's effects and routes each one (``bus_core.route``; all but ``Send``/``Answer``
+  in ``Bus.route_other``): links, sends, the nodes file (``save_nodes`` callback), the node
+  ID (``new_node_id`` callback) and log lines (at most one per key every ``LOG_EVERY_S``,
+  the number suppressed meanwhile added to the next one), then writes the links.
 * **GOTJOB and YOURJOBS wait for the log.** A node may promise a copy only once it would
   still have it after kill -9, and may hand an at-most-once job over only once its ``del``
   is durable (else it could come back here while the receiver has it): a ``Send`` of
@@ -213,9 +211,6 @@ class Link(LinkCore):
 
     def close(self) -> None:
         self.closed = True
-        if self.watched:
-            self.watched = False
-            self.owner.unwatch(self.fd)
         self._scope.cancel()
 
     async def run(self) -> None:
@@ -242,34 +237,16 @@ class Link(LinkCore):
             pass  # the peer went away: the normal end of a link
         self.close()
 
-    async def _read(self) -> None:
-        """Served by the reactor's rounds when the bus has one (``Bus.watch``): this task then
-        only keeps an inbound link's deadlines. Otherwise it reads itself (``_read_loop``)."""
-        bus = self.owner
-        if bus.watch is None:
-            await self._read_loop()
-            return
-        bus.watch(self.fd, self)
-        self.watched = True
-        if self.outbound_to is not None:  # the core's PING/PONG watches outbound links
-            await trio.sleep_forever()
-        while not self.closed:
-            deadline = self._deadline()
-            if trio.current_time() >= deadline:
-                self._timed_out()
-                return
-            await trio.sleep_until(deadline)
-
     def _deadline(self) -> float:
         bus = self.owner
         return self.last_frame + (bus.idle_timeout if self.spoke else bus.first_frame_timeout)
 
-    async def _read_loop(self) -> None:
+    async def _read(self) -> None:
         """Read straight from the socket (trio waits only when the kernel has nothing, as
         for client connections: no stream wrapper or cancel scope per read), hand every
-        complete frame of a read to the cores at once (``bus_core.take_frames``), then let the
-        other tasks run, as trio's own ``recv`` would, so that more frames gather for the next
-        read. Used when no reactor serves the bus (a bus on its own, in the tests)."""
+        complete frame of a read to the cores at once (``bus_core.take_frames``: decoded,
+        handled, answered and written in this task), then let the other tasks run, as trio's
+        own ``recv`` would, so that more frames gather for the next read."""
         fd = self.fd
         decoder = self.decoder
         inbound = self.outbound_to is None  # the core's PING/PONG watches outbound links
@@ -423,10 +400,6 @@ class Bus(BusCore):
         self._next_link = 0
         self.limiter = LogLimiter(log, clock)
         self._nursery: trio.Nursery | None = None
-        # The reactor serves the links' sockets when the server sets these (``add_bus`` and
-        # ``remove_bus`` of ``node.reactor_core.ReactorCore``); else each link's task reads.
-        self.watch: Callable[[int, Link], None] | None = None
-        self.unwatch: Callable[[int], None] = lambda fd: None
 
     def add_core(self, core: FrameCore) -> None:
         """Route the frames of ``core.HANDLES`` to ``core`` and tick it (the job core)."""
@@ -581,10 +554,6 @@ class Bus(BusCore):
     def receive_frames(self, link: Link, frames: list[Frame]) -> None:
         """The frames of one read, in order (``bus_core.receive_frames``)."""
         bus_core.receive_frames(self, link, frames)
-
-    def serve_ready(self, ready: list[object]) -> None:
-        """The links the reactor found readable (``bus_core.serve_ready``)."""
-        bus_core.serve_ready(self, ready)
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:

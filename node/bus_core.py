@@ -3,14 +3,15 @@
 Theory of operation
 -------------------
 ``node/bus.py`` explains the bus (links, their tasks, the keepers, the log's wait). This module
-holds what runs for every frame, in the reactor's round, with no task switch: a link's read
-(``read_ready``: one ``read``, the complete frames decoded and handed to the cores,
-``receive_frames``), the flush that routes the cores' effects (``flush``, ``route``, ``send``:
-each frame encoded into its link's queue) and the write that ends it (``write_now``: the frames
-a link got during the flush joined into one ``write``). The state is ``LinkCore`` and ``BusCore``;
-the interpreted ``Link`` and ``Bus`` add the trio tasks and the rare effects, through a few
-hooks (``wake_writer``, ``close``, ``send_when_durable``, ``route_other``, ``core_error``,
-``log_warning``).
+holds what runs for every frame: the complete frames of a link's read decoded and handed to
+the cores (``take_frames``, ``receive_frames``), the flush that routes the cores' effects
+(``flush``, ``route``, ``send``: each frame encoded into its link's queue, the REPLJOBs and
+GOTJOBs for one node joined into BATCH frames) and the write that ends it (``write_pending``,
+``write_now``: a link's frames joined into one ``write`` by the flushing task itself, with no
+hop to the link's writer task). The state is ``LinkCore`` and ``BusCore``; the interpreted
+``Link`` and ``Bus`` add the trio tasks and the rare effects, through a few hooks
+(``wake_writer``, ``close``, ``membership_event``, ``send_when_durable``, ``route_other``,
+``core_error``, ``log_warning``).
 
 As in ``node/round_core.py``, the hot path is module functions taking the compiled base types,
 not methods: compiled code calls a method of an interpreted subclass's instance through
@@ -107,7 +108,6 @@ class LinkCore:
         # into one BATCH frame when the flush ends or a message of another type follows.
         self.batch: list[dict[str, Any]] = []
         self.batch_type = MessageType.GOTJOB
-        self.watched = False  # served by the reactor's rounds
         self.decoder = FrameDecoder(bus.secret)
         # Moved only by complete frames: a peer dribbling a byte now and then does not keep
         # a link open any longer than a silent one.
@@ -157,7 +157,10 @@ class BusCore:
         # Frames queued during a flush are written at its end, one write per link.
         self.flushing = False
         self.dirty: list[LinkCore] = []
-        self.in_round = False  # serving the reactor's ready links: its round flushes once
+        # The reactor's rounds leave their frames queued (``flush_round``) until it waits or
+        # lets the other tasks run (``write_pending``): one write per link for all the rounds
+        # of a quantum, as a link's writer task did.
+        self.deferring = False
         # Sends waiting for a log batch to be durable (GOTJOB, YOURJOBS), by its ticket: one
         # task per batch sends them all, in one flush (``send_when_durable``).
         self.held: dict[int, list[Send]] = {}
@@ -193,30 +196,6 @@ class BusCore:
 # -- in: a link's bytes to the cores ------------------------------------------------------
 
 
-def read_ready(link: LinkCore) -> None:
-    """One read, in the reactor's round (its epoll found the socket readable), and the
-    complete frames it brings handled. A bad frame, EOF or an error closes the link."""
-    if link.closed:
-        return
-    decoder = link.decoder
-    try:
-        data = os.read(link.fd, min(max(decoder.missing(), READ_SIZE), BIG_READ_SIZE))
-    except BlockingIOError:
-        return
-    except OSError:
-        link.close()
-        return
-    try:
-        if not data:
-            decoder.truncated_at_eof()
-            link.close()
-            return
-        take_frames(link, data)
-    except WireError as exc:
-        bad_frame(link, exc)
-        link.close()
-
-
 def bad_frame(link: LinkCore, exc: WireError) -> None:
     bus = link.bus
     bus.counters["links_dropped_bad_frame"] += 1
@@ -250,8 +229,8 @@ def take_frames(link: LinkCore, data: bytes) -> None:
 
 def receive_frames(bus: BusCore, link: LinkCore, frames: list[Frame]) -> None:
     """The frames of one read, in order. Consecutive frames for the cores that only send
-    (the job cores) are handed over one after the other and flushed once (outside a round;
-    in one, the round's end flushes): one ``before_flush`` and one write per link for all of
+    (the job cores) are handed over one after the other and flushed once: one
+    ``before_flush`` and one write per link for all of
     them (their records still reach the log before any message routed after them). A frame
     for the membership core is an event of its own (its ``CloseLink`` must take effect
     before the next frame of that link)."""
@@ -279,28 +258,8 @@ def receive_frames(bus: BusCore, link: LinkCore, frames: list[Frame]) -> None:
         except Exception:
             bus.core_error(core.receive)
         pending = True
-    if pending and not bus.in_round:
+    if pending:
         flush_guarded(bus)
-
-
-def serve_ready(bus: BusCore, ready: list[object]) -> None:
-    """The links the reactor's epoll found readable: one read each, their frames handed to
-    the cores, the broker's effects routed (records into the round's log batch). The cores'
-    frames wait for the end of the round (``end_round`` flushes the bus)."""
-    bus.in_round = True
-    try:
-        for found in ready:
-            link: LinkCore = found  # type: ignore[assignment]
-            try:
-                read_ready(link)
-            except Exception:
-                bus.core_error(read_ready)
-    finally:
-        bus.in_round = False
-    try:
-        bus.before_flush()
-    except Exception:
-        bus.core_error(bus.before_flush)
 
 
 # -- out: the cores' effects to the links -------------------------------------------------
@@ -330,22 +289,36 @@ def flush(bus: BusCore) -> None:
             end_flush(bus)
 
 
+def flush_round(bus: BusCore) -> None:
+    """The flush at the end of a reactor round: like ``flush``, but the links are written
+    when the reactor waits or lets the other tasks run (``write_pending``), so the rounds of
+    a busy quantum share one write (and one BATCH frame) per link."""
+    bus.deferring = True
+    try:
+        flush(bus)
+    finally:
+        bus.deferring = False
+
+
 def end_flush(bus: BusCore) -> None:
-    """Encode each link's batch, then write each link's frames of the flush."""
-    for link in bus.dirty:
-        if link.batch:
-            close_batch(bus, link)
     bus.flushing = False
-    write_dirty(bus)
+    if not bus.deferring:
+        write_pending(bus)
 
 
-def write_dirty(bus: BusCore) -> None:
-    """Each link's frames of the flush in one write (``write_now``)."""
+def write_pending(bus: BusCore) -> None:
+    """Each link's frames queued since its last write: its batch encoded, then one write
+    (``write_now``)."""
     dirty = bus.dirty
     if dirty:
         bus.dirty = []
         for link in dirty:
-            write_now(link)
+            try:
+                if link.batch:
+                    close_batch(bus, link)
+                write_now(link)
+            except Exception:  # the reactor calls this: one link's bug must not stop it
+                bus.core_error(write_now)
 
 
 def route(bus: BusCore, effect: ClusterEffect) -> None:
@@ -479,18 +452,17 @@ def enqueue(link: LinkCore, parts: list[bytes], mac_later: bool = False) -> bool
     else:
         link.queue.extend(parts)
     link.unsent += size
-    if bus.flushing and not link.writing:
-        if not link.dirty:  # written at the end of the flush, with the others
-            link.dirty = True
-            bus.dirty.append(link)
-    else:
+    if link.writing or not (bus.flushing or link.dirty):
         link.wake_writer()
+    elif not link.dirty:  # written at the end of the flush, with the others
+        link.dirty = True
+        bus.dirty.append(link)
     return True
 
 
 def write_now(link: LinkCore) -> None:
-    """Write what the flush queued, small frames joined into one ``write``, from the calling
-    task (the reactor's round, a bus event): no hop to the writer task. What the socket does
+    """Write what the flushes queued, small frames joined into one ``write``, from the
+    calling task (a link's reader, the reactor, a timer): no hop to the writer task. What the socket does
     not take, and a big frame, is left to the writer task."""
     link.dirty = False
     queue = link.queue

@@ -92,8 +92,8 @@ class Clock(Protocol):
     def monotonic(self) -> float: ...
 
 
-def _no_bus(ready: list[object]) -> None:
-    """No cluster bus is served in the rounds."""
+def _nothing() -> None:
+    """No cluster bus."""
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -131,12 +131,10 @@ class ReactorCore:
         # New connections with input that have not had their first turn yet (the accept
         # loop waits while there are MAX_NEW_WAITING).
         self.new_waiting = 0
-        # The cluster bus's links, served in the rounds too (``add_bus``): descriptor -> link,
-        # the links the last poll found readable, and the bus's handler for them
-        # (``node.bus.Bus.serve_ready``: one read each, their frames handled).
-        self.bus_fds: dict[int, object] = {}
-        self.bus_ready: list[object] = []
-        self.serve_bus: Callable[[list[object]], None] = _no_bus
+        # Writes what the rounds queued for the cluster bus's links
+        # (``node.bus_core.write_pending``): called when the loop waits or lets the other
+        # tasks run, not after every round.
+        self.write_bus: Callable[[], None] = _nothing
 
     # -- hooks of the trio side (node/reactor.py) --------------------------------------------
 
@@ -149,19 +147,6 @@ class ReactorCore:
         raise NotImplementedError
 
     # -- membership -------------------------------------------------------------------------
-
-    def add_bus(self, fd: int, link: object) -> None:
-        """Serve a cluster bus link's socket in the rounds (read when the epoll says so)."""
-        self.epoll.register(fd, select.EPOLLIN)
-        self.bus_fds[fd] = link
-
-    def remove_bus(self, fd: int) -> None:
-        """The link is closing: out of the epoll (before its socket is closed)."""
-        if self.bus_fds.pop(fd, None) is not None:
-            try:
-                self.epoll.unregister(fd)
-            except (OSError, ValueError):
-                pass
 
     def add(self, conn: Served) -> None:
         self.epoll.register(conn.fd, _EVENTS)

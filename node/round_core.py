@@ -43,26 +43,16 @@ from node.reactor_core import (
 
 
 def poll(reactor: ReactorCore) -> None:
-    """Queue the connections the epoll reports ready, and list the bus links it reports
-    (without waiting)."""
+    """Queue the connections the epoll reports ready (without waiting)."""
     runnable = reactor.runnable
-    # Level-triggered: connections not queued now are reported again later. The bus links
-    # are still listed: a flood of clients must not keep the cluster's frames waiting.
-    full = len(runnable) >= MAX_TURNS_PER_ROUND
-    if full and not reactor.bus_fds:
-        return
+    if len(runnable) >= MAX_TURNS_PER_ROUND:
+        return  # level-triggered: those not queued now are reported again later
     by_fd = reactor.by_fd
     for fd, flags in reactor.epoll.poll(0, MAX_EVENTS):
         found = by_fd.get(fd)
         if found is None:
             if fd == reactor.wake_fd:
                 os.eventfd_read(fd)
-            else:
-                link = reactor.bus_fds.get(fd)
-                if link is not None:
-                    reactor.bus_ready.append(link)
-            continue
-        if full:
             continue
         conn = cast(ConnCore, found)
         conn.readable = True
@@ -76,8 +66,8 @@ def poll(reactor: ReactorCore) -> None:
 
 
 def run_round(reactor: ReactorCore) -> None:
-    """The bus links the epoll reported, then one turn for each connection queued when the
-    round starts (within the bounds), then the end of the round."""
+    """One turn for each connection queued when the round starts (within the bounds), then
+    the end of the round."""
     reactor.rounds += 1
     clock = reactor.clock
     reactor.now = clock.monotonic()
@@ -90,13 +80,6 @@ def run_round(reactor: ReactorCore) -> None:
     deadline = perf_counter() + MAX_ROUND_S
     turns = 0
     try:
-        if reactor.bus_ready:
-            # The bus links first: the frames they bring (a GOTJOB) may release clients,
-            # and what they send goes out with the round's other frames, in one write per
-            # link at its end (``end_round``'s ``flush_bus``).
-            ready = reactor.bus_ready
-            reactor.bus_ready = []
-            reactor.serve_bus(ready)
         # Those queued when the round starts: a connection re-queued by its budget waits for
         # the next round, behind the others.
         for _ in range(min(len(runnable), MAX_TURNS_PER_ROUND)):

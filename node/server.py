@@ -215,12 +215,10 @@ class Server:
         # the log, the replies for other clients go through dispatch.
         self.reactor = Reactor(self.clock, self.persistence, self.flush_broker, self.dispatch,
                                self.wait_durable,
-                               flush_bus=functools.partial(bus_core.flush, self.bus))
-        # The bus links' sockets are served by the reactor's rounds too: a frame is read,
-        # handled and answered with no hop between tasks (node/bus.py).
-        self.bus.watch = self.reactor.add_bus
-        self.bus.unwatch = self.reactor.remove_bus
-        self.reactor.serve_bus = functools.partial(bus_core.serve_ready, self.bus)
+                               flush_bus=functools.partial(bus_core.flush_round, self.bus))
+        # The frames the rounds send are written when the reactor waits or yields (one write
+        # per link for the rounds of a quantum).
+        self.reactor.write_bus = functools.partial(bus_core.write_pending, self.bus)
         self.nursery: trio.Nursery  # run() sets it; connections start their tasks there
         self.next_client_id = 0
         self.start_time = time.time()
