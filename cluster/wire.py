@@ -13,6 +13,11 @@ Every bus frame is a fixed 52-byte header followed by a msgpack body and, when a
     length  4 bytes  big-endian body length (not counting the MAC)
     ... the msgpack body (a map), then the MAC if flagged.
 
+A BATCH frame carries several messages of one type (``BATCHABLE``: REPLJOB, GOTJOB) to one
+node, its body ``{"type": <number>, "bodies": [<body>, ...]}``: the bus joins what a round
+sends to one node (``batch_body``) and the receiver splits it back (``unbatch``, strict: any
+other shape is ``MalformedBody``), so the cores only ever see the single messages.
+
 ``FrameDecoder`` is incremental: ``feed(bytes)`` and then ``next()`` returns a
 ``Frame`` or ``None`` ("not yet": the input is short). Every way a frame can be
 wrong raises its own subclass of ``WireError`` so the transport can log why it
@@ -51,8 +56,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.hmac import HMAC
 
 MAGIC = b"TQCB"
-#: 2: the batched job messages (SETACK_BATCH ...) exist; a node of version 1 would drop
-#: the link at the first one.
+#: 2: the batched job messages (SETACK_BATCH ...) and BATCH frames exist; a node of
+#: version 1 would drop the link at the first one.
 WIRE_VERSION = 2
 HEADER = struct.Struct(">4sBBH40sI")
 HEADER_SIZE = HEADER.size
@@ -111,11 +116,18 @@ class MessageType(enum.IntEnum):
     QUEUED_BATCH = 34
     QPOLICY = 40  # queue policies (cluster/policy_sync.py); numbers are never reused
     TIMER = 41  # periodic timers (cluster/periodic_sync.py)
+    BATCH = 60  # several messages of one type in one frame (``batch_body``, ``unbatch``)
 
 
 #: The messages that carry job bodies: only theirs are searched for big values (the others
 #: are packed as they are, at no extra cost).
 CARRY_JOBS = frozenset({MessageType.REPLJOB, MessageType.YOURJOBS})
+
+#: The messages the bus may join into one BATCH frame: small, and many to one node in a round
+#: (a REPLJOB is joined only when its job's values are small: see ``node/bus_core.py``).
+BATCHABLE = frozenset({MessageType.REPLJOB, MessageType.GOTJOB})
+#: The most messages one BATCH frame carries.
+BATCH_MAX = 256
 
 _HEX_DIGITS = b"0123456789abcdef"
 # Number -> MessageType without the Enum's own lookup (about 1 us per frame).
@@ -170,6 +182,34 @@ def received_body(frame: Frame) -> object:
     the frame as malformed."""
     fields: tuple[object, ...] = frame
     return fields[2]
+
+
+def batch_body(mtype: MessageType, bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """The body of a BATCH frame carrying ``bodies``, each a ``mtype`` message's body."""
+    return {"type": int(mtype), "bodies": bodies}
+
+
+def unbatch(frame: Frame) -> list[Frame]:
+    """The messages of a BATCH frame, each as a frame of its own from the same sender, in
+    order; ``MalformedBody`` unless it carries 1..``BATCH_MAX`` maps of one ``BATCHABLE``
+    type (each message's own fields are checked by its core's parser, as for any frame)."""
+    body = received_body(frame)
+    if not isinstance(body, dict):
+        raise MalformedBody("body is not a map")
+    number = body.get("type")
+    kind = _TYPES.get(number) if type(number) is int else None
+    if kind is None or kind not in BATCHABLE:
+        raise MalformedBody("field 'type' must be a message type that may be batched")
+    bodies = body.get("bodies")
+    if not isinstance(bodies, list) or not 0 < len(bodies) <= BATCH_MAX:
+        raise MalformedBody(f"field 'bodies' must be a list of 1..{BATCH_MAX} maps")
+    sender = frame.sender
+    out: list[Frame] = []
+    for item in bodies:
+        if not isinstance(item, dict):
+            raise MalformedBody("field 'bodies' must be a list of maps")
+        out.append(Frame(kind, sender, item))
+    return out
 
 
 def _mac(secret: bytes, data: bytes) -> bytes:

@@ -10,13 +10,14 @@ and time, following the contract of ``cluster/effects.py``:
   one line) and hands them over. At most ``MAX_INBOUND`` inbound links at once; past that a new
   connection is closed at once (rate-limited log line).
 * **Links.** Every link, inbound or outbound, is a ``Link`` with an int ``LinkId`` that is
-  never reused in the process. It runs two tasks: a reader that feeds a ``FrameDecoder`` and
-  hands the complete frames of each read to ``Bus.receive_frames`` (with the peer's and our own IP
-  and, for an outbound link, the table ID it was opened for), and a writer that drains the
-  link's send queue. Both use the socket directly, as client connections do: trio waits
-  only when the kernel has nothing to read or takes nothing. A ``WireError`` (bad magic, version, type, oversized, malformed body, bad MAC, a frame
-  cut by EOF) closes the link with one log line per (peer address, reason) every
-  ``LOG_EVERY_S``. An inbound peer that sends no complete frame within
+  never reused in the process. It runs two tasks: a reader that reads the socket directly
+  (trio waits only when the kernel has nothing) and hands the complete frames of each read
+  to the cores (``bus_core.take_frames``, with the peer's and our own IP and, for an outbound
+  link, the table ID it was opened for), and a writer (below). What runs per frame - decode,
+  the cores, the flush, encode, the write - is ``node/bus_core.py``, compiled with the core;
+  this module adds the tasks. A ``WireError`` (bad magic, version, type, oversized, malformed
+  body, bad MAC, a frame cut by EOF) closes the link with one log line per (peer address,
+  reason) every ``LOG_EVERY_S``. An inbound peer that sends no complete frame within
   ``first_frame_timeout`` (``min(FIRST_FRAME_TIMEOUT_S, cluster-node-timeout)``) is closed,
   and so is one silent for ``idle_timeout`` (``max(IDLE_TIMEOUT_MIN_S, 4 x node timeout)``:
   a live peer pings far more often) - a peer that vanished without a FIN does not hold a
@@ -26,9 +27,19 @@ and time, following the contract of ``cluster/effects.py``:
 * **Sends never block the node.** ``Send``/``Answer`` encode the frame and append its buffers
   to the link's queue without waiting (``cluster.wire.encode_parts``: a big job's body is a
   buffer of its own, never copied; a frame over ``max_body``, what ``job-max-body-len``
-  allows, is not sent and is logged). The writer joins small frames into one write, writes
-  a big buffer from itself and lets the other tasks run after every ``WRITE_SLICE`` bytes;
-  the reader reads up to ``BIG_READ_SIZE`` at once while a big frame arrives. A link whose
+  allows, is not sent and is logged). At the end of the flush that queued them, the small
+  frames of each link are joined and written with one ``write`` by the flushing task itself
+  (``bus_core.write_pending``: a link's reader, a timer), with no hop to another task; the
+  reactor's rounds leave theirs queued until the reactor waits or yields
+  (``bus_core.flush_round``), so that a busy quantum's rounds share one write per link.
+  The REPLJOBs and GOTJOBs a flush sends one node one after the other are joined into one
+  BATCH frame (``cluster.wire.batch_body``; not a REPLJOB of a job with a large value), and
+  the receiver hands them to its cores one by one (``cluster.wire.unbatch``).
+  The writer task takes over the queue only for what that write left (the socket was full),
+  for a big frame (written from its own buffer, its MAC computed slice by slice, the other
+  tasks let run after every ``WRITE_SLICE`` bytes) and for a frame sent outside a flush;
+  until it has emptied the queue, new frames join it (order is kept). The reader reads up to
+  ``BIG_READ_SIZE`` at once while a big frame arrives. A link whose
   unsent bytes pass ``SEND_QUEUE_LIMIT`` plus one frame of the largest size, or whose
   peer accepts no byte for ``send_stall_timeout`` (the node timeout, at least 1 s), is closed:
   a peer that stopped reading costs bounded memory and is then handled as a dead link. A
@@ -56,21 +67,24 @@ and time, following the contract of ``cluster/effects.py``:
   owns the links), ticks to every core.
 * **Effects go through one place.** Every event handed to a core (a frame,
   ``link_up``/``link_down``, a ``tick`` every ``TICK_S``) goes through ``Bus.event``, which
-  then runs ``Bus.flush`` (the job cores' frames of one read are handed over back to back
-  and flushed once, ``Bus.receive_frames``) (the server calls ``flush`` at the end of every reactor
-  round, after each command that leaves the reactor, and after every timer tick); an exception out of a core is logged with its traceback (rate-limited) and the
-  node goes on. ``flush`` first calls ``before_flush`` (the server routes the *broker's*
-  effects there, so log records reach the append log before any message that depends on
-  them), then takes each core's effects and routes each one in ``Bus.route``: links, sends,
-  the nodes file (``save_nodes`` callback), the node ID (``new_node_id`` callback) and log
-  lines (at most one per key every ``LOG_EVERY_S``, the number suppressed meanwhile added
-  to the next one).
+  then flushes (``bus_core.flush``). The job cores' frames of one read are handed over back
+  to back and flushed once (``receive_frames``); the server flushes at the end of every
+  reactor round, after each command that leaves the reactor and after every timer tick. An
+  exception out of a core is logged with its traceback (rate-limited) and the node goes on.
+  ``flush`` first calls ``before_flush`` (the server routes the *broker's* effects there, so
+  log records reach the append log before any message that depends on them), then takes
+  each core's effects and routes each one (``bus_core.route``; all but ``Send``/``Answer``
+  in ``Bus.route_other``): links, sends, the nodes file (``save_nodes`` callback), the node
+  ID (``new_node_id`` callback) and log lines (at most one per key every ``LOG_EVERY_S``,
+  the number suppressed meanwhile added to the next one), then writes the links.
 * **GOTJOB and YOURJOBS wait for the log.** A node may promise a copy only once it would
   still have it after kill -9, and may hand an at-most-once job over only once its ``del``
   is durable (else it could come back here while the receiver has it): a ``Send`` of
   GOTJOB or YOURJOBS whose node has log records not yet durable
-  (``log_ticket()``, 0 when none) is sent by a task once ``wait_durable(ticket)`` says so,
-  and dropped if that write failed (the broker undid the copy). Other sends go at once.
+  (``log_ticket()``, 0 when none) is held (``held``, by ticket) and sent by one task per
+  ticket once ``wait_durable(ticket)`` says so, all of them in one flush (joined into BATCH
+  frames), and dropped if that write failed (the broker undid the copy). Other sends go at
+  once.
 """
 
 from __future__ import annotations
@@ -79,7 +93,6 @@ import logging
 import os
 import random
 import socket
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -88,7 +101,6 @@ import trio
 
 from broker.config import Config
 from cluster.effects import (
-    Answer,
     CloseLink,
     ClusterEffect,
     Connect,
@@ -97,18 +109,18 @@ from cluster.effects import (
     LogLine,
     NewNodeId,
     SaveNodes,
-    Send,
 )
-from cluster.wire import (
-    MAC_SIZE,
-    Frame,
-    FrameDecoder,
-    MessageType,
-    Oversized,
-    WireError,
-    encode_parts,
-    mac_state,
-    max_body_for,
+from cluster.wire import Frame, WireError, mac_state
+from node import bus_core
+from node.bus_core import (
+    BIG_READ_SIZE,
+    COALESCE_BYTES,
+    READ_SIZE,
+    SEND_QUEUE_LIMIT,
+    BusCore,
+    FrameCore,
+    LinkCore,
+    MacLater,
 )
 from node.clock import Clock
 
@@ -116,45 +128,21 @@ log = logging.getLogger("trisque.bus")
 
 BUS_PORT_OFFSET = 10000
 TICK_S = 0.1
-READ_SIZE = 65536
-# The most one read takes while a large frame arrives (the decoder says how much is missing).
-BIG_READ_SIZE = 1024 * 1024
 MAX_INBOUND = 256
 FIRST_FRAME_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_MIN_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
 RECONNECT_EVERY_S = 0.1
-# Unsent bytes a link may hold beyond one frame of the largest size (``Bus.max_body``): room
-# for a few ordinary frames behind a big one, not for an unbounded backlog.
-SEND_QUEUE_LIMIT = 64 * 1024 * 1024
 SEND_CHUNK = 256 * 1024
-# Small frames queued together are joined into one write up to this size; a larger buffer
-# (a big job's body) is written from itself, never copied.
-COALESCE_BYTES = 256 * 1024
 # The writer lets the other tasks (the reactor's clients) run after this many bytes even
 # while the kernel takes more: a big frame must not hold the loop for its whole length.
 WRITE_SLICE = 1024 * 1024
 LOG_EVERY_S = 10.0
 
-# Sends that promise a state only the log keeps after kill -9: a replica's copy (GOTJOB), the
-# deletion here of an at-most-once job that moved to the receiver (YOURJOBS).
-_WAIT_FOR_LOG = frozenset({MessageType.GOTJOB, MessageType.YOURJOBS})
-
 _LEVELS = {"debug": logging.DEBUG, "notice": logging.INFO, "warning": logging.WARNING}
 
-
-class FrameCore(Protocol):
-    """What the bus needs of a core that handles frames (``cluster.jobs.JobCore``)."""
-
-    HANDLES: frozenset[MessageType]
-    outbox: list[ClusterEffect]
-
-    def take_effects(self) -> list[ClusterEffect]: ...
-
-    def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
-                outbound_to: str | None, now_ms: int) -> None: ...
-
-    def tick(self, now_ms: int) -> None: ...
+__all__ = ["BIG_READ_SIZE", "BUS_PORT_OFFSET", "COALESCE_BYTES", "READ_SIZE",
+           "SEND_QUEUE_LIMIT", "Bus", "ClusterCore", "FrameCore", "Link", "LogLimiter"]
 
 
 class ClusterCore(FrameCore, Protocol):
@@ -163,8 +151,6 @@ class ClusterCore(FrameCore, Protocol):
     def link_up(self, node_id: str, link: LinkId, now_ms: int) -> None: ...
 
     def link_down(self, node_id: str, link: LinkId, now_ms: int) -> None: ...
-
-    def tick(self, now_ms: int) -> None: ...
 
 
 class LogLimiter:
@@ -198,22 +184,17 @@ def _host(addr: Any) -> str:
     return host[7:] if host.startswith("::ffff:") else host
 
 
-class Link:
+class Link(LinkCore):
     """One bus connection. ``run`` returns when it is closed, whoever closed it."""
 
     def __init__(self, bus: Bus, link_id: LinkId, stream: trio.SocketStream,
                  outbound_to: str | None) -> None:
-        self.bus = bus
-        self.id = link_id
-        self.stream = stream
-        self.outbound_to = outbound_to
         sock = stream.socket
-        self.peer_ip = _host(sock.getpeername())
-        self.local_ip = _host(sock.getsockname())
-        self.queue: deque[bytes | _MacLater] = deque()
+        super().__init__(bus, link_id, sock.fileno(), outbound_to, _host(sock.getpeername()),
+                         _host(sock.getsockname()), trio.current_time())
+        self.owner = bus
+        self.stream = stream
         self._since_yield = 0  # bytes written since the writer last let other tasks run
-        self.unsent = 0  # bytes queued or being written
-        self.closed = False
         self._wakeup = trio.Event()
         self._scope = trio.CancelScope()
 
@@ -222,28 +203,11 @@ class Link:
         return f"<bus link {self.id} {way} {self.peer_ip}>"
 
     def enqueue(self, parts: list[bytes], mac_later: bool = False) -> bool:
-        """Queue one frame's buffers (``cluster.wire.encode_parts``); ``mac_later``: its MAC
-        is still to compute, by the writer."""
-        if self.closed:
-            return False
-        later = _MacLater(parts) if mac_later else None
-        size = (later.size if later is not None
-                else sum(len(p) for p in parts) if len(parts) > 1 else len(parts[0]))
-        if (self.unsent + size > SEND_QUEUE_LIMIT
-                and self.unsent + size > (limit := SEND_QUEUE_LIMIT + self.bus.max_body)):
-            self.bus.counters["links_closed_slow"] += 1
-            self.bus.limiter.emit(f"slow:{self.peer_ip}", logging.WARNING,
-                                  f"Cluster bus: closing link to {self.peer_ip}: more than "
-                                  f"{limit} bytes unsent (peer not reading)")
-            self.close()
-            return False
-        if later is not None:
-            self.queue.append(later)
-        else:
-            self.queue.extend(parts)
-        self.unsent += size
+        """Queue one frame's buffers (``bus_core.enqueue``)."""
+        return bus_core.enqueue(self, parts, mac_later)
+
+    def wake_writer(self) -> None:
         self._wakeup.set()
-        return True
 
     def close(self) -> None:
         self.closed = True
@@ -257,44 +221,40 @@ class Link:
                     await self._guarded(self._read)
                     nursery.cancel_scope.cancel()
         finally:
-            self.closed = True
+            self.close()
             self.queue.clear()
-            self.bus.links.pop(self.id, None)
+            self.owner.links.pop(self.id, None)
             await trio.aclose_forcefully(self.stream)
 
     async def _guarded(self, part: Callable[[], Awaitable[None]]) -> None:
         """Run the reader or the writer; whatever ends it closes the link (errors are caught
         here, not raised through the nursery, so they are never wrapped in groups)."""
-        bus = self.bus
         try:
             await part()
         except WireError as exc:
-            bus.counters["links_dropped_bad_frame"] += 1
-            reason = type(exc).__name__
-            bus.limiter.emit(f"wire:{self.peer_ip}:{reason}", logging.WARNING,
-                             f"Cluster bus: dropping link with {self.peer_ip}: {reason} ({exc})")
+            bus_core.bad_frame(self, exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the peer went away: the normal end of a link
         self.close()
 
+    def _deadline(self) -> float:
+        bus = self.owner
+        return self.last_frame + (bus.idle_timeout if self.spoke else bus.first_frame_timeout)
+
     async def _read(self) -> None:
         """Read straight from the socket (trio waits only when the kernel has nothing, as
         for client connections: no stream wrapper or cancel scope per read), hand every
-        complete frame of a read to ``Bus.receive_frames`` at once, then let the other tasks run,
-        as trio's own ``recv`` would, so that more frames gather for the next read."""
-        bus = self.bus
-        fd = self.stream.socket.fileno()
-        decoder = FrameDecoder(bus.secret)
-        spoke = False
+        complete frame of a read to the cores at once (``bus_core.take_frames``: decoded,
+        handled, answered and written in this task), then let the other tasks run, as trio's
+        own ``recv`` would, so that more frames gather for the next read."""
+        fd = self.fd
+        decoder = self.decoder
         inbound = self.outbound_to is None  # the core's PING/PONG watches outbound links
-        # Absolute deadlines, moved only by complete frames: a peer dribbling a byte now and
-        # then does not keep a link open any longer than a silent one.
-        last_frame = trio.current_time()
         while not self.closed:
             if inbound:
-                deadline = last_frame + (bus.idle_timeout if spoke else bus.first_frame_timeout)
+                deadline = self._deadline()
                 if trio.current_time() >= deadline:
-                    self._timed_out(spoke, last_frame)
+                    self._timed_out()
                     return
             try:
                 data = os.read(fd, min(max(decoder.missing(), READ_SIZE), BIG_READ_SIZE))
@@ -308,52 +268,39 @@ class Link:
             if not data:
                 decoder.truncated_at_eof()
                 return
-            decoder.max_body = bus.max_body  # read live: CONFIG SET job-max-body-len
-            decoder.feed(data)
-            frames: list[Frame] = []
-            try:
-                while True:
-                    frame = decoder.next()
-                    if frame is None:
-                        break
-                    frames.append(frame)
-            finally:  # the frames before a bad one still count, as they arrived
-                if frames:
-                    spoke = True
-                    last_frame = trio.current_time()
-                    bus.receive_frames(self, frames)
+            bus_core.take_frames(self, data)
             await trio.lowlevel.checkpoint()
 
-    def _timed_out(self, spoke: bool, last_frame: float) -> None:
-        bus = self.bus
-        key = "idle" if spoke else "silent"
+    def _timed_out(self) -> None:
+        bus = self.owner
+        key = "idle" if self.spoke else "silent"
         bus.counters[f"links_closed_{key}"] += 1
-        what = "no frame" if spoke else "no complete frame"
-        waited_s = trio.current_time() - last_frame
+        what = "no frame" if self.spoke else "no complete frame"
+        waited_s = trio.current_time() - self.last_frame
         bus.limiter.emit(f"{key}:{self.peer_ip}", logging.WARNING,
                          f"Cluster bus: closing link from {self.peer_ip}: {what} "
                          f"in {waited_s:.1f} s")
 
     async def _write(self) -> None:
-        """Drain the queue: the small frames queued since the last wake-up joined into one
-        write (the frames of every event handled meanwhile share it), a large buffer written
-        from itself, a big frame whose MAC is still to compute hashed slice by slice as it is
-        written (``_MacLater``); straight to the socket, trio waiting only when the kernel
-        takes nothing."""
+        """Drain the queue when it owns it (``writing``: a direct write the socket did not
+        take whole, a big frame, a send outside a flush): the small frames queued since the
+        last wake-up joined into one write, a large buffer written from itself, a big frame
+        whose MAC is still to compute hashed slice by slice as it is written (``MacLater``);
+        straight to the socket, trio waiting only when the kernel takes nothing."""
         queue = self.queue
         while True:
             if not queue:
+                self.writing = False
                 self._wakeup = trio.Event()
                 await self._wakeup.wait()
                 continue
+            self.writing = True
             item = queue.popleft()
-            if type(item) is _MacLater:
-                assert isinstance(item, _MacLater)
+            if isinstance(item, MacLater):
                 if not await self._write_signed(item):
                     return
                 continue
             data = item
-            assert isinstance(data, bytes)
             if queue and len(data) < COALESCE_BYTES and len(queue[0]) < COALESCE_BYTES:
                 parts = [data]
                 size = len(data)
@@ -366,11 +313,11 @@ class Link:
             if not await self._write_all(memoryview(data)):
                 return
 
-    async def _write_signed(self, frame: _MacLater) -> bool:
+    async def _write_signed(self, frame: MacLater) -> bool:
         """A big frame and its MAC, each slice added to the MAC just before it is written:
         computing the MAC of 40 MB at once would hold the loop for 60-100 ms."""
-        assert self.bus.secret is not None
-        mac = mac_state(self.bus.secret)
+        assert self.owner.secret is not None
+        mac = mac_state(self.owner.secret)
         for part in frame.parts:
             view = memoryview(part)
             for start in range(0, len(view), WRITE_SLICE):
@@ -384,8 +331,8 @@ class Link:
         """Write ``view`` whole. After every ``WRITE_SLICE`` bytes the other tasks run, so a
         big frame never holds the loop for long; a peer that takes no byte for
         ``send_stall_timeout`` gets its link closed (False)."""
-        bus = self.bus
-        fd = self.stream.socket.fileno()
+        bus = self.owner
+        fd = self.fd
         progress = trio.current_time()
         while view:
             try:
@@ -414,21 +361,6 @@ class Link:
         return True
 
 
-class _MacLater:
-    """A big frame queued without its MAC (``encode_parts(defer_mac=True)``): the writer
-    computes the MAC as it writes the parts. Its length is the frame's, so the writer never
-    joins it with small frames."""
-
-    __slots__ = ("parts", "size")
-
-    def __init__(self, parts: list[bytes]) -> None:
-        self.parts = parts
-        self.size = sum(len(p) for p in parts) + MAC_SIZE
-
-    def __len__(self) -> int:
-        return self.size
-
-
 @dataclass
 class _Outbound:
     """An outbound link the core wants kept up."""
@@ -444,7 +376,7 @@ async def _always_durable(ticket: int) -> bool:
     return True
 
 
-class Bus:
+class Bus(BusCore):
     def __init__(self, core: ClusterCore, config: Config, clock: Clock, node_id: str, *,
                  save_nodes: Callable[[str], None] = lambda content: None,
                  new_node_id: Callable[[str], None] = lambda node_id: None,
@@ -453,35 +385,20 @@ class Bus:
                  log_ticket: Callable[[], int] = lambda: 0,
                  wait_durable: Callable[[int], Awaitable[bool]] = _always_durable,
                  after_flush: Callable[[], None] = lambda: None) -> None:
-        self.core = core  # the membership core: link events, and frames nobody else handles
-        self.cores: list[FrameCore] = [core]
-        self.by_type: dict[MessageType, FrameCore] = {
-            t: core for t in getattr(core, "HANDLES", ())}
-        self.before_flush = before_flush
-        self.after_flush = after_flush
-        self.log_ticket = log_ticket
+        # Read once: changing the secret of a running node would split it from its cluster.
+        super().__init__(core, config, config.cluster_secret.encode() or None, node_id,
+                         before_flush, after_flush, log_ticket, trio.current_time, clock.now_ms)
+        self.membership = core
         self.wait_durable = wait_durable
-        self.config = config
         self.clock = clock
-        self.node_id = node_id
         self.listeners: list[socket.socket] = []
         self.save_nodes = save_nodes
         self.new_node_id = new_node_id
         self.rng = rng or random.Random()
-        # Read once: changing the secret of a running node would split it from its cluster.
-        self.secret: bytes | None = config.cluster_secret.encode() or None
-        self.links: dict[LinkId, Link] = {}
         self.outbound: dict[str, _Outbound] = {}
         self.inbound = 0
         self._next_link = 0
         self.limiter = LogLimiter(log, clock)
-        self.counters: dict[str, int] = dict.fromkeys((
-            "frames_received", "frames_sent", "sends_dropped", "links_refused",
-            "links_dropped_bad_frame", "links_closed_silent", "links_closed_idle",
-            "links_closed_slow", "connect_failures", "core_errors", "sends_oversized"), 0)
-        # Frames by message type, for /metrics (node/metrics.py).
-        self.received_by_type: dict[MessageType, int] = {}
-        self.sent_by_type: dict[MessageType, int] = {}
         self._nursery: trio.Nursery | None = None
 
     def add_core(self, core: FrameCore) -> None:
@@ -509,11 +426,6 @@ class Bus:
     @property
     def send_stall_timeout(self) -> float:
         return max(1.0, self.node_timeout)
-
-    @property
-    def max_body(self) -> int:
-        """The largest frame body sent or accepted (``cluster.wire.max_body_for``)."""
-        return max_body_for(int(self.config.job_max_body_len))
 
     @property
     def connect_timeout(self) -> float:
@@ -611,7 +523,7 @@ class Bus:
                     self.limiter.emit(f"connect:{ob.node_id}", logging.DEBUG,
                                       f"Cluster bus: connecting to {ob.ip}:{ob.port} "
                                       f"({ob.node_id[:8]}): {exc or 'timed out'}")
-                    self.event(self.core.link_down, ob.node_id, self._next_link,
+                    self.event(self.membership.link_down, ob.node_id, self._next_link,
                                self.clock.now_ms())
                 else:
                     await self._run_outbound(ob, stream)
@@ -627,47 +539,21 @@ class Bus:
             await trio.aclose_forcefully(stream)
             return
         ob.link = link
-        self.event(self.core.link_up, ob.node_id, link.id, self.clock.now_ms())
+        self.up[ob.node_id] = link
+        self.event(self.membership.link_up, ob.node_id, link.id, self.clock.now_ms())
         try:
             await link.run()
         finally:
             ob.link = None
-        self.event(self.core.link_down, ob.node_id, link.id, self.clock.now_ms())
+            if self.up.get(ob.node_id) is link:
+                del self.up[ob.node_id]
+        self.event(self.membership.link_down, ob.node_id, link.id, self.clock.now_ms())
 
     # -- events into the core, effects out ---------------------------------------------
 
     def receive_frames(self, link: Link, frames: list[Frame]) -> None:
-        """The frames of one read, in order. Consecutive frames for the cores that only
-        send (the job cores) are handed over one after the other and flushed once: one
-        ``flush_broker`` and one wake-up per link for all of them (their records still
-        reach the log before any message routed after them). A frame for the membership
-        core is an event of its own (its ``CloseLink`` must take effect before the next
-        frame of that link)."""
-        now_ms = self.clock.now_ms()
-        membership = self.core
-        pending = False
-        for frame in frames:
-            if link.closed:
-                return
-            self.counters["frames_received"] += 1
-            by_type = self.received_by_type
-            by_type[frame.type] = by_type.get(frame.type, 0) + 1
-            core = self.by_type.get(frame.type, membership)
-            if core is membership:
-                if pending:
-                    self.event(self.flush)
-                    pending = False
-                self.event(membership.receive, frame, link.id, link.peer_ip, link.local_ip,
-                           link.outbound_to, now_ms)
-                continue
-            try:
-                core.receive(frame, link.id, link.peer_ip, link.local_ip, link.outbound_to,
-                             now_ms)
-            except Exception:
-                self._core_error(core.receive)
-            pending = True
-        if pending:
-            self.event(self.flush)
+        """The frames of one read, in order (``bus_core.receive_frames``)."""
+        bus_core.receive_frames(self, link, frames)
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:
@@ -686,41 +572,34 @@ class Bus:
         try:
             handler(*args)
             if handler != self.flush:
-                self.flush()
+                bus_core.flush(self)
         except Exception:
-            self._core_error(handler)
+            self.core_error(handler)
 
-    def _core_error(self, handler: Callable[..., None]) -> None:
+    def membership_event(self, frame: Frame, link: LinkCore, now_ms: int) -> None:
+        self.event(self.membership.receive, frame, link.id, link.peer_ip, link.local_ip,
+                   link.outbound_to, now_ms)
+
+    def core_error(self, handler: object) -> None:
         self.counters["core_errors"] += 1
         self.limiter.emit(f"core-error:{getattr(handler, '__name__', '?')}", logging.ERROR,
                           "Cluster bus: unexpected error in the cluster core", exc_info=True)
 
+    def log_warning(self, key: str, text: str) -> None:
+        self.limiter.emit(key, logging.WARNING, text)
+
     def flush(self) -> None:
         """After every event: the broker's effects first (``before_flush``), then each core's,
-        routed in order."""
-        self.before_flush()
-        for core in self.cores:
-            if core.outbox:
-                for effect in core.take_effects():
-                    self.route(effect)
-        self.after_flush()
+        routed in order, then each link's frames written (``bus_core.flush``)."""
+        bus_core.flush(self)
 
     def route(self, effect: ClusterEffect) -> None:
-        """The one place a cluster effect goes where it belongs."""
+        """The one place a cluster effect goes where it belongs (``bus_core.route``)."""
+        bus_core.route(self, effect)
+
+    def route_other(self, effect: ClusterEffect) -> None:
         t = type(effect)
-        if t is Send:
-            assert isinstance(effect, Send)
-            if effect.type in _WAIT_FOR_LOG:
-                ticket = self.log_ticket()
-                if ticket and self._nursery is not None:
-                    self._nursery.start_soon(self._send_when_durable, ticket, effect)
-                    return
-            ob = self.outbound.get(effect.node_id)
-            self._send(ob.link if ob is not None else None, effect.type, effect.body)
-        elif t is Answer:
-            assert isinstance(effect, Answer)
-            self._send(self.links.get(effect.link), effect.type, effect.body)
-        elif t is Connect:
+        if t is Connect:
             assert isinstance(effect, Connect)
             self._connect(effect)
         elif t is Disconnect:
@@ -749,41 +628,24 @@ class Bus:
         else:
             raise AssertionError(f"unknown cluster effect {effect!r}")
 
-    async def _send_when_durable(self, ticket: int, effect: Send) -> None:
-        if not await self.wait_durable(ticket):
-            self.counters["sends_dropped"] += 1
-            return
-        ob = self.outbound.get(effect.node_id)
-        self._send(ob.link if ob is not None else None, effect.type, effect.body)
+    def send_when_durable(self, ticket: int) -> bool:
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(self._send_when_durable, ticket)
+        return True
 
-    def _send(self, link: Link | None, mtype: MessageType, body: dict[str, Any]) -> None:
-        if link is None or link.closed:
-            self.counters["sends_dropped"] += 1
+    async def _send_when_durable(self, ticket: int) -> None:
+        durable = await self.wait_durable(ticket)
+        sends = self.held.pop(ticket, [])
+        if not durable:
+            self.counters["sends_dropped"] += len(sends)
             return
+        self.flushing = True
         try:
-            parts = encode_parts(mtype, self.node_id, body, self.secret, self.max_body,
-                                 defer_mac=self.secret is not None)
-            # A small frame comes whole, MAC included; a big one without it (see _MacLater).
-            mac_later = self.secret is not None and len(parts) > 1
-        except Oversized as exc:
-            # The cores cut their batches and ADDJOB refuses a body over job-max-body-len, so
-            # this is a job kept from before the limit was lowered: never silently.
-            self.counters["sends_dropped"] += 1
-            self.counters["sends_oversized"] += 1
-            self.limiter.emit(f"oversized:{mtype.name}", logging.WARNING,
-                              f"Cluster bus: not sending a {mtype.name} message to "
-                              f"{link.peer_ip}: its {exc}, over what job-max-body-len allows")
-            return
-        except (WireError, ValueError, TypeError) as exc:
-            self.counters["sends_dropped"] += 1
-            self.limiter.emit(f"encode:{mtype.name}", logging.WARNING,
-                              f"Cluster bus: cannot encode a {mtype.name} message: {exc}")
-            return
-        if link.enqueue(parts, mac_later):
-            self.counters["frames_sent"] += 1
-            self.sent_by_type[mtype] = self.sent_by_type.get(mtype, 0) + 1
-        else:
-            self.counters["sends_dropped"] += 1
+            for effect in sends:
+                bus_core.send(self, self.up.get(effect.node_id), effect.type, effect.body)
+        finally:
+            bus_core.end_flush(self)
 
     def _connect(self, want: Connect) -> None:
         ob = self.outbound.get(want.node_id)

@@ -35,6 +35,11 @@ in flight, a rewrite is switching files, the disk is slow) the held connections 
 by a task once the log says their batch is durable; they stay in the epoll meanwhile and are
 read, but execute nothing.
 
+**The cluster bus's frames** that the rounds' commands send (a replicated ADDJOB's REPLJOBs)
+are queued by ``flush_bus`` at the end of each round and written when the loop waits or lets
+the other tasks run (``write_bus``): at once after a lone request, once per quantum for all
+the rounds of a busy one (one write per link, as a link's own writer task would).
+
 **Leaving the reactor.** A connection that must wait for something else is *parked*: taken
 out of the epoll (its input is not read: a client that stops reading is paused, not buffered)
 and handed to a task, which gives it back with ``unpark`` (registered again, and queued if its
@@ -142,6 +147,7 @@ class Reactor(ReactorCore):
                     poll(self)
                 polled = False
                 if not self.runnable:
+                    self.write_bus()
                     # Nothing to do: trio runs the others and wakes us when a socket in the
                     # epoll is ready (or schedule() writes to the wake-up descriptor).
                     self.waiting = True
@@ -155,6 +161,7 @@ class Reactor(ReactorCore):
                 poll(self)
                 polled = True
                 if self.runnable and clock() > quantum_end:
+                    self.write_bus()
                     # More to do, and the other tasks have waited a quantum: let them run
                     # (one trip through trio's scheduler then, not one per round).
                     await trio.lowlevel.checkpoint()

@@ -92,6 +92,10 @@ class Clock(Protocol):
     def monotonic(self) -> float: ...
 
 
+def _nothing() -> None:
+    """No cluster bus."""
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ReactorCore:
     """The reactor's state and its rounds; ``node.reactor.Reactor`` adds the trio loop."""
@@ -127,6 +131,10 @@ class ReactorCore:
         # New connections with input that have not had their first turn yet (the accept
         # loop waits while there are MAX_NEW_WAITING).
         self.new_waiting = 0
+        # Writes what the rounds queued for the cluster bus's links
+        # (``node.bus_core.write_pending``): called when the loop waits or lets the other
+        # tasks run, not after every round.
+        self.write_bus: Callable[[], None] = _nothing
 
     # -- hooks of the trio side (node/reactor.py) --------------------------------------------
 

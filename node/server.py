@@ -52,6 +52,7 @@ the error if that write failed (``Server.dispatch``).
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import inspect
@@ -92,7 +93,7 @@ from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
 from cluster.wiring import attach
-from node import client_info, config_file, memory_use, nodes_store
+from node import bus_core, client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
 from node.conn_core import (
@@ -221,7 +222,11 @@ class Server:
         # Serves every client connection (node/reactor.py); the round's group commit writes
         # the log, the replies for other clients go through dispatch.
         self.reactor = Reactor(self.clock, self.persistence, self.flush_broker, self.dispatch,
-                               self.wait_durable, flush_bus=self.bus.flush)
+                               self.wait_durable,
+                               flush_bus=functools.partial(bus_core.flush_round, self.bus))
+        # The frames the rounds send are written when the reactor waits or yields (one write
+        # per link for the rounds of a quantum).
+        self.reactor.write_bus = functools.partial(bus_core.write_pending, self.bus)
         self.nursery: trio.Nursery  # run() sets it; connections start their tasks there
         self.next_client_id = 0
         self.start_time = time.time()

@@ -54,7 +54,8 @@ PURE = "pure"
 PACKAGES = ("protocol", "broker", "cluster", "node")
 #: Of those, the packages compiled only in part, and the modules of theirs that are: node/ is
 #: trio code but for its hot path, which is kept free of trio so that mypyc can compile it.
-PARTLY_COMPILED = {"node": ("node/conn_core.py", "node/conn_state.py", "node/reactor_core.py",
+PARTLY_COMPILED = {"node": ("node/bus_core.py", "node/conn_core.py", "node/conn_state.py",
+                            "node/reactor_core.py",
                             "node/round_core.py", "node/log_core.py")}
 #: The build stamp, beside this file: written by tools/build_core.py after a build succeeded.
 STAMP = "compiled-core.json"

@@ -42,7 +42,15 @@ from cluster.job_messages import (
     YourJobs,
 )
 from cluster.messages import Fail, Gossip, Ping
-from cluster.wire import FLAG_MAC, HEADER, MAGIC, WIRE_VERSION, MessageType, encode_message
+from cluster.wire import (
+    FLAG_MAC,
+    HEADER,
+    MAGIC,
+    WIRE_VERSION,
+    MessageType,
+    batch_body,
+    encode_message,
+)
 
 QUEUES = (b"fuzzq", b"fuzzq2")
 INTS = (0, 1, -1, 2, 3, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32, 2**53 + 1,
@@ -132,6 +140,10 @@ def sample_bodies(node_ids: list[str], ports: list[int],
             (MessageType.QPOLICY, {"policies": policies[:1], "full": True}),
             (MessageType.TIMER, {"timers": timers}),
             (MessageType.TIMER, {"timers": timers[-1:], "full": True, "answer": True})]
+    # What a round sends one node, joined (REPLJOBs, GOTJOBs): BATCH frames.
+    for kind in (MessageType.REPLJOB, MessageType.GOTJOB):
+        bodies = [body for t, body in out if t is kind]
+        out.append((MessageType.BATCH, batch_body(kind, bodies[:3])))
     return out
 
 

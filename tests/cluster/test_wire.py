@@ -98,3 +98,30 @@ def test_fuzz_decoder_never_raises_untyped() -> None:
                 pass
         except wire.WireError:
             pass
+
+
+def test_batch_roundtrip_gives_the_single_messages_in_order() -> None:
+    bodies = [{"id": b"a" * 8}, {"id": b"b" * 8}, {"id": b"c" * 8}]
+    frame = Frame(MessageType.BATCH, NODE, wire.batch_body(MessageType.GOTJOB, bodies))
+    dec = FrameDecoder()
+    dec.feed(wire.encode(frame))
+    got = dec.next()
+    assert got is not None and got.type is MessageType.BATCH
+    assert wire.unbatch(got) == [Frame(MessageType.GOTJOB, NODE, b) for b in bodies]
+
+
+@pytest.mark.parametrize("body", [
+    {"bodies": [{}]},  # no type
+    {"type": int(MessageType.PING), "bodies": [{}]},  # a type that is never batched
+    {"type": int(MessageType.BATCH), "bodies": [{}]},  # no batch in a batch
+    {"type": 999, "bodies": [{}]},  # no such type
+    {"type": True, "bodies": [{}]},  # a bool is not a type number
+    {"type": int(MessageType.GOTJOB)},  # no bodies
+    {"type": int(MessageType.GOTJOB), "bodies": []},  # empty
+    {"type": int(MessageType.GOTJOB), "bodies": [{}] * (wire.BATCH_MAX + 1)},  # too many
+    {"type": int(MessageType.GOTJOB), "bodies": [{}, 1]},  # not a map
+    {"type": int(MessageType.GOTJOB), "bodies": {"id": 1}},  # not a list
+])
+def test_a_malformed_batch_is_refused(body: dict[str, object]) -> None:
+    with pytest.raises(wire.MalformedBody):
+        wire.unbatch(Frame(MessageType.BATCH, NODE, body))  # type: ignore[arg-type]
