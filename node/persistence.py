@@ -195,15 +195,25 @@ class Persistence(LogCore):
                 self.log.warning("Removed %s, left by a rewrite that did not finish", name)
         exists = os.path.exists(self.path)
         flagged = exists and self._header_flag_set()
+        version = aof.FORMAT_VERSION
         if self.enabled or self.enqueue_jobs_once or flagged:
             if exists:
-                self._replay(now_ms, flagged)
+                header = self._replay(now_ms, flagged).header
+                version = header.version if header is not None else version
             else:
                 self.broker.finish_load(now_ms, False)
         # Records made by finish_load (jobs that expired while the node was down).
         records = [e for e in self.broker.take_effects() if type(e) is LogRecord]
         if not self.enabled:
             return
+        if version < aof.FORMAT_VERSION:
+            # A file holds frames of one version, and the writer appends version-2 frames: an
+            # older log is rewritten first (as BGREWRITEAOF would; it already holds the
+            # records above).
+            logfile.write_snapshot(self.path, list(self.broker.snapshot()))
+            records = []
+            self.log.info("Append only file rewritten from format version %d to %d",
+                          version, aof.FORMAT_VERSION)
         if not os.path.exists(self.path):
             logfile.create_log(self.path)
         self.writer = aof.LogWriter(self._open_file(self.path))
@@ -220,7 +230,7 @@ class Persistence(LogCore):
             return False  # _replay reports it if the log is to be loaded at all
         return header is not None and header.enqueue_once
 
-    def _replay(self, now_ms: int, flagged: bool) -> None:
+    def _replay(self, now_ms: int, flagged: bool) -> aof.ReadEnd:
         self.loading = True
         t0 = time.perf_counter()
         try:
@@ -234,13 +244,14 @@ class Persistence(LogCore):
             self.loading = False
         enqueue = self.enqueue_jobs_once or flagged
         self.broker.finish_load(now_ms, enqueue)
-        if flagged:
-            logfile.clear_flags(self.path)  # the exact queues are restored once only
+        if flagged and end.header is not None:
+            logfile.clear_flags(self.path, end.header.version)  # exact queues once only
         self.log.info(
             "DB loaded from append only file: %.3f seconds (%d jobs, %d acks, %d deletes%s)",
             time.perf_counter() - t0, end.counts["job"], end.counts["ack"], end.counts["del"],
             ", queues restored" if enqueue else "",
         )
+        return end
 
     @property
     def enabled(self) -> bool:
@@ -546,6 +557,8 @@ class Persistence(LogCore):
     def info(self) -> list[tuple[str, object]]:
         in_progress = self.rewrite_buf is not None
         size = self.writer.good_size if self.writer else 0
+        # The file is longer than the log by its zero-filled tail (node/logfile.py).
+        file_size = getattr(self.writer.file, "file_size", None) if self.writer else None
         return [
             ("loading", int(self.loading)),
             ("aof_enabled", int(self.enabled)),
@@ -561,6 +574,7 @@ class Persistence(LogCore):
             ("aof_last_fsync_latency_usec", self.last_fsync_usec),
             ("aof_current_size", size),
             ("aof_base_size", self.base_size),
+            ("aof_preallocated_size", file_size() - size if file_size is not None else 0),
         ]
 
     async def shutdown(self, rewrite: bool) -> None:
