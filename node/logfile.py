@@ -110,8 +110,8 @@ def clear_flags(path: str, version: int) -> None:
 # big steps). A fill starts when less than the last fill's size is left.
 PREALLOCATE_MIN = 64 * 1024
 PREALLOCATE_MAX = 8 * 1024 * 1024
-_ZERO_PIECE = 1024 * 1024  # zeros written per lock hold by the filler
-_ZEROS = bytes(_ZERO_PIECE)
+_ZERO_PIECE = 256 * 1024  # zeros written (under the lock) and synced at a time by the filler
+_ZEROS = memoryview(bytes(_ZERO_PIECE))
 
 
 class OsLogFile:
@@ -209,7 +209,9 @@ class OsLogFile:
                         break
                     n = os.pwrite(fd, _ZEROS[: min(_ZERO_PIECE, target - start)], start)
                     self.allocated = start + n
-            os.fdatasync(fd)
+                # Each piece synced at once: the writer's fdatasync flushes every dirty page
+                # of the file, so zeros left dirty would be written in its time.
+                os.fdatasync(fd)
             self.fill_error = None
         except OSError as exc:
             # A full disk: the writes append as before (and fail on their own if they must);
