@@ -137,6 +137,8 @@ class OsLogFile:
         self.allocated = self.end  # the file's length: zeros from ``end`` to here
         self.fill_size = PREALLOCATE_MIN // 2  # doubled before each fill
         self.filling = False
+        # Asked when a fill is due (Persistence: under appendfsync always only).
+        self.preallocate: Callable[[], bool] = lambda: True
         self.fill_error: OSError | None = None  # the last fill's failure, retried later
         self._fill_retry_at = 0.0
         self._lock = threading.Lock()
@@ -151,7 +153,7 @@ class OsLogFile:
                 if end + n > self.allocated:
                     self.allocated = end + n
         self.end = end + n
-        if self.allocated - self.end < self.fill_size and not self.filling:
+        if self.allocated - self.end < self.fill_size and not self.filling and self.preallocate():
             self._start_fill()
         return n
 

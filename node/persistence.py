@@ -217,6 +217,7 @@ class Persistence(LogCore):
         if not os.path.exists(self.path):
             logfile.create_log(self.path)
         self.writer = aof.LogWriter(self._open_file(self.path))
+        self._follow_policy()
         self.base_size = self.synced_size = self.writer.good_size
         if records:
             self.writer.write(aof.encode_records(records))
@@ -461,6 +462,7 @@ class Persistence(LogCore):
                         # The new file is the log now, even if a later step failed: writing
                         # on to the old, unlinked one would lose every record.
                         old, self.writer = self.writer, aof.LogWriter(new_file)
+                        self._follow_policy()
                         new_file = None
                         if old is not None:
                             old.close()
@@ -496,6 +498,13 @@ class Persistence(LogCore):
     # -----------------------------------------------------------------------------------------
     # CONFIG SET appendonly
 
+    def _follow_policy(self) -> None:
+        """The file zero-fills ahead of its writes under ``always`` only (read when a fill is
+        due: CONFIG SET changes it): only there does an fdatasync wait for each batch
+        (node/logfile.py); elsewhere the fills would cost CPU and disk for nothing."""
+        if self.writer is not None and hasattr(self.writer.file, "preallocate"):
+            self.writer.file.preallocate = lambda: self.config.appendfsync == "always"
+
     async def config_changed(self, name: str) -> str | None:
         """Called by the server after a successful CONFIG SET; the error text if the change
         could not be carried out (then it is undone). ``appendfsync`` and the rewrite settings
@@ -526,6 +535,7 @@ class Persistence(LogCore):
                         self.log.exception("Could not switch the append log on")
                     return f"Could not switch the append log on: {error}"
                 self.writer = aof.LogWriter(f)
+                self._follow_policy()
                 self.base_size = self.synced_size = self.writer.good_size
                 self._wakeup.set()
             else:

@@ -542,3 +542,19 @@ async def test_a_log_of_the_previous_format_is_upgraded_at_start(tmp_path):
             await _client(p, broker, b"D-3")
             n.cancel_scope.cancel()
     assert _reload(tmp_path).jobs.keys() == {b"D-00000002", b"D-3"}
+
+
+async def test_the_log_is_zero_filled_under_always_only(tmp_path):
+    p, broker, files = _make(tmp_path, appendfsync="everysec")
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            for i in range(50):
+                await _client(p, broker, b"D-%d" % i)
+            assert dict(p.info())["aof_preallocated_size"] == 0
+            p.config.appendfsync = "always"  # CONFIG SET: read when a fill is due
+            await _client(p, broker, b"D-always")
+            while files[0].filling:
+                await trio.sleep(0.01)
+            assert dict(p.info())["aof_preallocated_size"] > 0
+            n.cancel_scope.cancel()
