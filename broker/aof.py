@@ -2,10 +2,25 @@
 
 Theory of operation
 -------------------
-A log is one file: a 16-byte header, then frames, one per record.
+A log is one file: a 16-byte header, then frames, one per record, then (version 2) zero
+bytes up to the end of the file.
 
     header  = MAGIC (8 bytes) | version u16 | flags u16 | crc32(first 12 bytes) u32
-    frame   = length u32 | ~length u32 | crc32(payload) u32 | payload (msgpack, `length` bytes)
+    frame   = ~length u32 | length u32 | crc32(payload) u32 | payload (msgpack, `length` bytes)
+    (both u32 are big-endian; the record's offset is the frame's, its payload 12 bytes on)
+    tail    = zero bytes (the writer zero-fills the file ahead of its writes)
+
+A frame starts with the complement of its length, whose first byte is never zero (0xFF minus
+the length's top byte; a frame would need 4080 MiB to reach 0). So the first byte at a frame
+boundary tells a record (however little of it reached the disk) from the zero-filled tail: a
+zero byte there, and zeros to the end of the file, is the end of the log (its *logical end*;
+``ReadEnd.tail`` counts the zeros). Frames never move inside a file: a record's offset is
+stable until a rewrite writes a new file.
+
+Version 1 (still read) had ``length | ~length`` and no tail: there a frame's first bytes are
+zero for any record under 16 MiB, so zeros after the last frame are a torn tail as below. A
+file holds frames of its header's version only: a node that loaded a version-1 log rewrites it
+(as BGREWRITEAOF does) before appending.
 
 A payload is ``[kind, data]``: ``["job", job_record]`` (the full state of a job, the last one per
 ID wins at replay), ``["ack", job_id]``, ``["del", job_id]``, ``["flushall", None]`` (DEBUG
@@ -23,7 +38,8 @@ file, which would look like a torn tail and make us drop every record after it.
 
 How the end of a log is classified (``ReadEnd``):
 
-* ``clean``   - the last frame ends exactly at the end of the file.
+* ``clean``   - the last frame ends exactly at the end of the file, or (version 2) only zeros
+  follow it.
 * ``torn``    - the damage is confined to the tail: a frame (or its header) runs past the end of
   the file, or a bad frame is followed only by zero bytes or by nothing (what a crash leaves when
   the file size reached the disk before the data did). Truncating at ``offset`` loses only the
@@ -58,7 +74,9 @@ from typing import Any, BinaryIO, Final, Protocol
 import msgpack
 
 MAGIC: Final = b"TRISQLOG"
-FORMAT_VERSION: Final = 1
+# 2: the file may end in a zero-filled tail (its writer preallocates). Version 1 logs are read
+# too; the node rewrites their header to 2 in place before it appends to them.
+FORMAT_VERSION: Final = 2
 FLAG_ENQUEUE_ONCE: Final = 0x0001
 
 _HEADER = struct.Struct(">8sHHI")
@@ -119,10 +137,13 @@ def encode_header(flags: int = 0, version: int = FORMAT_VERSION) -> bytes:
     return head + struct.pack(">I", zlib.crc32(head))
 
 
-def encode_frame(kind: str, data: Any) -> bytes:
+def encode_frame(kind: str, data: Any, version: int = FORMAT_VERSION) -> bytes:
+    """One frame (``version`` 1 only for tests of old logs)."""
     payload: bytes = msgpack.packb((kind, data), use_bin_type=True)
     n = len(payload)
-    return _FRAME.pack(n, n ^ _MASK, zlib.crc32(payload)) + payload
+    if version == 1:
+        return _FRAME.pack(n, n ^ _MASK, zlib.crc32(payload)) + payload
+    return _FRAME.pack(n ^ _MASK, n, zlib.crc32(payload)) + payload
 
 
 # Bound once (Final: a C static when compiled): records are encoded for every command that
@@ -172,7 +193,7 @@ def append_records(buf: bytearray, records: Iterable[Record], pack: Pack) -> Non
         for rec in records:
             payload = pack((rec[0], rec[1]))
             n = len(payload)
-            buf += _PACK_FRAME(n, n ^ _MASK, _CRC32(payload))
+            buf += _PACK_FRAME(n ^ _MASK, n, _CRC32(payload))
             buf += payload
     except BaseException:
         del buf[start:]
@@ -219,17 +240,38 @@ class ReadEnd:
     reason: str = ""
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     header: Header | None = None
+    tail: int = 0  # zero bytes after ``offset`` of a clean version-2 log (its preallocation)
 
     @property
     def records(self) -> int:
         return sum(self.counts.values())
 
 
-def _rest_is_zero(f: BinaryIO, start: int) -> bool:
+def _zeros_to_end(f: BinaryIO, start: int) -> int:
+    """How many bytes follow ``start`` if they are all zero, else -1."""
     f.seek(start)
+    n = 0
     while chunk := f.read(READ_CHUNK):
         if chunk.count(0) != len(chunk):
-            return False
+            return -1
+        n += len(chunk)
+    return n
+
+
+def _rest_is_zero(f: BinaryIO, start: int) -> bool:
+    return _zeros_to_end(f, start) >= 0
+
+
+def _zero_tail(f: BinaryIO, end: ReadEnd, offset: int) -> bool:
+    """At a frame boundary of a version-2 log whose next byte is zero: if only zeros follow,
+    the log ends here (clean, with the zeros as its tail)."""
+    header = end.header
+    if header is None or header.version < 2:
+        return False
+    zeros = _zeros_to_end(f, offset)
+    if zeros < 0:
+        return False
+    end.state, end.offset, end.reason, end.tail = "clean", offset, "", zeros
     return True
 
 
@@ -257,6 +299,7 @@ def read_records(f: BinaryIO, path: str, end: ReadEnd | None = None,
         return
     end.header = header
     unpackb, unpack_frame, crc32 = msgpack.unpackb, _FRAME.unpack_from, zlib.crc32
+    complement_first = header.version >= 2  # the frame layout (module docstring)
     counts = end.counts
     buf = b""
     pos = 0  # next frame in buf
@@ -275,11 +318,18 @@ def read_records(f: BinaryIO, path: str, end: ReadEnd | None = None,
             if pos == len(buf):
                 end.state, end.offset = "clean", base + pos
                 return
+            if buf[pos] == 0 and _zero_tail(f, end, base + pos):
+                return
             end.state, end.offset, end.reason = "torn", base + pos, "incomplete frame header"
             return
-        n, check, crc = unpack_frame(buf, pos)
+        if complement_first:
+            check, n, crc = unpack_frame(buf, pos)
+        else:
+            n, check, crc = unpack_frame(buf, pos)
         start = pos + FRAME_HEADER_SIZE
         if n ^ check != _MASK:
+            if complement_first and buf[pos] == 0 and _zero_tail(f, end, base + pos):
+                return
             _classify(f, end, base + pos, None, "bad frame length")
             return
         if start + n > len(buf):
@@ -316,9 +366,12 @@ def read_records(f: BinaryIO, path: str, end: ReadEnd | None = None,
 
 
 def _classify(f: BinaryIO, end: ReadEnd, offset: int, frame_end: int | None, reason: str) -> None:
-    """Damage at ``offset``: torn if nothing but zeros follows, corrupt otherwise."""
+    """Damage at ``offset``: torn if nothing but zeros follows the bad frame (or its header),
+    corrupt otherwise."""
     end.offset, end.reason = offset, reason
-    tail_from = frame_end if frame_end is not None else offset
+    # A frame header that is itself the damage (its length fields disagree) may be one torn
+    # by a crash in the zero-filled tail: then zeros follow it.
+    tail_from = frame_end if frame_end is not None else offset + FRAME_HEADER_SIZE
     end.state = "torn" if _rest_is_zero(f, tail_from) else "corrupt"
 
 

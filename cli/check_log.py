@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
           f"del {end.counts['del']}, dlv {end.counts['dlv']}, qpolicy {end.counts['qpolicy']}, "
           f"timer {end.counts['timer']})")
     if end.state == "clean":
+        if end.tail:
+            print(f"zero-filled tail: {end.tail} bytes after the last record, at offset "
+                  f"{end.offset} (preallocated by the node; cut at its next start)")
         print("status: OK")
         return 0
     lost = size - end.offset

@@ -14,6 +14,8 @@ name. Each function is synchronous; ``node/persistence.py`` runs the slow ones i
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
@@ -58,6 +60,10 @@ def load_into(
         load(rec, now_ms)
     if end.state == "corrupt":
         raise LogCorrupt(path, end.offset, end.reason)
+    if end.tail:
+        # The zero-filled tail a running writer keeps ahead of its writes (a crash left it):
+        # cut, so the writer starts at the logical end; it zero-fills again as it goes.
+        truncate(path, end.offset)
     if end.state == "torn":
         if not load_truncated:
             raise LogTruncated(path, end.offset, end.reason)
@@ -85,12 +91,12 @@ def truncate(path: str, offset: int) -> None:
         os.close(fd)
 
 
-def clear_flags(path: str) -> None:
-    """Rewrite the header without flags, in place and durably (the enqueue-once flag is used
-    for one start only)."""
+def clear_flags(path: str, version: int) -> None:
+    """Rewrite the header without flags, keeping its format ``version``, in place and durably
+    (the enqueue-once flag is used for one start only)."""
     fd = os.open(path, os.O_WRONLY)
     try:
-        os.pwrite(fd, encode_header(), 0)
+        os.pwrite(fd, encode_header(version=version), 0)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -99,30 +105,128 @@ def clear_flags(path: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Writing
 
+# The zero-filled region kept ahead of the writes: the first fill, and the most one fill adds
+# (each fill doubles the last one up to this, so an idle log stays small and a busy one gets
+# big steps). A fill starts when less than the last fill's size is left.
+PREALLOCATE_MIN = 64 * 1024
+PREALLOCATE_MAX = 8 * 1024 * 1024
+_ZERO_PIECE = 256 * 1024  # zeros written (under the lock) and synced at a time by the filler
+_ZEROS = memoryview(bytes(_ZERO_PIECE))
+
+
 class OsLogFile:
-    """An append-only file descriptor; ``sync`` is fdatasync (the size change of an append is
-    metadata fdatasync does flush, the timestamps it skips are not needed to read the log)."""
+    """The log's file descriptor, written at its logical end (``end``) with a zero-filled,
+    fdatasynced region kept ahead of it (up to ``allocated``).
+
+    Why: fdatasync after an append must also journal the new size and block allocation; after
+    a write into blocks already written it flushes only the data (measured 143 against 206 us
+    on the development VM). ``sync`` is fdatasync (timestamps are not needed to read the log).
+
+    A thread of its own (started per fill, when less than the last fill's size is left) extends
+    the region by writing zeros past ``allocated`` and fdatasyncs them. The writer's writes
+    below ``allocated`` take no lock: the filler only writes at or past it. A write that would
+    cross it (the filler fell behind, or failed: ENOSPC) takes the lock and moves it, as a plain
+    append would. ``close`` cuts the file back to its logical end; a crash leaves the zeros,
+    which the reader takes for the end of the log (format version 2, broker/aof.py).
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.end = os.lseek(self.fd, 0, os.SEEK_END)
+        self.allocated = self.end  # the file's length: zeros from ``end`` to here
+        self.fill_size = PREALLOCATE_MIN // 2  # doubled before each fill
+        self.filling = False
+        # Asked when a fill is due (Persistence: under appendfsync always only).
+        self.preallocate: Callable[[], bool] = lambda: True
+        self.fill_error: OSError | None = None  # the last fill's failure, retried later
+        self._fill_retry_at = 0.0
+        self._lock = threading.Lock()
 
     def write(self, data: bytes | memoryview, /) -> int:
-        return os.write(self.fd, data)
+        end = self.end
+        if end + len(data) <= self.allocated:
+            n = os.pwrite(self.fd, data, end)
+        else:
+            with self._lock:
+                n = os.pwrite(self.fd, data, end)
+                if end + n > self.allocated:
+                    self.allocated = end + n
+        self.end = end + n
+        if self.allocated - self.end < self.fill_size and not self.filling and self.preallocate():
+            self._start_fill()
+        return n
 
     def sync(self) -> None:
         os.fdatasync(self.fd)
 
     def truncate(self, size: int, /) -> None:
-        os.ftruncate(self.fd, size)
+        with self._lock:
+            os.ftruncate(self.fd, size)
+            self.end = self.allocated = size
 
     def size(self) -> int:
-        return os.fstat(self.fd).st_size
+        """The logical size: where the next write goes."""
+        return self.end
+
+    def file_size(self) -> int:
+        """The file's length, its zero-filled tail included."""
+        return self.allocated
 
     def close(self) -> None:
-        if self.fd >= 0:
+        with self._lock:
+            if self.fd < 0:
+                return
+            try:
+                os.ftruncate(self.fd, self.end)  # a clean stop leaves no tail
+            except OSError:
+                pass  # zeros past the end are read as the end anyway
             os.close(self.fd)
             self.fd = -1
+
+    # -- the filler -------------------------------------------------------------------------
+
+    def _start_fill(self) -> None:
+        if self.fill_error is not None and time.monotonic() < self._fill_retry_at:
+            return
+        self.filling = True
+        self.fill_size = min(self.fill_size * 2, PREALLOCATE_MAX)
+        threading.Thread(target=self._fill, args=(self.fill_size,), daemon=True,
+                         name="trisque-log-fill").start()
+
+    def _fill(self, size: int) -> None:
+        fd = -1
+        try:
+            with self._lock:
+                if self.fd < 0:
+                    return
+                fd = os.dup(self.fd)  # never a number the closed log's fd was reused for
+                target = self.allocated + size
+            while True:
+                with self._lock:
+                    if self.fd < 0:
+                        return
+                    start = self.allocated
+                    if start >= target:
+                        break
+                    n = os.pwrite(fd, _ZEROS[: min(_ZERO_PIECE, target - start)], start)
+                    self.allocated = start + n
+                # Each piece synced at once: the writer's fdatasync flushes every dirty page
+                # of the file, so zeros left dirty would be written in its time.
+                os.fdatasync(fd)
+            self.fill_error = None
+        except OSError as exc:
+            # A full disk: the writes append as before (and fail on their own if they must);
+            # a fill is tried again a little later.
+            self.fill_error = exc
+            self._fill_retry_at = time.monotonic() + FILL_RETRY_SEC
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            self.filling = False
+
+
+FILL_RETRY_SEC = 5.0
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -195,18 +195,29 @@ class Persistence(LogCore):
                 self.log.warning("Removed %s, left by a rewrite that did not finish", name)
         exists = os.path.exists(self.path)
         flagged = exists and self._header_flag_set()
+        version = aof.FORMAT_VERSION
         if self.enabled or self.enqueue_jobs_once or flagged:
             if exists:
-                self._replay(now_ms, flagged)
+                header = self._replay(now_ms, flagged).header
+                version = header.version if header is not None else version
             else:
                 self.broker.finish_load(now_ms, False)
         # Records made by finish_load (jobs that expired while the node was down).
         records = [e for e in self.broker.take_effects() if type(e) is LogRecord]
         if not self.enabled:
             return
+        if version < aof.FORMAT_VERSION:
+            # A file holds frames of one version, and the writer appends version-2 frames: an
+            # older log is rewritten first (as BGREWRITEAOF would; it already holds the
+            # records above).
+            logfile.write_snapshot(self.path, list(self.broker.snapshot()))
+            records = []
+            self.log.info("Append only file rewritten from format version %d to %d",
+                          version, aof.FORMAT_VERSION)
         if not os.path.exists(self.path):
             logfile.create_log(self.path)
         self.writer = aof.LogWriter(self._open_file(self.path))
+        self._follow_policy()
         self.base_size = self.synced_size = self.writer.good_size
         if records:
             self.writer.write(aof.encode_records(records))
@@ -220,7 +231,7 @@ class Persistence(LogCore):
             return False  # _replay reports it if the log is to be loaded at all
         return header is not None and header.enqueue_once
 
-    def _replay(self, now_ms: int, flagged: bool) -> None:
+    def _replay(self, now_ms: int, flagged: bool) -> aof.ReadEnd:
         self.loading = True
         t0 = time.perf_counter()
         try:
@@ -234,13 +245,14 @@ class Persistence(LogCore):
             self.loading = False
         enqueue = self.enqueue_jobs_once or flagged
         self.broker.finish_load(now_ms, enqueue)
-        if flagged:
-            logfile.clear_flags(self.path)  # the exact queues are restored once only
+        if flagged and end.header is not None:
+            logfile.clear_flags(self.path, end.header.version)  # exact queues once only
         self.log.info(
             "DB loaded from append only file: %.3f seconds (%d jobs, %d acks, %d deletes%s)",
             time.perf_counter() - t0, end.counts["job"], end.counts["ack"], end.counts["del"],
             ", queues restored" if enqueue else "",
         )
+        return end
 
     @property
     def enabled(self) -> bool:
@@ -450,6 +462,7 @@ class Persistence(LogCore):
                         # The new file is the log now, even if a later step failed: writing
                         # on to the old, unlinked one would lose every record.
                         old, self.writer = self.writer, aof.LogWriter(new_file)
+                        self._follow_policy()
                         new_file = None
                         if old is not None:
                             old.close()
@@ -485,6 +498,13 @@ class Persistence(LogCore):
     # -----------------------------------------------------------------------------------------
     # CONFIG SET appendonly
 
+    def _follow_policy(self) -> None:
+        """The file zero-fills ahead of its writes under ``always`` only (read when a fill is
+        due: CONFIG SET changes it): only there does an fdatasync wait for each batch
+        (node/logfile.py); elsewhere the fills would cost CPU and disk for nothing."""
+        if self.writer is not None and hasattr(self.writer.file, "preallocate"):
+            self.writer.file.preallocate = lambda: self.config.appendfsync == "always"
+
     async def config_changed(self, name: str) -> str | None:
         """Called by the server after a successful CONFIG SET; the error text if the change
         could not be carried out (then it is undone). ``appendfsync`` and the rewrite settings
@@ -515,6 +535,7 @@ class Persistence(LogCore):
                         self.log.exception("Could not switch the append log on")
                     return f"Could not switch the append log on: {error}"
                 self.writer = aof.LogWriter(f)
+                self._follow_policy()
                 self.base_size = self.synced_size = self.writer.good_size
                 self._wakeup.set()
             else:
@@ -546,6 +567,8 @@ class Persistence(LogCore):
     def info(self) -> list[tuple[str, object]]:
         in_progress = self.rewrite_buf is not None
         size = self.writer.good_size if self.writer else 0
+        # The file is longer than the log by its zero-filled tail (node/logfile.py).
+        file_size = getattr(self.writer.file, "file_size", None) if self.writer else None
         return [
             ("loading", int(self.loading)),
             ("aof_enabled", int(self.enabled)),
@@ -561,6 +584,7 @@ class Persistence(LogCore):
             ("aof_last_fsync_latency_usec", self.last_fsync_usec),
             ("aof_current_size", size),
             ("aof_base_size", self.base_size),
+            ("aof_preallocated_size", file_size() - size if file_size is not None else 0),
         ]
 
     async def shutdown(self, rewrite: bool) -> None:

@@ -40,6 +40,17 @@ def test_clean(tmp_path, capsys):
     assert "records: 13 (job 10, ack 1, del 1, dlv 1, qpolicy 0, timer 0)" in out and "status: OK" in out
 
 
+def test_zero_filled_tail_is_ok(tmp_path, capsys):
+    path = str(tmp_path / "a.aof")
+    size = _log(path)
+    with open(path, "ab") as f:
+        f.write(bytes(65536))  # what a node killed while running leaves
+    assert check_log.main([path]) == 0
+    out = capsys.readouterr().out
+    assert f"zero-filled tail: 65536 bytes after the last record, at offset {size}" in out
+    assert "status: OK" in out
+
+
 def test_torn_tail_reported_then_fixed(tmp_path, capsys):
     path = str(tmp_path / "a.aof")
     size = _log(path)

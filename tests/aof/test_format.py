@@ -104,13 +104,90 @@ def test_flipped_length_is_corruption_not_a_torn_tail(tmp_path):
     assert end.state == "corrupt" and end.offset == ends[3]
 
 
-def test_zero_filled_tail_is_torn(tmp_path):
+def _write_v1_log(path: str, recs: list[tuple[str, object]]) -> list[int]:
+    ends = []
+    with open(path, "wb") as f:
+        f.write(aof.encode_header(version=1))
+        for kind, data in recs:
+            f.write(aof.encode_frame(kind, data, version=1))
+            ends.append(f.tell())
+    return ends
+
+
+def test_zero_filled_tail_of_a_version_1_log_is_torn(tmp_path):
     path = str(tmp_path / "a.aof")
-    ends = _write_log(path, _records(20))
+    ends = _write_v1_log(path, _records(20))
     with open(path, "ab") as f:
         f.write(b"\0" * 5000)  # what a crash leaves when the size reached the disk first
     end = logfile.scan(path)
     assert end.state == "torn" and end.offset == ends[-1]
+
+
+def test_zero_filled_tail_is_the_end_of_the_log(tmp_path):
+    path = str(tmp_path / "a.aof")
+    recs = _records(20)
+    ends = _write_log(path, recs)
+    with open(path, "ab") as f:
+        f.write(b"\0" * 5000)  # the writer's preallocated tail, left by a crash
+    end = logfile.scan(path)
+    assert end.state == "clean" and end.offset == ends[-1] and end.tail == 5000
+    warnings: list[str] = []
+    end = logfile.load_into(path, FakeBroker(), 0, warn=warnings.append)
+    assert end.records == len(recs) and not warnings
+    assert os.path.getsize(path) == ends[-1]  # cut: the writer starts at the logical end
+
+
+def test_zero_filled_tail_right_after_the_header(tmp_path):
+    path = str(tmp_path / "a.aof")
+    with open(path, "wb") as f:
+        f.write(aof.encode_header() + bytes(70_000))
+    end = logfile.scan(path)
+    assert end.state == "clean" and end.offset == aof.HEADER_SIZE and end.records == 0
+
+
+@pytest.mark.parametrize("kept", [1, 3, 5, 11, 12, 20])
+def test_record_torn_in_the_zero_filled_tail_is_torn_not_the_end(tmp_path, kept):
+    """A crash that left only the first ``kept`` bytes of the last record, zeros after it:
+    its first byte is never zero, so it is a torn record, cut with a warning."""
+    path = str(tmp_path / "a.aof")
+    ends = _write_log(path, _records(10))
+    frame = aof.encode_frame("job", [b"D-x", b"q", b"b" * 30, True, 0])
+    with open(path, "ab") as f:
+        f.write(frame[:kept] + bytes(8192))
+    end = logfile.scan(path)
+    assert end.state == "torn" and end.offset == ends[-1], end.reason
+    with pytest.raises(aof.LogTruncated):
+        logfile.load_into(path, FakeBroker(), 0, load_truncated=False)
+
+
+def test_data_after_zeros_is_still_corruption(tmp_path):
+    path = str(tmp_path / "a.aof")
+    ends = _write_log(path, _records(10))
+    with open(path, "ab") as f:
+        f.write(bytes(4096) + aof.encode_frame("ack", b"D-1"))
+    end = logfile.scan(path)
+    assert end.state == "corrupt" and end.offset == ends[-1]
+
+
+# A version-1 log (frames ``length | ~length | crc``) as the previous release wrote it:
+# D-00000001 and D-00000002 added to q, then D-00000001 acknowledged.
+_V1_LOG = bytes.fromhex(
+    "54524953514c4f4700010000423228a20000001effffffe12ee6cfe092a36a6f6295c40a442d3030303030"
+    "303031c40171c4056669727374c3000000001fffffffe0aaef743192a36a6f6295c40a442d303030303030"
+    "3032c40171c4067365636f6e64c30000000011ffffffeeb7885ba992a361636bc40a442d30303030303030"
+    "31")
+
+
+def test_a_log_of_the_previous_format_is_read(tmp_path):
+    path = str(tmp_path / "a.aof")
+    open(path, "wb").write(_V1_LOG)
+    end = aof.ReadEnd()
+    assert list(logfile.read_log(path, end)) == [
+        ("job", [b"D-00000001", b"q", b"first", True, 0]),
+        ("job", [b"D-00000002", b"q", b"second", True, 0]),
+        ("ack", b"D-00000001"),
+    ]
+    assert end.state == "clean" and end.header is not None and end.header.version == 1
 
 
 def test_damaged_last_frame_is_torn(tmp_path):
@@ -138,7 +215,7 @@ def test_newer_format_version_is_refused(tmp_path):
     with open(path, "wb") as f:
         f.write(aof.encode_header(version=aof.FORMAT_VERSION + 1))
         f.write(aof.encode_frame("ack", b"D-1"))
-    with pytest.raises(aof.LogVersionError, match="version 2.*upgrade trisque"):
+    with pytest.raises(aof.LogVersionError, match="version 3.*upgrade trisque"):
         logfile.load_into(path, FakeBroker(), 0)
 
 
@@ -215,12 +292,14 @@ def test_shutdown_flag_round_trip(tmp_path):
     logfile.write_snapshot(path, [("job", [b"D-1", b"q", b"b", True, 0])], aof.FLAG_ENQUEUE_ONCE)
     end = logfile.scan(path)
     assert end.header is not None and end.header.enqueue_once
-    logfile.clear_flags(path)
+    logfile.clear_flags(path, aof.FORMAT_VERSION)
     end = logfile.scan(path)
     assert end.header is not None and not end.header.enqueue_once and end.records == 1
 
 
 def test_frame_layout_is_documented_one():
     frame = aof.encode_frame("ack", b"D-1")
-    n, check, _crc = struct.unpack(">III", frame[:12])
+    check, n, _crc = struct.unpack(">III", frame[:12])
     assert n == len(frame) - 12 and check == n ^ 0xFFFFFFFF
+    assert frame[0] != 0  # what tells a record from the zero-filled tail
+    assert aof.encode_records([("ack", b"D-1")]) == frame

@@ -58,12 +58,21 @@ def _load(port: int, stop: threading.Event, added: set[bytes], acked: set[bytes]
     return threads
 
 
+PIPELINE_CHUNK = 2_000
+
+
 def _pipelined(port: int, commands: list[tuple[object, ...]]) -> list[object]:
-    """Send every command in one write, then read the replies in order."""
+    """Send the commands a chunk at a time, each in one write, reading its replies in order
+    before the next: a client that sends tens of thousands of SHOWs before reading any reply
+    blocks in its send once the node holds back replies the client does not read."""
     conn = Connection(("127.0.0.1", port), 10)
     try:
-        payload = b"".join(encode_command(*c) for c in commands)
-        return conn.exchange(payload, len(commands), 60)
+        replies: list[object] = []
+        for i in range(0, len(commands), PIPELINE_CHUNK):
+            chunk = commands[i : i + PIPELINE_CHUNK]
+            payload = b"".join(encode_command(*c) for c in chunk)
+            replies += conn.exchange(payload, len(chunk), 60)
+        return replies
     finally:
         conn.close()
 
