@@ -58,6 +58,9 @@ FLAG_QUEUED_BEFORE: Final = 4  # queued at least once: a later queueing is an ad
 # Held as part of a cluster (created or received with replication on): an ACKED record of it
 # is replayed as an acked job that takes part in ack GC again, not dropped.
 FLAG_REPLICA: Final = 8
+# Waiting out its queue's backoff (broker/backoff.py) before it is queued again: its NACK or
+# additional delivery was counted when the wait began, so the queueing counts nothing.
+FLAG_BACKOFF: Final = 16
 
 # A job is re-queued WILLQUEUE_ADVANCE ms after it wakes up: in a cluster the wake-up tells
 # the other holders first, so they can object if they already queued it.

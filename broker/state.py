@@ -22,13 +22,23 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import cluster_jobs, dead_letters, eviction, memory, periodic, policies, policy_table
+from broker import (
+    backoff,
+    cluster_jobs,
+    dead_letters,
+    eviction,
+    memory,
+    periodic,
+    policies,
+    policy_table,
+)
 from broker.clients import BLOCKED, Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
 from broker.config import Config
 from broker.effects import Effect, LogRecord, Reply
 from broker.federation import Federation
 from broker.job import (
+    FLAG_BACKOFF,
     FLAG_DELIVERED,
     FLAG_QUEUED_BEFORE,
     FLAG_REPLICA,
@@ -301,14 +311,22 @@ class BrokerState:
             return False
         if not job.qtime or (not job.retry and job.flags & FLAG_DELIVERED):
             return False
-        if self.policies.redrive and dead_letters.dead_letter(self, job, now_ms, nack):
+        waited = job.flags & FLAG_BACKOFF
+        if waited:
+            # The end of a backoff (broker/backoff.py): counted, and told to the other
+            # holders, when it began.
+            job.flags &= ~FLAG_BACKOFF
+        elif self.policies.redrive and dead_letters.dead_letter(self, job, now_ms, nack):
             return False  # moved to its dead-letter queue instead
         job.transition(_QUEUED)
-        if self.replication is not None and (nack or job.flags & FLAG_QUEUED_BEFORE):
+        again = job.flags & FLAG_QUEUED_BEFORE
+        if waited:
+            again = 0
+            nack = False
+        elif self.replication is not None and (nack or again):
             # Re-queued (or NACKed) here: the other holders move their retry time and
             # dequeue their copy if this node's ID is greater (Disque's enqueueJob).
             self.replication.queued(job, nack)
-        again = job.flags & FLAG_QUEUED_BEFORE
         if nack:
             job.nacks += 1
         elif again:
@@ -390,6 +408,10 @@ class BrokerState:
                     job.qtime = self.requeue_time(job, now_ms)  # input paused: try later
                 else:
                     prev = job.to_record()
+                    if (self.policies.backoff and not job.flags & FLAG_BACKOFF
+                            and backoff.start(self, job, now_ms, False)):
+                        self.log_job(job, prev)
+                        return
                     if self.enqueue_job(job, now_ms):
                         self.log_job(job, prev)
                         return
@@ -791,6 +813,10 @@ class BrokerState:
             if job is None:
                 continue
             prev = job.to_record()
+            if nack and self.policies.backoff and backoff.start(self, job, now_ms, True):
+                self.log_job(job, prev)
+                count += 1
+                continue
             if not self.enqueue_job(job, now_ms, nack=nack):
                 continue
             self.log_job(job, prev)

@@ -179,9 +179,10 @@ class QPolicy(NamedTuple):
     broker/policies.py; PARK: broker/parking.py).
 
     ``changes`` holds only the fields given (name -> value; ``redrive`` is ``(max_receives,
-    dead_letter_queue)`` or None for NOREDRIVE; REDRIVE's ``job``; PARK's ``exit``, ``log``,
-    ``reason``); ``target`` is the queue name, or the job ID for ORIGIN and PARK; ``limit`` is
-    LIST's LIMIT and REDRIVE's COUNT (None: no limit)."""
+    dead_letter_queue)`` or None for NOREDRIVE; ``backoff`` ``(base, max)`` or None;
+    REDRIVE's ``job``; PARK's ``exit``, ``log``, ``reason``); ``target`` is the queue name,
+    or the job ID for ORIGIN and PARK; ``limit`` is LIST's LIMIT and REDRIVE's COUNT (None:
+    no limit)."""
 
     sub: str
     target: bytes
@@ -550,6 +551,17 @@ def parse_qpolicy(argv: list[bytes]) -> QPolicy | Error:
             changes["redrive"] = (value, argv[j + 2])
             j += 3
             continue
+        if opt == b"backoff" and left >= 2:
+            # BACKOFF base max (seconds); BACKOFF 0 0 turns it off (docs/semantics.md).
+            base = _policy_number(argv[j + 1], "backoff base", 0)
+            if isinstance(base, Error):
+                return base
+            top = _policy_number(argv[j + 2], "backoff max", base)
+            if isinstance(top, Error):
+                return top
+            changes["backoff"] = (base, top) if base else None
+            j += 3
+            continue
         if left < 1:
             return errors.SYNTAX
         if opt == b"retention":
@@ -561,6 +573,12 @@ def parse_qpolicy(argv: list[bytes]) -> QPolicy | Error:
         elif opt == b"delay":
             value = _policy_number(argv[j + 1], "message_delay", 0)
             field = "message_delay"
+        elif opt == b"maxinflight":
+            value = _policy_number(argv[j + 1], "MAXINFLIGHT", 0)
+            field = "max_inflight"
+        elif opt == b"rate":
+            value = _policy_number(argv[j + 1], "RATE", 0)
+            field = "rate"
         elif opt == b"dedup":
             flag = argv[j + 1].lower()
             if flag not in (b"yes", b"no"):
