@@ -622,6 +622,8 @@ class BrokerState:
         )
         if self.replication is not None:
             job.flags = FLAG_REPLICA
+        if cmd.priority:
+            job.priority = cmd.priority
         # qtime: when the job is first queued (after DELAY), or its first retry time; the
         # enqueue below re-arms it with the random error.
         job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000 or now_ms
@@ -841,7 +843,7 @@ class BrokerState:
         return job.retry
 
     def _show(self, job: Job, now_ms: int) -> list[Any]:
-        return [
+        shown = [
             b"id", job.id,
             b"queue", job.queue,
             b"state", job.state.value.encode(),
@@ -858,6 +860,10 @@ class BrokerState:
             b"next-awake-within", max(0, job.awake - now_ms) if job.awake else None,
             b"body", job.body,
         ]
+        if job.priority:
+            # Only when set: SHOW of a job without one stays Disque's reply.
+            shown += [b"priority", job.priority]
+        return shown
 
     # =========================================================================================
     # Commands: queues

@@ -78,12 +78,12 @@ MAX_JOB_SECONDS: Final = (1 << 32) - 1
 
 class AddJob:
     __slots__ = ("queue", "body", "timeout_ms", "replicate", "delay", "retry", "ttl", "maxlen",
-                 "async_", "delay_given", "id_key")
+                 "async_", "delay_given", "id_key", "priority")
 
     def __init__(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None,
                  delay: int, retry: int | None, ttl: int | None, maxlen: int | None,
                  async_: bool, delay_given: bool = False,
-                 id_key: tuple[str, bytes] | None = None) -> None:
+                 id_key: tuple[str, bytes] | None = None, priority: int = 0) -> None:
         self.queue: Final = queue
         self.body: Final = body
         self.timeout_ms: Final = timeout_ms
@@ -99,13 +99,16 @@ class AddJob:
         # ID is derived from (node ID for its node field, key) instead of being random, so the
         # fire of one due time has one ID whichever node adds it.
         self.id_key: Final = id_key
+        # PRIORITY n (0 to 9, higher served first): a trisque extension (docs/semantics.md).
+        self.priority: Final = priority
 
     def __repr__(self) -> str:
         return (f"AddJob(queue={self.queue!r}, body={self.body!r}, "
                 f"timeout_ms={self.timeout_ms}, replicate={self.replicate}, "
                 f"delay={self.delay}, retry={self.retry}, ttl={self.ttl}, "
                 f"maxlen={self.maxlen}, async_={self.async_}, "
-                f"delay_given={self.delay_given}, id_key={self.id_key!r})")
+                f"delay_given={self.delay_given}, id_key={self.id_key!r}, "
+                f"priority={self.priority})")
 
 
 class GetJob:
@@ -248,6 +251,9 @@ def _option(raw: bytes) -> bytes:
     return word if word is not None else raw.lower()
 
 
+MAX_PRIORITY: Final = 9
+
+
 def parse_addjob(argv: list[bytes]) -> AddJob | Error:
     replicate: int | None = None
     delay = 0
@@ -256,6 +262,7 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
     maxlen: int | None = None
     async_ = False
     delay_given = False
+    priority = 0
     j = 4
     argc = len(argv)
     while j < argc:
@@ -265,7 +272,8 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
             async_ = True
             j += 1
             continue
-        if last or opt not in (b"replicate", b"delay", b"retry", b"ttl", b"maxlen"):
+        if last or opt not in (b"replicate", b"delay", b"retry", b"ttl", b"maxlen",
+                               b"priority"):
             return errors.SYNTAX
         value = parse_int(argv[j + 1])
         # As in Disque, a value that is not a number gets the option's own error text. Disque
@@ -294,10 +302,14 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
             if value > MAX_JOB_SECONDS:
                 return errors.too_big("TTL", MAX_JOB_SECONDS)
             ttl = value
-        else:
+        elif opt == b"maxlen":
             if value is None or value <= 0:
                 return errors.BAD_MAXLEN
             maxlen = value
+        else:
+            if value is None or not 0 <= value <= MAX_PRIORITY:
+                return errors.BAD_PRIORITY
+            priority = value
         j += 2
     timeout = _timeout(argv[3])
     if isinstance(timeout, Error):
@@ -307,7 +319,7 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
     if delay >= (ttl if ttl is not None else DEFAULT_TTL):
         return errors.DELAY_GT_TTL
     return AddJob(argv[1], argv[2], timeout, replicate, delay, retry, ttl, maxlen, async_,
-                  delay_given)
+                  delay_given, None, priority)
 
 
 def parse_getjob(argv: list[bytes]) -> GetJob | Error:

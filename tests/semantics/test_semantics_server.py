@@ -5,8 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import httpx
+
+from client.blocking import Client
 from tests.aof.test_server_durability import Conn
-from tests.support.server import ServerProcess
+from tests.http.conftest import start
+from tests.support.server import ServerProcess, pipelined
 
 
 def _d(reply: list[Any]) -> dict[bytes, Any]:
@@ -43,3 +47,41 @@ def test_backoff_on_a_server_and_after_a_restart() -> None:
         assert _d(conn.call("QPOLICY", "GET", "q"))[b"backoff-max"] == 8
         assert _d(conn.call("SHOW", job))[b"nacks"] == 2
         conn.close()
+
+
+def test_priorities_pipelined_and_after_a_restart() -> None:
+    with ServerProcess(appendonly="yes", appendfsync="always") as srv:
+        commands: list[tuple[Any, ...]] = [
+            ("ADDJOB", "q", f"p{p}-{k}", 0, "PRIORITY", p) for k in range(2) for p in range(10)]
+        commands.append(("GETJOB", "NOHANG", "COUNT", 3, "FROM", "q"))
+        replies = pipelined(srv.port, commands)
+        assert [e[2] for e in replies[-1]] == [b"p9-0", b"p9-1", b"p8-0"]
+        srv.kill()
+        srv.start()
+        conn = Conn(srv.port)
+        # After a crash jobs come back only after their retry: each kept its priority.
+        for (_, _, body, _, _, prio), job_id in zip(commands[:-1], replies[:-1], strict=True):
+            shown = _d(conn.call("SHOW", job_id))
+            assert shown[b"body"] == body.encode() and shown.get(b"priority", 0) == prio
+        conn.close()
+
+
+def test_priority_over_http_and_the_client_library() -> None:
+    srv, base = start()
+    try:
+        with httpx.Client(base_url=base, timeout=10) as http:
+            assert http.put("/queues/hq", json={}).status_code == 201
+            assert http.post("/messages/hq?priority=10", content=b"x").status_code == 400
+            low = http.post("/messages/hq", content=b"low").json()["id"]
+            high = http.post("/messages/hq?priority=7", content=b"high").json()["id"]
+            client = Client([f"127.0.0.1:{srv.port}"])
+            try:
+                assert client.show(high).priority == 7 and client.show(low).priority == 0
+                third = client.add_job("hq", b"mid", priority=3)
+                assert [j.id for j in client.qpeek("hq", 5)] == [high, third, low]
+                assert [j.body for j in client.get_job("hq", count=3, nohang=True)] == [
+                    b"high", b"mid", b"low"]
+            finally:
+                client.close()
+    finally:
+        srv.stop()
