@@ -31,6 +31,7 @@ from broker import (
     periodic,
     policies,
     policy_table,
+    throttle,
 )
 from broker.clients import BLOCKED, Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
@@ -191,6 +192,10 @@ class BrokerState:
 
     def next_deadline(self) -> int | None:
         due = self.timers.next_due()
+        if self.policies.throttles and throttle.waiting(self):
+            # Clients wait on a throttled queue: look again soon (broker/throttle.py).
+            soon = self._last_tick_ms + throttle.POLL_MS
+            due = soon if due is None else min(due, soon)
         if due is None or due > self._next_evict_check:
             return self._next_evict_check
         # A bucket that starts at or before the last tick holds only items due later within
@@ -224,6 +229,9 @@ class BrokerState:
                     timers.schedule(job, job.awake)
                 else:
                     self._job_timer(job, now_ms)
+        if self.policies.throttles:
+            for q in throttle.waiting(self):
+                self.serve_waiters(q, now_ms)
         if now_ms >= self._next_evict_check:
             self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
             self._evict_idle_queues(now_ms)
@@ -653,10 +661,13 @@ class BrokerState:
         queues = [self.queue_for(name, now_ms) for name in names]
         found: list[Job] = []
         want = cmd.max_jobs
+        throttled = self.policies.throttles
         # Round robin: one job per queue per pass, left to right, until COUNT or a dry pass.
         while len(found) < want:
             before = len(found)
             for q in queues:
+                if throttled and throttle.holds(self, q, now_ms):
+                    continue  # as if empty: MAXINFLIGHT or RATE reached (broker/throttle.py)
                 job = None if q.pause & PAUSE_OUT else q.pop()
                 if job is None:
                     if self.federation is not None:
@@ -665,6 +676,8 @@ class BrokerState:
                 if self.federation is not None and not len(q):
                     self.federation.need_jobs(q, True, now_ms)
                 self._deliver(job, q, now_ms)
+                if throttled:
+                    throttle.delivered(self, job, now_ms)
                 found.append(job)
                 if len(found) >= want:
                     break
@@ -698,13 +711,18 @@ class BrokerState:
         """Hand jobs of ``q`` to its blocked clients, first come first served, one each."""
         if q.pause & PAUSE_OUT:
             return
+        throttled = self.policies.throttles
         while q.waiters and len(q):
+            if throttled and throttle.holds(self, q, now_ms):
+                return  # the tick serves them once it no longer holds (broker/throttle.py)
             waiter = q.waiters[0]
             job = q.pop()
             assert job is not None
             if self.federation is not None and not len(q):
                 self.federation.need_jobs(q, True, now_ms)
             self._deliver(job, q, now_ms)
+            if throttled:
+                throttle.delivered(self, job, now_ms)
             self._unblock(waiter)
             self.outbox.append(Reply(waiter.client, [self._job_entry(job, waiter.withcounters)]))
 
@@ -888,6 +906,7 @@ class BrokerState:
             b"jobs-in", q.jobs_in,
             b"jobs-out", q.jobs_out,
             b"pause", PAUSE_NAMES[q.pause].encode(),
+            *(throttle.qstat_fields(self, q, now_ms) if self.policies.throttles else ()),
         ]
 
     def qpeek(self, cmd: QPeek, client: Client, now_ms: int) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -83,5 +84,51 @@ def test_priority_over_http_and_the_client_library() -> None:
                     b"high", b"mid", b"low"]
             finally:
                 client.close()
+    finally:
+        srv.stop()
+
+
+def test_throttling_on_a_server_qstat_and_the_dashboard() -> None:
+    srv, base = start()
+    try:
+        conn = Conn(srv.port)
+        conn.call("QPOLICY", "SET", "t", "MAXINFLIGHT", 1)
+        first = conn.call("ADDJOB", "t", "a", 0)
+        conn.call("ADDJOB", "t", "b", 0)
+        assert conn.call("GETJOB", "NOHANG", "FROM", "t")[0][1] == first
+        assert conn.call("GETJOB", "NOHANG", "FROM", "t") is None
+        stat = _d(conn.call("QSTAT", "t"))
+        assert (stat[b"inflight"], stat[b"throttled"]) == (1, 1)
+        page = httpx.get(base + "/", params={"part": "main"}, timeout=10).text
+        assert "throttled: 1/1 in flight" in page
+        # A blocked consumer is served once the job in flight is acknowledged.
+        waiter = Conn(srv.port)
+        served: list[Any] = []
+        thread = threading.Thread(
+            target=lambda: served.append(waiter.call("GETJOB", "TIMEOUT", 5000, "FROM", "t")))
+        thread.start()
+        time.sleep(0.3)
+        assert not served  # still held back
+        started = time.monotonic()
+        assert conn.call("ACKJOB", first) == 1
+        thread.join(5)
+        assert served and served[0][0][2] == b"b"
+        assert time.monotonic() - started < 1.0
+        # RATE: 5 a second on this node alone.
+        client = Client([f"127.0.0.1:{srv.port}"])
+        try:
+            client.qpolicy_set("r", rate=5)
+            for k in range(30):
+                client.add_job("r", f"j{k}".encode())
+            got, started = 0, time.monotonic()
+            while time.monotonic() - started < 2.0:
+                got += len(client.get_job("r", count=10, nohang=True))
+                time.sleep(0.05)
+            assert 8 <= got <= 16, got
+            assert client.qstat("r").inflight == 0
+        finally:
+            client.close()
+        waiter.close()
+        conn.close()
     finally:
         srv.stop()
