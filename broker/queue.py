@@ -185,12 +185,32 @@ class Queue:
         """The ``count`` jobs ``pop`` would take first, or with a negative count the ones
         it would take last, the last first."""
         if self._upper_len:
-            ordered = self.ordered()
-            return ordered[:count] if count >= 0 else ordered[::-1][:-count]
+            return self._peek_upper(count)
         if count >= 0:
             return self._items[self._head : self._head + count]  # type: ignore[return-value]
         start = max(len(self._items) + count, self._head)
         return self._items[start:][::-1]  # type: ignore[return-value]
+
+    def _peek_upper(self, count: int) -> list[Job]:
+        """``peek`` across the levels, reading only the jobs it returns (federation peeks at
+        the head once per job it moves)."""
+        assert self._upper is not None
+        lists: list[tuple[list[Job | None], int]] = [(lane.items, lane.head)
+                                                     for lane in reversed(self._upper)]
+        lists.append((self._items, self._head))
+        out: list[Job] = []
+        want = abs(count)
+        if count < 0:
+            lists.reverse()
+        for items, head in lists:
+            if len(out) >= want:
+                break
+            left = want - len(out)
+            if count >= 0:
+                out += items[head:head + left]  # type: ignore[arg-type]
+            else:
+                out += items[max(len(items) - left, head):][::-1]  # type: ignore[arg-type]
+        return out
 
     def ordered(self) -> list[Job]:
         """Every job, in the order ``pop`` takes them."""

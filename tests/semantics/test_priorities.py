@@ -116,3 +116,25 @@ def test_federation_moves_the_highest_priorities_first() -> None:
     c.run_for(2_000)
     reply = c.reply_to(1, client)
     assert reply is not None and _bodies(reply) == [b"high"]
+
+
+def test_peek_reads_across_levels_in_pop_order() -> None:
+    import random
+
+    from broker.queue import Queue
+
+    rng = random.Random(3)
+    for _ in range(200):
+        q = Queue(b"q", 0)
+        jobs = []
+        for k in range(rng.randint(0, 30)):
+            job = Job(b"D-%04d" % k, b"q", b"", repl=1, ttl=100, retry=1, delay=0, ctime=k,
+                      delivered=())
+            job.priority = rng.choice([0, 0, 1, 5, 9])
+            q.push(job)
+            jobs.append(job)
+        order = sorted(jobs, key=lambda j: (-j.priority, j.ctime))
+        assert q.ordered() == order == list(q)
+        for count in range(-32, 33):
+            assert q.peek(count) == (order[:count] if count >= 0 else order[::-1][:-count])
+        assert [q.pop() for _ in jobs] == order and len(q) == 0
