@@ -98,13 +98,20 @@ def test_a_blocked_consumer_gets_the_job_that_arrives() -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_replicas_keep_the_priority(seed: int) -> None:
+def test_replicas_keep_the_priority_through_a_failover(seed: int) -> None:
     c = JobCluster(3, seed=seed)
-    job = c.addjob(0, "q", "payload", "500", "REPLICATE", "3", "PRIORITY", "6")
+    job = c.addjob(0, "q", "payload", "500", "REPLICATE", "3", "RETRY", "5", "PRIORITY", "6")
     assert sorted(c.holders(job)) == [0, 1, 2]
     assert all(c.job(i, job).priority == 6 for i in range(3))
-    # Node 0 goes away: the copy another holder queues after RETRY keeps its priority.
     assert c.cmd(0, "GETJOB", "NOHANG", "FROM", "q")[0][1] == job
+    # Node 0 is cut off with the job delivered and never acknowledged: after RETRY a holder
+    # on the other side queues its copy, which keeps its priority there.
+    c.sim.partition([0], [1, 2])
+    low = c.addjob(1, "q", "low", "0", "REPLICATE", "1")
+    assert c.run_until(lambda: any(i in (1, 2) for i in c.queued_on(job)), 20_000)
+    where = next(i for i in c.queued_on(job) if i in (1, 2))
+    got = c.cmd(where, "GETJOB", "NOHANG", "COUNT", "2", "FROM", "q")
+    assert got[0][1] == job and (where != 1 or got[1][1] == low)
 
 
 def test_federation_moves_the_highest_priorities_first() -> None:
