@@ -58,14 +58,14 @@ class Lane:
 
     def push(self, job: Job) -> None:
         items = self.items
-        if len(items) > self.head:
-            last = items[-1]
-            assert last is not None
-            if _key(last) > _key(job):
-                i = bisect.bisect_right(items, _key(job), lo=self.head, key=_key)  # type: ignore[arg-type]
-                items.insert(i, job)
-                return
-        items.append(job)
+        last = items[-1] if len(items) > self.head else None
+        # As Queue.push: the usual push appends, with no key tuples built.
+        if last is None or last.ctime < job.ctime or (last.ctime == job.ctime
+                                                      and last.id <= job.id):
+            items.append(job)
+        else:
+            i = bisect.bisect_right(items, _key(job), lo=self.head, key=_key)  # type: ignore[arg-type]
+            items.insert(i, job)
 
     def pop(self) -> Job | None:
         items = self.items
@@ -93,7 +93,7 @@ class Lane:
 
 class Queue:
     __slots__ = ("name", "_items", "_head", "ctime", "atime", "jobs_in", "jobs_out",
-                 "nacks", "requeues", "pause", "waiters", "fed", "_upper", "_upper_len")
+                 "nacks", "requeues", "pause", "waiters", "fed", "_upper", "_upper_len", "_top")
 
     def __init__(self, name: bytes, now_ms: int) -> None:
         self.name = name
@@ -113,6 +113,7 @@ class Queue:
         # Jobs with a priority: index n - 1 holds priority n (see the module's docstring).
         self._upper: list[Lane] | None = None
         self._upper_len = 0
+        self._top = 0  # the highest priority that may have jobs (no level above it has any)
 
     def __len__(self) -> int:
         return len(self._items) - self._head + self._upper_len
@@ -137,7 +138,10 @@ class Queue:
         upper = self._upper
         if upper is None:
             upper = self._upper = [Lane() for _ in range(MAX_PRIORITY)]
-        upper[job.priority - 1].push(job)
+        priority = job.priority
+        upper[priority - 1].push(job)
+        if priority > self._top:
+            self._top = priority
         self._upper_len += 1
         self.jobs_in += 1
 
@@ -160,12 +164,18 @@ class Queue:
         return job
 
     def _pop_upper(self) -> Job | None:
-        assert self._upper is not None
-        for lane in reversed(self._upper):
-            if len(lane):
+        upper = self._upper
+        assert upper is not None
+        top = self._top
+        while top > 0:
+            lane = upper[top - 1]
+            if lane.head < len(lane.items):
+                self._top = top
                 self._upper_len -= 1
                 self.jobs_out += 1
                 return lane.pop()
+            top -= 1
+        self._top = 0
         return None  # not reached: _upper_len counts the lanes' jobs
 
     def remove(self, job: Job) -> bool:
