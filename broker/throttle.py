@@ -81,8 +81,9 @@ def holds(b: PolicyBroker, q: Queue, now_ms: int) -> bool:
     if p.rate:
         t = _state(b, q.name, now_ms)
         share = p.rate / n
-        t.tokens = min(max(1.0, share), t.tokens + (now_ms - t.refilled) * share / 1000)
-        t.refilled = now_ms
+        elapsed = max(0, now_ms - t.refilled)  # the wall clock may step back
+        t.tokens = min(max(1.0, share), t.tokens + elapsed * share / 1000)
+        t.refilled = max(t.refilled, now_ms)
         if t.tokens < 1.0:
             return True
     return False
