@@ -44,6 +44,7 @@ class Case:
     args: list[str]  # redis-benchmark options and command
     directives: dict[str, str] = field(default_factory=dict)
     preload: bool = False  # fill the queue first (GETJOB)
+    priorities: bool = False  # preload jobs of the 10 priorities (PRIORITY 0 to 9), in turn
 
 
 CASES = {
@@ -52,6 +53,11 @@ CASES = {
     "p16": Case("ADDJOB -c 50 -P 16", ["-c", "50", "-P", "16", "ADDJOB", "q", "body", "0"]),
     "getjob": Case("GETJOB NOHANG -c 50", ["-c", "50", "GETJOB", "NOHANG", "FROM", "q"],
                    preload=True),
+    # Priorities (docs/semantics.md): compare with addjob and getjob on the same checkout.
+    "addjob-prio": Case("ADDJOB PRIORITY -c 50",
+                        ["-c", "50", "ADDJOB", "q", "body", "0", "PRIORITY", "5"]),
+    "getjob-prio": Case("GETJOB NOHANG -c 50 prio", ["-c", "50", "GETJOB", "NOHANG", "FROM", "q"],
+                        preload=True, priorities=True),
     "always": Case("ADDJOB -c 50 always", ["-c", "50", "ADDJOB", "q", "body", "0"],
                    {"appendonly": "yes", "appendfsync": "always"}),
     "everysec": Case("ADDJOB -c 50 everysec", ["-c", "50", "ADDJOB", "q", "body", "0"],
@@ -127,10 +133,13 @@ def bench(port: int, case: Case, requests: int) -> float:
     return float(found[-1])
 
 
-def preload(port: int, requests: int) -> None:
-    subprocess.run(["redis-benchmark", "-p", str(port), "-n", str(requests), "-q", "-c", "50",
-                    "-P", "16", "ADDJOB", "q", "body", "0"], capture_output=True, timeout=600,
-                   check=True)
+def preload(port: int, requests: int, priorities: bool = False) -> None:
+    for priority in range(10) if priorities else (None,):
+        extra = ["PRIORITY", str(priority)] if priority is not None else []
+        count = requests // 10 if priorities else requests
+        subprocess.run(["redis-benchmark", "-p", str(port), "-n", str(count), "-q", "-c", "50",
+                        "-P", "16", "ADDJOB", "q", "body", "0", *extra], capture_output=True,
+                       timeout=600, check=True)
 
 
 def load_average() -> float:
@@ -177,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 for server in order:
                     if case.preload:
                         command(server.port, "DEBUG", "FLUSHALL")
-                        preload(server.port, args.requests)
+                        preload(server.port, args.requests, case.priorities)
                     load = load_average()
                     cpu0 = server.cpu_seconds()
                     rate = bench(server.port, case, args.requests)

@@ -128,6 +128,7 @@ def addjob(b: ReplicatingBroker, cmd: AddJob, client: Client, now_ms: int, repli
               retry=retry, delay=cmd.delay, ctime=b.new_ctime(now_ms),
               delivered=() if external else b.myself, state=_WAIT_REPL)
     job.flags |= FLAG_REPLICA
+    job.priority = cmd.priority
     job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000
     additional = replicate if external else replicate - 1
     reply: Any

@@ -54,6 +54,10 @@ class BrokerCore(Protocol):
 
     def register(self, job: Job, *, schedule: bool = True) -> None: ...
 
+    def reachable_nodes(self) -> int:
+        """Other nodes reachable now."""
+        ...
+
     def unregister(self, job: Job) -> None: ...
 
     def job_alive(self, job: Job) -> bool:

@@ -64,6 +64,7 @@ def move_to_dead_letters(b: PolicyBroker, job: Job, dlq: Policy, nacks: int, del
              retry=dlq.visibility_timeout, delay=0, ctime=b.new_ctime(now_ms),
              delivered=holders if b.replication is not None else (b.node_id,))
     dl.nacks, dl.deliveries = nacks, deliveries
+    dl.priority = job.priority
     dl.qtime = now_ms
     table.set_origin(b, new_id, original, queue)
     ctype = table.content_types.get(original)

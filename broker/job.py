@@ -58,6 +58,9 @@ FLAG_QUEUED_BEFORE: Final = 4  # queued at least once: a later queueing is an ad
 # Held as part of a cluster (created or received with replication on): an ACKED record of it
 # is replayed as an acked job that takes part in ack GC again, not dropped.
 FLAG_REPLICA: Final = 8
+# Waiting out its queue's backoff (broker/backoff.py) before it is queued again: its NACK or
+# additional delivery was counted when the wait began, so the queueing counts nothing.
+FLAG_BACKOFF: Final = 16
 
 # A job is re-queued WILLQUEUE_ADVANCE ms after it wakes up: in a cluster the wake-up tells
 # the other holders first, so they can object if they already queued it.
@@ -82,6 +85,7 @@ REC_DELIVERED: Final = 12  # nodes that may hold a copy
 REC_CONFIRMED: Final = 13
 REC_FLAGS: Final = 14
 REC_DTIME: Final = 15
+REC_PRIORITY: Final = 16  # present only when not 0 (see RECORD_FIELDS)
 
 _INT64_MAX: Final = (1 << 63) - 1
 # Range of each integer field of a job record (index -> (name, min, max)): what the command
@@ -92,12 +96,16 @@ _RECORD_INTS: Final = {
     REC_CTIME: ("ctime", 0, _INT64_MAX), REC_QTIME: ("qtime", 0, _INT64_MAX),
     REC_NACKS: ("nacks", 0, _INT64_MAX), REC_DELIVERIES: ("deliveries", 0, _INT64_MAX),
     REC_FLAGS: ("flags", 0, 255), REC_DTIME: ("dtime", 0, _INT64_MAX),
+    REC_PRIORITY: ("priority", 0, 9),
 }
 _RECORD_INT_FIELDS: Final = tuple((i, *v) for i, v in _RECORD_INTS.items())
 # A record has 16 fields; logs written before ``dtime`` (field 15: the first delivery, unix
-# ms, 0 = not delivered yet) have 15 and still load, with dtime 0.
+# ms, 0 = not delivered yet) have 15 and still load, with dtime 0. A job with a priority
+# (ADDJOB ... PRIORITY n) has a 17th, ``priority``: without one, the record (and REPLJOB, which
+# carries it) is the one nodes wrote before priorities existed.
 RECORD_FIELDS: Final = 16
 OLD_RECORD_FIELDS: Final = 15
+PRIORITY_RECORD_FIELDS: Final = 17
 
 
 def shown(value: Any) -> str:
@@ -118,10 +126,10 @@ def record_problem(rec: Any) -> str | None:
     delay ends, at a rewrite, at shutdown). Every REPLJOB's job goes through it too: plain
     loops, no generators (about half the time of the generic version)."""
     if not isinstance(rec, list):
-        return "job record is not a list of 15 or 16 fields"
+        return "job record is not a list of 15 to 17 fields"
     size = len(rec)
-    if size != RECORD_FIELDS and size != OLD_RECORD_FIELDS:
-        return "job record is not a list of 15 or 16 fields"
+    if size != RECORD_FIELDS and size != OLD_RECORD_FIELDS and size != PRIORITY_RECORD_FIELDS:
+        return "job record is not a list of 15 to 17 fields"
     job_id = rec[REC_ID]
     if not isinstance(job_id, bytes) or not is_valid(job_id):
         return "job record with an invalid job ID"
@@ -132,7 +140,7 @@ def record_problem(rec: Any) -> str | None:
     if not isinstance(state, str) or state not in STATE_BY_NAME:
         return f"job record with an unknown state {shown(state)}"
     for index, name, low, high in _RECORD_INT_FIELDS:
-        if index < size:  # dtime is absent from a 15-field record
+        if index < size:  # dtime is absent from a 15-field record, priority from a 16-field one
             value = rec[index]
             if type(value) is not int or not low <= value <= high:
                 return f"job record with {name} {shown(value)} outside [{low}, {high}]"
@@ -178,6 +186,7 @@ class Job(Timed):
     __slots__ = (
         "id", "queue", "body", "state", "repl", "ttl", "retry", "delay", "ctime",
         "qtime", "awake", "nacks", "deliveries", "delivered", "confirmed", "flags", "dtime",
+        "priority",
     )
 
     def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
@@ -200,6 +209,7 @@ class Job(Timed):
         self.confirmed: tuple[str, ...] = ()
         self.flags = 0
         self.dtime = 0  # first delivery (unix ms), 0 until then; logged for the report
+        self.priority = 0  # 0 to 9, higher served first (broker/queue.py)
         self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)
 
     @property
@@ -233,11 +243,14 @@ class Job(Timed):
 
     def to_record(self) -> list[Any]:
         """The job as msgpack-friendly primitives (for the append log and the cluster bus)."""
-        return [
+        rec = [
             self.id, self.queue, self.body, state_name(self.state), self.repl, self.ttl, self.retry,
             self.delay, self.ctime, self.qtime, self.nacks, self.deliveries,
             list(self.delivered), list(self.confirmed), self.flags, self.dtime,
         ]
+        if self.priority:
+            rec.append(self.priority)
+        return rec
 
     @classmethod
     def from_record(cls, rec: list[Any]) -> Job:
@@ -252,4 +265,6 @@ class Job(Timed):
         job.confirmed = tuple(confirmed)
         job.flags = flags
         job.dtime = rec[REC_DTIME] if len(rec) > OLD_RECORD_FIELDS else 0
+        if len(rec) > RECORD_FIELDS:
+            job.priority = rec[REC_PRIORITY]
         return job

@@ -162,7 +162,7 @@ def addjob(b: PolicyBroker, cmd: AddJob, client: Client, now_ms: int) -> Any:
     if delay >= ttl:
         return errors.DELAY_GT_TTL
     cmd = AddJob(cmd.queue, cmd.body, cmd.timeout_ms, replicate, delay, retry, ttl, cmd.maxlen,
-                 cmd.async_, True, cmd.id_key)
+                 cmd.async_, True, cmd.id_key, cmd.priority)
     if p.message_deduplication:
         existing = table.find_duplicate(b, cmd.queue, cmd.body)
         if existing is not None:
@@ -203,7 +203,7 @@ def redrive_dead_letters(b: PolicyBroker, dlq: bytes, count: int | None, client:
         # On a cluster the new job is replicated in the background (ASYNC): the command must
         # not block, and the dead letter is acknowledged only after its copy exists here.
         add = AddJob(origin[1], job.body, 0, None, 0, None, None, None,
-                     b.replication is not None)
+                     b.replication is not None, priority=job.priority)
         reply = addjob(b, add, client, now_ms)
         if isinstance(reply, Error):
             return reply if moved == 0 else moved

@@ -20,7 +20,15 @@ A ``Policy`` holds
   this node and is still present here returns that job's ID and creates nothing
   (``policies.addjob``). The scope is this node: a job added on another node (even one this
   node holds a copy of), or a job acked or expired, is not a duplicate; a partition changes
-  nothing (each side deduplicates what was added on its own nodes), and jobs are never merged.
+  nothing (each side deduplicates what was added on its own nodes), and jobs are never merged;
+* ``backoff`` - ``(base, max)`` seconds or None: a job NACKed, or whose RETRY elapsed, is
+  queued again after ``min(max, base * 2^(deliveries-1))`` seconds, +-10 % (broker/backoff.py);
+* ``max_inflight`` - at most this many jobs of the queue delivered and not yet acked, nacked
+  or requeued, across the cluster (0: no limit; broker/throttle.py);
+* ``rate`` - at most this many deliveries a second across the cluster (0: no limit).
+
+The last three are optional in a record (absent: off), so a policy that sets none of them has
+the record and the QPOLICY GET reply it had before they existed.
 
 Explicit ADDJOB options always win over a policy's defaults. Jobs keep the parameters they were
 created with; the redrive policy in force when a job would be queued again is the one applied.
@@ -56,6 +64,8 @@ DEFAULT_VISIBILITY: Final = 300
 
 FIELDS: Final = ("retention_timeout", "visibility_timeout", "message_delay",
                  "message_deduplication", "redrive")
+# Fields a record carries only when set (see the module's docstring).
+OPTIONAL_FIELDS: Final = ("backoff", "max_inflight", "rate")
 
 
 @dataclass(frozen=True)
@@ -68,15 +78,25 @@ class Policy:
     redrive: tuple[int, bytes] | None = None
     stamp: tuple[int, str] = (0, "")
     deleted: bool = False
+    backoff: tuple[int, int] | None = None
+    max_inflight: int = 0
+    rate: int = 0
 
     def fields(self) -> dict[str, Any]:
-        return {
+        fields: dict[str, Any] = {
             "retention_timeout": self.retention_timeout,
             "visibility_timeout": self.visibility_timeout,
             "message_delay": self.message_delay,
             "message_deduplication": self.message_deduplication,
             "redrive": list(self.redrive) if self.redrive else None,
         }
+        if self.backoff is not None:
+            fields["backoff"] = list(self.backoff)
+        if self.max_inflight:
+            fields["max_inflight"] = self.max_inflight
+        if self.rate:
+            fields["rate"] = self.rate
+        return fields
 
     def to_record(self) -> list[Any]:
         return ["queue", self.name, None if self.deleted else self.fields(), self.stamp[0],
@@ -89,10 +109,13 @@ class Policy:
         if fields is None:
             return cls(bytes(name), stamp=stamp, deleted=True)
         redrive = fields["redrive"]
+        backoff = fields.get("backoff")
         return cls(
             bytes(name), int(fields["retention_timeout"]), int(fields["visibility_timeout"]),
             int(fields["message_delay"]), bool(fields["message_deduplication"]),
-            (int(redrive[0]), bytes(redrive[1])) if redrive else None, stamp)
+            (int(redrive[0]), bytes(redrive[1])) if redrive else None, stamp,
+            backoff=(int(backoff[0]), int(backoff[1])) if backoff else None,
+            max_inflight=int(fields.get("max_inflight", 0)), rate=int(fields.get("rate", 0)))
 
     def reply(self) -> list[Any]:
         """The RESP shape of GET and LIST entries: field/value pairs, as QSTAT."""
@@ -104,7 +127,20 @@ class Policy:
             b"visibility-timeout", self.visibility_timeout,
             b"message-delay", self.message_delay,
             b"message-deduplication", int(self.message_deduplication),
+            *self.extension_reply(),
         ]
+
+    def extension_reply(self) -> list[Any]:
+        """The optional fields' pairs, only those set (a policy without them replies as
+        before they existed)."""
+        out: list[Any] = []
+        if self.backoff is not None:
+            out += [b"backoff-base", self.backoff[0], b"backoff-max", self.backoff[1]]
+        if self.max_inflight:
+            out += [b"max-inflight", self.max_inflight]
+        if self.rate:
+            out += [b"rate", self.rate]
+        return out
 
 
 def _num(v: Any, low: int) -> bool:
@@ -142,8 +178,14 @@ def validate_record(data: Any) -> str | None:
         return "qpolicy queue record malformed"
     if fields is None:
         return None
-    if not isinstance(fields, dict) or set(fields) != set(FIELDS):
+    if not isinstance(fields, dict) or set(fields).difference(OPTIONAL_FIELDS) != set(FIELDS):
         return "qpolicy queue record with wrong fields"
+    backoff = fields.get("backoff")
+    if backoff is not None and not (isinstance(backoff, list) and len(backoff) == 2
+                                    and _num(backoff[0], 1) and _num(backoff[1], backoff[0])):
+        return "qpolicy queue record with a value out of range"
+    if not (_num(fields.get("max_inflight", 0), 0) and _num(fields.get("rate", 0), 0)):
+        return "qpolicy queue record with a value out of range"
     redrive = fields["redrive"]
     if not (_num(fields["retention_timeout"], 1) and _num(fields["visibility_timeout"], 0)
             and _num(fields["message_delay"], 0)
@@ -169,6 +211,10 @@ class PolicyTable:
         self.by_name: dict[bytes, Policy] = {}
         self.live = 0  # policies that are not tombstones: 0 means every hook is skipped
         self.redrive = 0  # live policies with a redrive policy
+        self.backoff = 0  # live policies with a backoff
+        self.throttles = 0  # live policies with MAXINFLIGHT or RATE
+        # Per throttled queue: what broker/throttle.py counts (in-flight jobs, rate tokens).
+        self.throttle_state: dict[bytes, Any] = {}
         self.origins: dict[bytes, tuple[bytes, bytes]] = {}
         self.content_types: dict[bytes, str] = {}  # job ID -> Content-Type (HTTP API)
         # Dead letters parked by a script worker -> why (broker/parking.py's Note).
@@ -195,10 +241,14 @@ class PolicyTable:
         if old is not None and not old.deleted:
             self.live -= 1
             self.redrive -= old.redrive is not None
+            self.backoff -= old.backoff is not None
+            self.throttles -= bool(old.max_inflight or old.rate)
         self.by_name[p.name] = p
         if not p.deleted:
             self.live += 1
             self.redrive += p.redrive is not None
+            self.backoff += p.backoff is not None
+            self.throttles += bool(p.max_inflight or p.rate)
         if p.deleted or not p.message_deduplication:
             self._indexed.discard(p.name)
 

@@ -22,13 +22,24 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import cluster_jobs, dead_letters, eviction, memory, periodic, policies, policy_table
+from broker import (
+    backoff,
+    cluster_jobs,
+    dead_letters,
+    eviction,
+    memory,
+    periodic,
+    policies,
+    policy_table,
+    throttle,
+)
 from broker.clients import BLOCKED, Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
 from broker.config import Config
 from broker.effects import Effect, LogRecord, Reply
 from broker.federation import Federation
 from broker.job import (
+    FLAG_BACKOFF,
     FLAG_DELIVERED,
     FLAG_QUEUED_BEFORE,
     FLAG_REPLICA,
@@ -181,6 +192,10 @@ class BrokerState:
 
     def next_deadline(self) -> int | None:
         due = self.timers.next_due()
+        if self.policies.throttles and throttle.waiting(self):
+            # Clients wait on a throttled queue: look again soon (broker/throttle.py).
+            soon = self._last_tick_ms + throttle.POLL_MS
+            due = soon if due is None else min(due, soon)
         if due is None or due > self._next_evict_check:
             return self._next_evict_check
         # A bucket that starts at or before the last tick holds only items due later within
@@ -214,6 +229,9 @@ class BrokerState:
                     timers.schedule(job, job.awake)
                 else:
                     self._job_timer(job, now_ms)
+        if self.policies.throttles:
+            for q in throttle.waiting(self):
+                self.serve_waiters(q, now_ms)
         if now_ms >= self._next_evict_check:
             self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
             self._evict_idle_queues(now_ms)
@@ -301,14 +319,22 @@ class BrokerState:
             return False
         if not job.qtime or (not job.retry and job.flags & FLAG_DELIVERED):
             return False
-        if self.policies.redrive and dead_letters.dead_letter(self, job, now_ms, nack):
+        waited = job.flags & FLAG_BACKOFF
+        if waited:
+            # The end of a backoff (broker/backoff.py): counted, and told to the other
+            # holders, when it began.
+            job.flags &= ~FLAG_BACKOFF
+        elif self.policies.redrive and dead_letters.dead_letter(self, job, now_ms, nack):
             return False  # moved to its dead-letter queue instead
         job.transition(_QUEUED)
-        if self.replication is not None and (nack or job.flags & FLAG_QUEUED_BEFORE):
+        again = job.flags & FLAG_QUEUED_BEFORE
+        if waited:
+            again = 0
+            nack = False
+        elif self.replication is not None and (nack or again):
             # Re-queued (or NACKed) here: the other holders move their retry time and
             # dequeue their copy if this node's ID is greater (Disque's enqueueJob).
             self.replication.queued(job, nack)
-        again = job.flags & FLAG_QUEUED_BEFORE
         if nack:
             job.nacks += 1
         elif again:
@@ -390,6 +416,10 @@ class BrokerState:
                     job.qtime = self.requeue_time(job, now_ms)  # input paused: try later
                 else:
                     prev = job.to_record()
+                    if (self.policies.backoff and not job.flags & FLAG_BACKOFF
+                            and backoff.start(self, job, now_ms, False)):
+                        self.log_job(job, prev)
+                        return
                     if self.enqueue_job(job, now_ms):
                         self.log_job(job, prev)
                         return
@@ -600,6 +630,8 @@ class BrokerState:
         )
         if self.replication is not None:
             job.flags = FLAG_REPLICA
+        if cmd.priority:
+            job.priority = cmd.priority
         # qtime: when the job is first queued (after DELAY), or its first retry time; the
         # enqueue below re-arms it with the random error.
         job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000 or now_ms
@@ -629,10 +661,13 @@ class BrokerState:
         queues = [self.queue_for(name, now_ms) for name in names]
         found: list[Job] = []
         want = cmd.max_jobs
+        throttled = self.policies.throttles
         # Round robin: one job per queue per pass, left to right, until COUNT or a dry pass.
         while len(found) < want:
             before = len(found)
             for q in queues:
+                if throttled and throttle.holds(self, q, now_ms):
+                    continue  # as if empty: MAXINFLIGHT or RATE reached (broker/throttle.py)
                 job = None if q.pause & PAUSE_OUT else q.pop()
                 if job is None:
                     if self.federation is not None:
@@ -641,6 +676,8 @@ class BrokerState:
                 if self.federation is not None and not len(q):
                     self.federation.need_jobs(q, True, now_ms)
                 self._deliver(job, q, now_ms)
+                if throttled:
+                    throttle.delivered(self, job, now_ms)
                 found.append(job)
                 if len(found) >= want:
                     break
@@ -675,13 +712,18 @@ class BrokerState:
         """Hand jobs of ``q`` to its blocked clients, first come first served, one each."""
         if q.pause & PAUSE_OUT:
             return
+        throttled = self.policies.throttles
         while q.waiters and len(q):
+            if throttled and throttle.holds(self, q, now_ms):
+                return  # the tick serves them once it no longer holds (broker/throttle.py)
             waiter = q.waiters[0]
             job = q.pop()
             assert job is not None
             if self.federation is not None and not len(q):
                 self.federation.need_jobs(q, True, now_ms)
             self._deliver(job, q, now_ms)
+            if throttled:
+                throttle.delivered(self, job, now_ms)
             self._unblock(waiter)
             self.outbox.append(Reply(waiter.client, [self._job_entry(job, waiter.withcounters)]))
 
@@ -792,6 +834,10 @@ class BrokerState:
             if job is None:
                 continue
             prev = job.to_record()
+            if nack and self.policies.backoff and backoff.start(self, job, now_ms, True):
+                self.log_job(job, prev)
+                count += 1
+                continue
             if not self.enqueue_job(job, now_ms, nack=nack):
                 continue
             self.log_job(job, prev)
@@ -816,7 +862,7 @@ class BrokerState:
         return job.retry
 
     def _show(self, job: Job, now_ms: int) -> list[Any]:
-        return [
+        shown = [
             b"id", job.id,
             b"queue", job.queue,
             b"state", job.state.value.encode(),
@@ -833,6 +879,10 @@ class BrokerState:
             b"next-awake-within", max(0, job.awake - now_ms) if job.awake else None,
             b"body", job.body,
         ]
+        if job.priority:
+            # Only when set: SHOW of a job without one stays Disque's reply.
+            shown += [b"priority", job.priority]
+        return shown
 
     # =========================================================================================
     # Commands: queues
@@ -857,6 +907,7 @@ class BrokerState:
             b"jobs-in", q.jobs_in,
             b"jobs-out", q.jobs_out,
             b"pause", PAUSE_NAMES[q.pause].encode(),
+            *(throttle.qstat_fields(self, q, now_ms) if self.policies.throttles else ()),
         ]
 
     def qpeek(self, cmd: QPeek, client: Client, now_ms: int) -> Any:

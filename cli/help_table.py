@@ -19,9 +19,9 @@ class CommandHelp(NamedTuple):
 
 COMMANDS: tuple[CommandHelp, ...] = (
     CommandHelp("ADDJOB", "queue body ms-timeout [REPLICATE count] [DELAY sec] [RETRY sec] "
-                "[TTL sec] [MAXLEN count] [ASYNC]",
+                "[TTL sec] [MAXLEN count] [ASYNC] [PRIORITY 0-9]",
                 "Add a job to a queue; replies with its ID once replicated (or at once with "
-                "ASYNC)", "jobs"),
+                "ASYNC); higher PRIORITY is served first", "jobs"),
     CommandHelp("GETJOB", "[NOHANG] [TIMEOUT ms] [COUNT count] [WITHCOUNTERS] FROM queue "
                 "[queue ...]",
                 "Take up to COUNT jobs, one per queue in turn from left to right; with none "
@@ -32,7 +32,8 @@ COMMANDS: tuple[CommandHelp, ...] = (
                 "Acknowledge jobs with a best-effort broadcast instead of the ack protocol",
                 "jobs"),
     CommandHelp("NACK", "id [id ...]",
-                "Put jobs back in their queue at once, counting a negative acknowledge",
+                "Put jobs back in their queue at once (after the queue's BACKOFF, if any), "
+                "counting a negative acknowledge",
                 "jobs"),
     CommandHelp("WORKING", "id",
                 "Postpone the next delivery of a job still being worked on; replies the "
@@ -50,7 +51,8 @@ COMMANDS: tuple[CommandHelp, ...] = (
                 "Run records of script workers: a run's state, status lines, exit code and "
                 "output tail, on the node the worker talks to (docs/worker.md)", "jobs"),
     CommandHelp("QLEN", "queue", "Number of jobs queued in a queue", "queues"),
-    CommandHelp("QSTAT", "queue", "Describe a queue: length, age, rates, pause state",
+    CommandHelp("QSTAT", "queue", "Describe a queue: length, age, rates, pause state, "
+                "in-flight jobs and throttling",
                 "queues"),
     CommandHelp("QPEEK", "queue count",
                 "Show up to count jobs without taking them (negative count: newest first)",
@@ -60,11 +62,13 @@ COMMANDS: tuple[CommandHelp, ...] = (
     CommandHelp("PAUSE", "queue in|out|all|none|state [BCAST]",
                 "Pause a queue for input, output or both, or show its pause state", "queues"),
     CommandHelp("QPOLICY", "CREATE|UPDATE|SET queue [REDRIVE max-receives dead-letter-queue] "
-                "[NOREDRIVE] [RETENTION sec] [VISIBILITY sec] [DELAY sec] [DEDUP yes|no] | "
+                "[NOREDRIVE] [RETENTION sec] [VISIBILITY sec] [DELAY sec] [DEDUP yes|no] "
+                "[BACKOFF base-sec max-sec] [MAXINFLIGHT n] [RATE per-sec] | "
                 "GET queue | DEL queue | LIST [OFFSET n] [LIMIT n] | ORIGIN id | "
                 "REDRIVE dead-letter-queue [COUNT n]",
                 "Queue policies: default TTL, RETRY and DELAY, dead-letter queue (REDRIVE "
-                "moves dead letters back), deduplication (docs/policies.md)", "queues"),
+                "moves dead letters back), deduplication (docs/policies.md); backoff, "
+                "throttling (docs/semantics.md)", "queues"),
     CommandHelp("TIMER", "ADD name period queue body [ADDJOB options] [START unix-ms] "
                 "[REPLACE] | DEL name [name ...] | GET name | LIST | PAUSE name | "
                 "RESUME name | FIRE name | HELP",

@@ -208,10 +208,11 @@ class AsyncClient(ClientSettings):
 
     async def add_job(self, queue: str, body: Body, *, replicate: int | None = None,
                 delay: int | None = None, retry: int | None = None, ttl: int | None = None,
-                maxlen: int | None = None, async_: bool = False, timeout_ms: int = 0) -> str:
+                maxlen: int | None = None, async_: bool = False, timeout_ms: int = 0,
+                priority: int | None = None) -> str:
         result: str = await self.run(cmd.add_job(
             queue, body, replicate=replicate, delay=delay, retry=retry, ttl=ttl,
-            maxlen=maxlen, async_=async_, timeout_ms=timeout_ms))
+            maxlen=maxlen, async_=async_, timeout_ms=timeout_ms, priority=priority))
         return result
 
     async def get_job(self, *queues: str, count: int = 1, timeout_ms: int | None = None,
@@ -250,6 +251,14 @@ class AsyncClient(ClientSettings):
 
     async def qstat(self, queue: str) -> QueueStats | None:
         result: QueueStats | None = await self.run(cmd.qstat(queue))
+        return result
+
+    async def qpolicy_set(self, queue: str, *, backoff: tuple[int, int] | None = None,
+                      max_inflight: int | None = None,
+                      rate: int | None = None) -> dict[str, Any]:
+        """QPOLICY SET with backoff, max_inflight, rate (see client.commands.qpolicy_set)."""
+        result: dict[str, Any] = await self.run(cmd.qpolicy_set(
+            queue, backoff=backoff, max_inflight=max_inflight, rate=rate))
         return result
 
     async def qpeek(self, queue: str, count: int) -> list[Job]:

@@ -253,10 +253,11 @@ class Client(ClientSettings):
 
     def add_job(self, queue: str, body: Body, *, replicate: int | None = None,
                 delay: int | None = None, retry: int | None = None, ttl: int | None = None,
-                maxlen: int | None = None, async_: bool = False, timeout_ms: int = 0) -> str:
+                maxlen: int | None = None, async_: bool = False, timeout_ms: int = 0,
+                priority: int | None = None) -> str:
         result: str = self.run(cmd.add_job(
             queue, body, replicate=replicate, delay=delay, retry=retry, ttl=ttl,
-            maxlen=maxlen, async_=async_, timeout_ms=timeout_ms))
+            maxlen=maxlen, async_=async_, timeout_ms=timeout_ms, priority=priority))
         return result
 
     def get_job(self, *queues: str, count: int = 1, timeout_ms: int | None = None,
@@ -295,6 +296,14 @@ class Client(ClientSettings):
 
     def qstat(self, queue: str) -> QueueStats | None:
         result: QueueStats | None = self.run(cmd.qstat(queue))
+        return result
+
+    def qpolicy_set(self, queue: str, *, backoff: tuple[int, int] | None = None,
+                      max_inflight: int | None = None,
+                      rate: int | None = None) -> dict[str, Any]:
+        """QPOLICY SET with backoff, max_inflight, rate (see client.commands.qpolicy_set)."""
+        result: dict[str, Any] = self.run(cmd.qpolicy_set(
+            queue, backoff=backoff, max_inflight=max_inflight, rate=rate))
         return result
 
     def qpeek(self, queue: str, count: int) -> list[Job]:

@@ -67,6 +67,8 @@ class JobInfo:
     body: bytes
     #: Fields this client version does not know, as sent.
     extra: dict[str, Any] = field(default_factory=dict)
+    #: ADDJOB's PRIORITY (0 to 9; SHOW sends it only when set).
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,11 @@ class QueueStats:
     jobs_out: int
     pause: str
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Jobs delivered and not yet acked, nacked or requeued (None: the queue has no
+    #: MAXINFLIGHT or RATE policy, and QSTAT does not send it).
+    inflight: int | None = None
+    #: The queue's MAXINFLIGHT or RATE holds its deliveries back now.
+    throttled: bool = False
 
 
 def text(value: Any) -> str:
@@ -126,7 +133,7 @@ def parse_job_info(reply: Any) -> JobInfo | None:
     f = _fields(reply)
     known = ("id", "queue", "state", "repl", "ttl", "ctime", "delay", "retry", "nacks",
              "additional-deliveries", "nodes-delivered", "nodes-confirmed",
-             "next-requeue-within", "next-awake-within", "body")
+             "next-requeue-within", "next-awake-within", "body", "priority")
     return JobInfo(
         id=text(f.get("id", b"")), queue=text(f.get("queue", b"")), state=text(f.get("state", b"")),
         repl=int(f.get("repl", 0)), ttl=int(f.get("ttl", 0)), ctime=int(f.get("ctime", 0)),
@@ -138,6 +145,7 @@ def parse_job_info(reply: Any) -> JobInfo | None:
         next_awake_within=_opt_int(f.get("next-awake-within")),
         body=bytes(f.get("body") or b""),
         extra={k: v for k, v in f.items() if k not in known},
+        priority=int(f.get("priority", 0)),
     )
 
 
@@ -146,7 +154,7 @@ def parse_qstat(reply: Any) -> QueueStats | None:
         return None
     f = _fields(reply)
     known = ("name", "len", "age", "idle", "blocked", "import-from", "import-rate", "jobs-in",
-             "jobs-out", "pause")
+             "jobs-out", "pause", "inflight", "throttled")
     return QueueStats(
         name=text(f.get("name", b"")), len=int(f.get("len", 0)), age=int(f.get("age", 0)),
         idle=int(f.get("idle", 0)), blocked=int(f.get("blocked", 0)),
@@ -154,6 +162,7 @@ def parse_qstat(reply: Any) -> QueueStats | None:
         import_rate=int(f.get("import-rate", 0)), jobs_in=int(f.get("jobs-in", 0)),
         jobs_out=int(f.get("jobs-out", 0)), pause=text(f.get("pause", b"none")),
         extra={k: v for k, v in f.items() if k not in known},
+        inflight=_opt_int(f.get("inflight")), throttled=bool(f.get("throttled", 0)),
     )
 
 
@@ -197,10 +206,10 @@ def _ok(reply: Any) -> None:
 
 def add_job(queue: str, body: Body, *, replicate: int | None = None, delay: int | None = None,
             retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
-            async_: bool = False, timeout_ms: int = 0) -> Call[str]:
+            async_: bool = False, timeout_ms: int = 0, priority: int | None = None) -> Call[str]:
     args: list[bytes | str | int] = ["ADDJOB", queue, _body(body), timeout_ms]
     for name, value in (("REPLICATE", replicate), ("DELAY", delay), ("RETRY", retry),
-                        ("TTL", ttl), ("MAXLEN", maxlen)):
+                        ("TTL", ttl), ("MAXLEN", maxlen), ("PRIORITY", priority)):
         if value is not None:
             args += [name, value]
     if async_:
@@ -275,6 +284,20 @@ def qlen(queue: str) -> Call[int]:
 
 def qstat(queue: str) -> Call[QueueStats | None]:
     return Call.make("QSTAT", queue, convert=parse_qstat, retry_safe=True)
+
+
+def qpolicy_set(queue: str, *, backoff: tuple[int, int] | None = None,
+                max_inflight: int | None = None, rate: int | None = None) -> Call[dict[str, Any]]:
+    """QPOLICY SET: create or change a queue's policy; only the settings given change.
+    ``backoff`` is ``(base, max)`` seconds, ``(0, 0)`` turns it off; ``max_inflight`` and
+    ``rate`` 0 lift the limit (docs/semantics.md). Replies the policy's fields."""
+    args: list[bytes | str | int] = ["QPOLICY", "SET", queue]
+    if backoff is not None:
+        args += ["BACKOFF", backoff[0], backoff[1]]
+    for name, value in (("MAXINFLIGHT", max_inflight), ("RATE", rate)):
+        if value is not None:
+            args += [name, value]
+    return Call.make(*args, convert=_fields)
 
 
 def qpeek(queue: str, count: int) -> Call[list[Job]]:

@@ -20,8 +20,10 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
+from broker import throttle
 from broker.parking import ERROR_QUEUE_SUFFIX
-from broker.queue import PAUSE_NAMES
+from broker.policy_table import Policy
+from broker.queue import PAUSE_NAMES, Queue
 from cluster.nodes_file import show_flags
 
 if TYPE_CHECKING:
@@ -160,6 +162,7 @@ def _queues(broker: Broker, rates: RateTracker, now: int) -> dict[str, Any]:
             "policy": p is not None,
             "redrive": (p.redrive[0], text(p.redrive[1])) if p and p.redrive else None,
             "dead_lettered": policies.dead_lettered.get(name, 0),
+            "throttle": _throttle(broker, p, q, now),
             "_key": name,
         })
     rates.observe(now, counters)
@@ -167,6 +170,16 @@ def _queues(broker: Broker, rates: RateTracker, now: int) -> dict[str, Any]:
         rate = rates.rates(row.pop("_key"))
         row["rate_in"], row["rate_out"] = rate if rate is not None else (None, None)
     return {"queues": rows, "queues_hidden": len(ordered) - len(shown)}
+
+
+def _throttle(broker: Broker, p: Policy | None, q: Queue | None, now: int) -> Any:
+    """A throttled queue's limits, its jobs in flight here and whether it is held back now
+    (broker/throttle.py); None for the others."""
+    if p is None or not (p.max_inflight or p.rate):
+        return None
+    return {"max_inflight": p.max_inflight, "rate": p.rate,
+            "inflight": throttle.inflight(broker, p.name, now),
+            "held": q is not None and throttle.holds(broker, q, now)}
 
 
 def _dead_letter_queues(broker: Broker) -> list[dict[str, Any]]:

@@ -44,7 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from broker.clients import BLOCKED, Client
 from broker.intents import Intent
 from broker.job import JobState
-from node.http_openapi import MAX_COUNT, MAX_WAIT_S, OPENAPI, QUEUE_FIELDS
+from node.http_openapi import MAX_COUNT, MAX_PRIORITY, MAX_WAIT_S, OPENAPI, QUEUE_FIELDS
 from protocol.jobid import is_valid
 from protocol.resp import NEED_DATA, Error, ReplyReader
 
@@ -470,10 +470,14 @@ class Api:
         await self._require_queue(name)
         body = await _read_body(request)
         return await self.publish(_peer(request), name, body,
-                                  request.headers.get("content-type", OCTET))
+                                  request.headers.get("content-type", OCTET),
+                                  request.query_params)
 
-    async def publish(self, peer: str, name: bytes, body: bytes, ctype: str) -> Answer:
-        """ADDJOB of ``body`` to queue ``name`` (which has a policy)."""
+    async def publish(self, peer: str, name: bytes, body: bytes, ctype: str,
+                      query: Mapping[str, str] | None = None) -> Answer:
+        """ADDJOB of ``body`` to queue ``name`` (which has a policy); ``?priority=n``: its
+        PRIORITY (docs/semantics.md)."""
+        priority = _int_param(query or {}, "priority", 0, 0, MAX_PRIORITY)
         await self._require_queue(name)
         ctype = ctype[:1024]
         broker = self.bridge.server.broker
@@ -490,8 +494,10 @@ class Api:
             broker.policies.set_content_type(broker, job_id, ctype)
 
         # On a cluster an ADDJOB waits until replicated (at most ADDJOB_TIMEOUT_MS).
-        reply = await self.bridge.call("ADDJOB", name, body, str(ADDJOB_TIMEOUT_MS), peer=peer,
-                                       after=remember, wait_s=ADDJOB_TIMEOUT_MS / 1000)
+        options = ("PRIORITY", str(priority)) if priority else ()
+        reply = await self.bridge.call("ADDJOB", name, body, str(ADDJOB_TIMEOUT_MS), *options,
+                                       peer=peer, after=remember,
+                                       wait_s=ADDJOB_TIMEOUT_MS / 1000)
         if isinstance(reply, bytes):  # a blocked ADDJOB's reply, decoded from RESP
             reply = reply.decode("ascii")
         _raise_for(reply)

@@ -295,7 +295,7 @@ class Front:
             encoded = target_name.encode("utf-8", "surrogateescape")
             if method == b"POST" and encoded:
                 ctype = _header(headers, b"content-type")
-                return (api.publish, encoded, body, ctype), used
+                return (api.publish, encoded, body, ctype, query), used
             if method == b"GET" and encoded and "wait" not in query:
                 return (api.receive, encoded, query), used
             if method == b"DELETE":
@@ -309,7 +309,7 @@ class Front:
             if rest == "messages":
                 if method == b"POST":
                     ctype = _header(headers, b"content-type")
-                    return (api.publish, encoded, body, ctype), used
+                    return (api.publish, encoded, body, ctype, query), used
                 if method == b"GET" and "wait" not in query:
                     return (api.receive, encoded, query), used
             elif rest.startswith("messages/") and len(rest) > len("messages/") \

@@ -10,6 +10,7 @@ from typing import Any, Final
 
 MAX_WAIT_S: Final = 60  # longest long poll
 MAX_COUNT: Final = 100  # largest batch receive
+MAX_PRIORITY: Final = 9  # ADDJOB's PRIORITY
 QUEUE_FIELDS: Final = ("redrive_policy", "retention_timeout", "visibility_timeout",
                         "message_delay", "message_deduplication")
 
@@ -42,6 +43,10 @@ _RETRY = {"description": "Not stored durably (log write failed), out of memory o
           "headers": {"Retry-After": {"schema": {"type": "integer"}}},
           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _ANY_BODY = {"content": {"*/*": {"schema": {"type": "string", "format": "binary"}}}}
+_PUBLISH_PARAMS = [
+    {"name": "priority", "in": "query", "description": "0 to 9, higher served first "
+                                                        "(ADDJOB's PRIORITY, docs/semantics.md)",
+     "schema": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY}}]
 OPENAPI: Final[dict[str, Any]] = {
     "openapi": "3.0.3",
     "info": {"title": "trisque HTTP API", "version": "1",
@@ -116,7 +121,7 @@ OPENAPI: Final[dict[str, Any]] = {
             "parameters": [{"name": "name", "in": "path", "required": True,
                             "description": "A queue (GET, POST) or a message ID (DELETE; "
                                            "send / as %2F)", "schema": {"type": "string"}}],
-            "post": {"requestBody": _ANY_BODY, "responses": {
+            "post": {"requestBody": _ANY_BODY, "parameters": _PUBLISH_PARAMS, "responses": {
                 "200": {"description": "Duplicate: the existing message",
                         "headers": _MSG_HEADERS},
                 "201": {"description": "Published", "headers": _MSG_HEADERS},
@@ -144,7 +149,7 @@ OPENAPI: Final[dict[str, Any]] = {
         },
         "/mq/{queue}/messages": {
             "parameters": [_MQ_QUEUE],
-            "post": {"requestBody": _ANY_BODY, "responses": {
+            "post": {"requestBody": _ANY_BODY, "parameters": _PUBLISH_PARAMS, "responses": {
                 "200": {"description": "Duplicate", "headers": _MSG_HEADERS},
                 "201": {"description": "Stored", "headers": _MSG_HEADERS},
                 "400": _ERR, "404": _ERR, "408": _ERR, "413": _ERR, "401": _ERR,

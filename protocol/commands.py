@@ -78,12 +78,12 @@ MAX_JOB_SECONDS: Final = (1 << 32) - 1
 
 class AddJob:
     __slots__ = ("queue", "body", "timeout_ms", "replicate", "delay", "retry", "ttl", "maxlen",
-                 "async_", "delay_given", "id_key")
+                 "async_", "delay_given", "id_key", "priority")
 
     def __init__(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None,
                  delay: int, retry: int | None, ttl: int | None, maxlen: int | None,
                  async_: bool, delay_given: bool = False,
-                 id_key: tuple[str, bytes] | None = None) -> None:
+                 id_key: tuple[str, bytes] | None = None, priority: int = 0) -> None:
         self.queue: Final = queue
         self.body: Final = body
         self.timeout_ms: Final = timeout_ms
@@ -99,13 +99,16 @@ class AddJob:
         # ID is derived from (node ID for its node field, key) instead of being random, so the
         # fire of one due time has one ID whichever node adds it.
         self.id_key: Final = id_key
+        # PRIORITY n (0 to 9, higher served first): a trisque extension (docs/semantics.md).
+        self.priority: Final = priority
 
     def __repr__(self) -> str:
         return (f"AddJob(queue={self.queue!r}, body={self.body!r}, "
                 f"timeout_ms={self.timeout_ms}, replicate={self.replicate}, "
                 f"delay={self.delay}, retry={self.retry}, ttl={self.ttl}, "
                 f"maxlen={self.maxlen}, async_={self.async_}, "
-                f"delay_given={self.delay_given}, id_key={self.id_key!r})")
+                f"delay_given={self.delay_given}, id_key={self.id_key!r}, "
+                f"priority={self.priority})")
 
 
 class GetJob:
@@ -179,9 +182,10 @@ class QPolicy(NamedTuple):
     broker/policies.py; PARK: broker/parking.py).
 
     ``changes`` holds only the fields given (name -> value; ``redrive`` is ``(max_receives,
-    dead_letter_queue)`` or None for NOREDRIVE; REDRIVE's ``job``; PARK's ``exit``, ``log``,
-    ``reason``); ``target`` is the queue name, or the job ID for ORIGIN and PARK; ``limit`` is
-    LIST's LIMIT and REDRIVE's COUNT (None: no limit)."""
+    dead_letter_queue)`` or None for NOREDRIVE; ``backoff`` ``(base, max)`` or None;
+    REDRIVE's ``job``; PARK's ``exit``, ``log``, ``reason``); ``target`` is the queue name,
+    or the job ID for ORIGIN and PARK; ``limit`` is LIST's LIMIT and REDRIVE's COUNT (None:
+    no limit)."""
 
     sub: str
     target: bytes
@@ -247,6 +251,9 @@ def _option(raw: bytes) -> bytes:
     return word if word is not None else raw.lower()
 
 
+MAX_PRIORITY: Final = 9
+
+
 def parse_addjob(argv: list[bytes]) -> AddJob | Error:
     replicate: int | None = None
     delay = 0
@@ -255,6 +262,7 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
     maxlen: int | None = None
     async_ = False
     delay_given = False
+    priority = 0
     j = 4
     argc = len(argv)
     while j < argc:
@@ -264,7 +272,8 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
             async_ = True
             j += 1
             continue
-        if last or opt not in (b"replicate", b"delay", b"retry", b"ttl", b"maxlen"):
+        if last or opt not in (b"replicate", b"delay", b"retry", b"ttl", b"maxlen",
+                               b"priority"):
             return errors.SYNTAX
         value = parse_int(argv[j + 1])
         # As in Disque, a value that is not a number gets the option's own error text. Disque
@@ -293,10 +302,14 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
             if value > MAX_JOB_SECONDS:
                 return errors.too_big("TTL", MAX_JOB_SECONDS)
             ttl = value
-        else:
+        elif opt == b"maxlen":
             if value is None or value <= 0:
                 return errors.BAD_MAXLEN
             maxlen = value
+        else:
+            if value is None or not 0 <= value <= MAX_PRIORITY:
+                return errors.BAD_PRIORITY
+            priority = value
         j += 2
     timeout = _timeout(argv[3])
     if isinstance(timeout, Error):
@@ -306,7 +319,7 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
     if delay >= (ttl if ttl is not None else DEFAULT_TTL):
         return errors.DELAY_GT_TTL
     return AddJob(argv[1], argv[2], timeout, replicate, delay, retry, ttl, maxlen, async_,
-                  delay_given)
+                  delay_given, None, priority)
 
 
 def parse_getjob(argv: list[bytes]) -> GetJob | Error:
@@ -550,6 +563,17 @@ def parse_qpolicy(argv: list[bytes]) -> QPolicy | Error:
             changes["redrive"] = (value, argv[j + 2])
             j += 3
             continue
+        if opt == b"backoff" and left >= 2:
+            # BACKOFF base max (seconds); BACKOFF 0 0 turns it off (docs/semantics.md).
+            base = _policy_number(argv[j + 1], "backoff base", 0)
+            if isinstance(base, Error):
+                return base
+            top = _policy_number(argv[j + 2], "backoff max", base)
+            if isinstance(top, Error):
+                return top
+            changes["backoff"] = (base, top) if base else None
+            j += 3
+            continue
         if left < 1:
             return errors.SYNTAX
         if opt == b"retention":
@@ -561,6 +585,12 @@ def parse_qpolicy(argv: list[bytes]) -> QPolicy | Error:
         elif opt == b"delay":
             value = _policy_number(argv[j + 1], "message_delay", 0)
             field = "message_delay"
+        elif opt == b"maxinflight":
+            value = _policy_number(argv[j + 1], "MAXINFLIGHT", 0)
+            field = "max_inflight"
+        elif opt == b"rate":
+            value = _policy_number(argv[j + 1], "RATE", 0)
+            field = "rate"
         elif opt == b"dedup":
             flag = argv[j + 1].lower()
             if flag not in (b"yes", b"no"):

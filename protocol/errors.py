@@ -35,6 +35,7 @@ BAD_DELAY: Final = Error("ERR DELAY time must be a non negative number")
 BAD_RETRY: Final = Error("ERR RETRY time must be a non negative number")
 BAD_TTL: Final = Error("ERR TTL must be a number > 0")
 BAD_MAXLEN: Final = Error("ERR MAXLEN must be a positive number")
+BAD_PRIORITY: Final = Error("ERR PRIORITY must be an integer between 0 and 9")  # trisque's
 BAD_CURSOR: Final = Error("ERR invalid cursor or option name")
 NOAUTH: Final = Error("NOAUTH Authentication required.")
 INVALID_PASSWORD: Final = Error("ERR invalid password")

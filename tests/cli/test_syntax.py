@@ -23,16 +23,17 @@ def test_every_node_command_has_help_hints_and_completion() -> None:
     ("GETJOB FROM q1 ", "[queue ...]"),
     ("QPEEK q", " count"),
     ('ADDJOB q "a body with spaces" ', "ms-timeout [REPLICATE count] [DELAY sec] [RETRY sec] "
-                                       "[TTL sec] [MAXLEN count] [ASYNC]"),
+                                       "[TTL sec] [MAXLEN count] [ASYNC] [PRIORITY 0-9]"),
     ('ADDJOB q "an open quote ', " ms-timeout [REPLICATE count] [DELAY sec] [RETRY sec] "
-                                 "[TTL sec] [MAXLEN count] [ASYNC]"),
+                                 "[TTL sec] [MAXLEN count] [ASYNC] [PRIORITY 0-9]"),
     ("QPEEK q 1 ", ""),
     ("CLUSTER MEET", " ip port"),
     ("CLUSTER MEET 127.0.0.1 ", "port"),
     ("JSCAN 0 STATE queued active ", "[COUNT count] [BUSYLOOP] [QUEUE queue] [STATE state ...] "
                                       "[REPLY all|id]"),
     ("QPOLICY CREATE q RETENTION ", "sec [REDRIVE max-receives dead-letter-queue] [NOREDRIVE] "
-                                   "[VISIBILITY sec] [DELAY sec] [DEDUP yes|no]"),
+                                   "[VISIBILITY sec] [DELAY sec] [DEDUP yes|no] "
+                                   "[BACKOFF base-sec max-sec] [MAXINFLIGHT n] [RATE per-sec]"),
 ])
 def test_hint_is_the_syntax_still_to_type(line: str, hint: str) -> None:
     analysis = analyse(line)
