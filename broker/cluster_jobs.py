@@ -260,6 +260,7 @@ def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
     job.qtime = now_ms + GC_MIN_PERIOD_MS + b.rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2
     b.reschedule(job)
     b.log_job(job, prev)
+    b.job_ended(job, now_ms)
     return True
 
 

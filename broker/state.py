@@ -22,7 +22,16 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from broker import cluster_jobs, dead_letters, eviction, memory, periodic, policies, policy_table
+from broker import (
+    cluster_jobs,
+    dead_letters,
+    eviction,
+    memory,
+    periodic,
+    policies,
+    policy_table,
+    results,
+)
 from broker.clients import BLOCKED, Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
 from broker.config import Config
@@ -170,6 +179,8 @@ class BrokerState:
         self.runs = RunTable(node_id)
         # Periodic timers (broker/periodic.py; fired by cluster/periodic_sync.py).
         self.periodic = periodic.PeriodicTable()
+        # Job outcomes and blocked WAITJOBs (broker/results.py).
+        self.results = results.ResultTable()
 
     # =========================================================================================
     # Entry points
@@ -203,7 +214,7 @@ class BrokerState:
                     if item.awake <= now_ms:
                         client = item.client
                         self._unblock(item)
-                        self.outbox.append(Reply(client, NULL_ARRAY))
+                        self.outbox.append(Reply(client, None if item.job_id else NULL_ARRAY))
                     else:
                         timers.schedule(item, item.awake)
                     continue
@@ -218,6 +229,7 @@ class BrokerState:
             self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
             self._evict_idle_queues(now_ms)
             self.runs.expire(now_ms)
+            self.results.expire(now_ms)
 
     # =========================================================================================
     # Jobs: registration, queueing, timers
@@ -250,6 +262,11 @@ class BrokerState:
             self.timers.schedule(job, job.awake)
 
     def unregister(self, job: Job) -> None:
+        watched = self.results
+        if watched.waiters or watched.watchers:
+            # unregister has no now_ms: the outcome's time counts from the last tick (a node
+            # ticks hz times a second), or from the job's creation if that is later.
+            self.job_ended(job, max(self._last_tick_ms, job.ctime // 1_000_000))
         if self.repl_wait and job.id in self.repl_wait:
             # Gone before its replication level was reached (TTL, DELJOB, DEBUG commands):
             # its client is answered and the partial copies are deleted, as Disque's
@@ -267,6 +284,14 @@ class BrokerState:
         self.job_scan.discard(self.job_alive)
         # The scan list may keep the object until it compacts; its body goes now.
         job.body = b""
+
+    def job_ended(self, job: Job, now_ms: int) -> None:
+        table = self.results
+        if (table.waiters or table.watchers) and table.watched(job.id):
+            results.job_done(self, job.id, job.state, now_ms)
+
+    def ending_as(self, reason: str) -> None:
+        self.results.hint = reason
 
     def job_alive(self, job: Job) -> bool:
         return self.jobs.get(job.id) is job
@@ -366,7 +391,9 @@ class BrokerState:
         if now_ms >= job.etime:
             # TTL reached: the job goes away whatever its state.
             prev = job.to_record()
+            self.ending_as(results.EXPIRED)
             self.unregister(job)
+            self.ending_as(results.DELETED)
             self.outbox.append(LogRecord("del", job.id, prev))
             return
         if job.state is _ACKED:
@@ -418,6 +445,9 @@ class BrokerState:
         if kind == periodic.RECORD_KIND:
             self.periodic.undo(payload, prev)
             return
+        if kind == results.RECORD_KIND:
+            self.results.undo(payload, prev)
+            return
         job_id = payload[0] if kind == "job" else payload
         if kind == "flushall":
             return
@@ -449,6 +479,8 @@ class BrokerState:
             return policy_table.validate_record(data)
         if kind == periodic.RECORD_KIND:
             return periodic.validate_record(data)
+        if kind == results.RECORD_KIND:
+            return results.validate_record(data)
         return validate_record(kind, data)
 
     def load_record(self, record: tuple[Any, ...], now_ms: int) -> None:
@@ -471,10 +503,13 @@ class BrokerState:
             self.policies.load(payload)
         elif kind == periodic.RECORD_KIND:
             self.periodic.load(payload)
+        elif kind == results.RECORD_KIND:
+            self.results.load(payload, now_ms)
         elif kind == "flushall":
             self.jobs.clear()
             self.job_bytes = 0
             self.job_scan.clear()
+            self.results = results.ResultTable.after_flush(self.results)
         elif kind == "dlv":
             # Advisory: the first delivery of a job still known (an unknown one was acked,
             # deleted or expired, or its record comes later, carrying dtime itself).
@@ -523,6 +558,7 @@ class BrokerState:
     def snapshot(self) -> Iterator[tuple[str, Any]]:
         yield from list(self.policies.snapshot(self.jobs))
         yield from list(self.periodic.snapshot())
+        yield from list(self.results.snapshot())
         for job in list(self.jobs.values()):
             if self.jobs.get(job.id) is job:
                 yield ("job", job.to_record())
@@ -691,6 +727,8 @@ class BrokerState:
         waiter.client.waiter = None
         self.timers.cancel(waiter)
         self.blocked_clients -= 1
+        if waiter.job_id:
+            results.forget_waiter(self.results, waiter)
         for name in waiter.queues:
             q = self.queues.get(name)
             if q is not None:
@@ -961,6 +999,11 @@ class BrokerState:
             for waiter in list(q.waiters):
                 self._unblock(waiter)
                 self.outbox.append(Reply(waiter.client, NULL_ARRAY))
+        for waiters in list(self.results.waiters.values()):
+            for waiter in list(waiters):
+                self._unblock(waiter)
+                self.outbox.append(Reply(waiter.client, None))
+        self.results = results.ResultTable.after_flush(self.results)
         for job_id in list(self.repl_wait):
             job = self.jobs.get(job_id)
             if job is not None:

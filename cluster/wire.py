@@ -103,6 +103,8 @@ class MessageType(enum.IntEnum):
     YOURJOBS = 22
     QPOLICY = 40  # queue policies (cluster/policy_sync.py); numbers are never reused
     TIMER = 41  # periodic timers (cluster/periodic_sync.py)
+    WAITFOR = 50  # job outcomes (cluster/results.py)
+    RESULT = 51
 
 
 #: The messages that carry job bodies: only theirs are searched for big values (the others

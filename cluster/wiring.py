@@ -2,8 +2,8 @@
 
 The broker calls the cluster through four seams: ``Broker.cluster`` (the node table's view,
 ``broker/cluster_view.py``), ``Broker.replication`` (the job core), ``Broker.federation``
-(NEEDJOBS/YOURJOBS) and the change hooks of its policy and timer tables, plus INFO's
-``timers`` section. The cores do not set these themselves: whoever builds them (the node,
+(NEEDJOBS/YOURJOBS) and the change hooks of its policy and timer tables, INFO's ``timers``
+section, and ``Broker.results.sync`` (the result core, job outcomes). The cores do not set these themselves: whoever builds them (the node,
 ``node/server.py``; the in-process harnesses of the tests; the benchmarks) calls ``attach``
 once they exist, so what a broker is connected to is read in one call. Each core given
 replaces what the broker had; one not given leaves it as it was (a test harness may attach
@@ -21,11 +21,13 @@ from cluster.jobs import JobCore
 from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
+from cluster.results import ResultCore
 
 
 def attach(broker: Broker, *, membership: Membership | None = None,
            jobs: JobCore | None = None, federation: FederationCore | None = None,
-           policies: PolicySync | None = None, timers: PeriodicSync | None = None) -> None:
+           policies: PolicySync | None = None, timers: PeriodicSync | None = None,
+           results: ResultCore | None = None) -> None:
     if membership is not None:
         broker.cluster = membership
     if jobs is not None:
@@ -38,3 +40,5 @@ def attach(broker: Broker, *, membership: Membership | None = None,
         broker.periodic.owner_of = timers.owner
         broker.periodic.on_change = timers.changed
         broker.info_sources["timers"] = timers.info
+    if results is not None:
+        broker.results.sync = results

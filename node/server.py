@@ -90,6 +90,7 @@ from cluster.jobs import JobCore
 from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
+from cluster.results import ResultCore
 from cluster.wiring import attach
 from node import client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
@@ -199,8 +200,12 @@ class Server:
         self.periodic_sync = PeriodicSync(self.broker, self.cluster,
                                           random.Random(os.urandom(16)), now_ms)
         self.bus.add_core(self.periodic_sync)
+        # Job outcomes (WAITJOB, RESOLVE) learned from and told to other nodes.
+        self.result_core = ResultCore(self.broker, self.cluster)
+        self.bus.add_core(self.result_core)
         attach(self.broker, membership=self.cluster, jobs=self.job_core,
-               federation=self.federation, policies=self.policy_sync, timers=self.periodic_sync)
+               federation=self.federation, policies=self.policy_sync, timers=self.periodic_sync,
+               results=self.result_core)
         self.core_alarms = [CoreAlarm(self, self.federation), CoreAlarm(self, self.periodic_sync)]
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:

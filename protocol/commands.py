@@ -706,6 +706,39 @@ def parse_timer(argv: list[bytes]) -> Timer | Error:
     return Timer(sub, (argv[2],), period, argv[4], argv[5], tuple(params), start_ms, replace)
 
 
+class Resolve(NamedTuple):
+    """RESOLVE id result: ACKJOB that keeps a result (broker/results.py)."""
+
+    job_id: bytes
+    result: bytes
+
+
+class WaitJob(NamedTuple):
+    """WAITJOB id [TIMEOUT ms]: the job's result once it is resolved (broker/results.py)."""
+
+    job_id: bytes
+    timeout_ms: int  # 0: wait forever
+
+
+def parse_resolve(argv: list[bytes]) -> Resolve | Error:
+    if not is_valid(argv[1]):
+        return errors.BADID
+    return Resolve(argv[1], argv[2])
+
+
+def parse_waitjob(argv: list[bytes]) -> WaitJob | Error:
+    if not is_valid(argv[1]):
+        return errors.BADID
+    if len(argv) == 2:
+        return WaitJob(argv[1], 0)
+    if len(argv) != 4 or _option(argv[2]) != b"timeout":
+        return errors.SYNTAX
+    timeout = _timeout(argv[3])
+    if isinstance(timeout, Error):
+        return timeout
+    return WaitJob(argv[1], timeout)
+
+
 def parse_generic(argv: list[bytes]) -> Generic:
     """The node's own commands (HELLO, INFO, CONFIG, ...): their handlers read the arguments."""
     return Generic(argv[0].decode("latin-1").upper(), tuple(argv[1:]))

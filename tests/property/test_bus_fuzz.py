@@ -28,6 +28,9 @@ def workload(c: AllCoresCluster) -> list[bytes]:
     c.cmd(0, "NACK", ids[1])
     c.cmd(0, "ACKJOB", ids[2])
     c.cmd(1, "ENQUEUE", ids[0])
+    far = c.addjob(0, "fuzzq", "far", "0", "REPLICATE", "2")
+    c.cmd(next(i for i in range(3) if i not in c.holders(far)), "WAITJOB", far)  # WAITFOR
+    c.cmd(0, "RESOLVE", far, "done")  # RESULT
     c.cmd(0, "PAUSE", "fuzzq2", "all", "bcast")
     c.cmd(0, "PAUSE", "fuzzq2", "none", "bcast")
     c.cmd(0, "QPOLICY", "SET", "fuzzq", "VISIBILITY", "30")

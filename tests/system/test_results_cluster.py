@@ -1,0 +1,71 @@
+"""RESOLVE and WAITJOB with real ``trisque-server`` processes: a client blocked on a node that
+does not hold the job gets its result, and the result outlives kill -9 (the append log).
+The protocol itself is tested on the simulator (tests/cluster/test_results.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from protocol.resp import Error
+from tests.support.cluster import LocalCluster, wait_until
+from tests.support.server import ServerProcess, send_command
+
+pytestmark = pytest.mark.cluster_processes
+
+DURABLE = {"appendonly": "yes", "appendfsync": "always"}
+
+
+def _joined(local_cluster: Callable[..., LocalCluster]) -> LocalCluster:
+    c = local_cluster(3, directives=[DURABLE] * 3)
+    ids = [c.myid(i) for i in range(3)]
+    for i in (1, 2):
+        c.meet(i, 0)
+    wait_until(lambda: c.mesh_ok([0, 1, 2], ids), 20.0, "a mesh of 3")
+    return c
+
+
+def _show(c: LocalCluster, i: int, job: str) -> dict[str, Any] | None:
+    reply = c.call(i, "SHOW", job)
+    return None if reply is None else {reply[k].decode(): reply[k + 1]
+                                       for k in range(0, len(reply), 2)}
+
+
+def test_waitjob_on_a_node_without_the_job_gets_the_result(
+        local_cluster: Callable[..., LocalCluster]) -> None:
+    c = _joined(local_cluster)
+    job = c.call(0, "ADDJOB", "q", "work", "5000", "REPLICATE", "2").decode()
+    outsider = next(i for i in (1, 2) if _show(c, i, job) is None)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(
+        send_command(c.port(outsider), "WAITJOB", job, "TIMEOUT", "20000", timeout=30)))
+    waiter.start()
+    time.sleep(1.0)
+    assert not got  # still waiting
+    assert c.call(0, "RESOLVE", job, "the result") == 1
+    waiter.join(30)
+    assert got == [b"the result"]
+    # A node that never held the job and an unknown ID.
+    assert c.call(outsider, "WAITJOB", job) == b"the result"
+    unknown = job[:-6] + ("X" if job[-6] != "X" else "Y") + job[-5:]
+    assert isinstance(c.call(outsider, "WAITJOB", unknown, "TIMEOUT", "5000"), Error)
+
+
+def test_a_result_outlives_kill_9(tmp_path: Any) -> None:
+    with ServerProcess(directory=str(tmp_path), **DURABLE) as node:
+        job = node.call("ADDJOB", "q", "work", "0").decode()
+        assert node.call("RESOLVE", job, "kept") == 1
+        node.kill()
+        node.restart()
+        assert node.call("WAITJOB", job) == b"kept"
+        expired = node.call("ADDJOB", "q", "x", "0", "TTL", "1").decode()
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(
+            send_command(node.port, "WAITJOB", expired, timeout=30)))
+        waiter.start()
+        waiter.join(30)
+        assert len(got) == 1 and isinstance(got[0], Error) and got[0].startswith("EXPIRED")
