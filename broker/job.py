@@ -24,7 +24,7 @@ import enum
 from typing import Any, Final
 
 from broker.timers import NOT_SCHEDULED, Timed
-from protocol.commands import MAX_JOB_SECONDS
+from protocol.commands import MAX_JOB_SECONDS, MAX_PARENTS
 from protocol.jobid import is_valid
 
 
@@ -82,6 +82,7 @@ REC_DELIVERED: Final = 12  # nodes that may hold a copy
 REC_CONFIRMED: Final = 13
 REC_FLAGS: Final = 14
 REC_DTIME: Final = 15
+REC_AFTER: Final = 16  # only in the record of a job waiting for its parents
 
 _INT64_MAX: Final = (1 << 63) - 1
 # Range of each integer field of a job record (index -> (name, min, max)): what the command
@@ -118,10 +119,15 @@ def record_problem(rec: Any) -> str | None:
     delay ends, at a rewrite, at shutdown). Every REPLJOB's job goes through it too: plain
     loops, no generators (about half the time of the generic version)."""
     if not isinstance(rec, list):
-        return "job record is not a list of 15 or 16 fields"
+        return "job record is not a list of 15 to 17 fields"
     size = len(rec)
-    if size != RECORD_FIELDS and size != OLD_RECORD_FIELDS:
-        return "job record is not a list of 15 or 16 fields"
+    if size != RECORD_FIELDS and size != OLD_RECORD_FIELDS and size != RECORD_FIELDS + 1:
+        return "job record is not a list of 15 to 17 fields"
+    if size > RECORD_FIELDS:
+        after = rec[REC_AFTER]
+        if not isinstance(after, list) or not after or len(after) > MAX_PARENTS or not all(
+                isinstance(p, bytes) and is_valid(p) for p in after):
+            return "job record whose parents are not a list of job IDs"
     job_id = rec[REC_ID]
     if not isinstance(job_id, bytes) or not is_valid(job_id):
         return "job record with an invalid job ID"
@@ -178,6 +184,7 @@ class Job(Timed):
     __slots__ = (
         "id", "queue", "body", "state", "repl", "ttl", "retry", "delay", "ctime",
         "qtime", "awake", "nacks", "deliveries", "delivered", "confirmed", "flags", "dtime",
+        "after",
     )
 
     def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
@@ -200,6 +207,9 @@ class Job(Timed):
         self.confirmed: tuple[str, ...] = ()
         self.flags = 0
         self.dtime = 0  # first delivery (unix ms), 0 until then; logged for the report
+        # ADDJOB ... AFTER: the parents not done yet (broker/chains.py); while any, the job
+        # waits (SHOW state ``waiting``) and is never queued.
+        self.after: tuple[bytes, ...] = ()
         self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)
 
     @property
@@ -232,12 +242,17 @@ class Job(Timed):
     # -- persistence ---------------------------------------------------------------------------
 
     def to_record(self) -> list[Any]:
-        """The job as msgpack-friendly primitives (for the append log and the cluster bus)."""
-        return [
+        """The job as msgpack-friendly primitives (for the append log and the cluster bus);
+        the parents (``after``) only while there are any, so every other record keeps its
+        16 fields."""
+        rec = [
             self.id, self.queue, self.body, state_name(self.state), self.repl, self.ttl, self.retry,
             self.delay, self.ctime, self.qtime, self.nacks, self.deliveries,
             list(self.delivered), list(self.confirmed), self.flags, self.dtime,
         ]
+        if self.after:
+            rec.append(list(self.after))
+        return rec
 
     @classmethod
     def from_record(cls, rec: list[Any]) -> Job:
@@ -252,4 +267,6 @@ class Job(Timed):
         job.confirmed = tuple(confirmed)
         job.flags = flags
         job.dtime = rec[REC_DTIME] if len(rec) > OLD_RECORD_FIELDS else 0
+        if len(rec) > RECORD_FIELDS:
+            job.after = tuple(bytes(p) for p in rec[REC_AFTER])
         return job

@@ -162,7 +162,7 @@ def addjob(b: PolicyBroker, cmd: AddJob, client: Client, now_ms: int) -> Any:
     if delay >= ttl:
         return errors.DELAY_GT_TTL
     cmd = AddJob(cmd.queue, cmd.body, cmd.timeout_ms, replicate, delay, retry, ttl, cmd.maxlen,
-                 cmd.async_, True, cmd.id_key)
+                 cmd.async_, True, cmd.id_key, cmd.after)
     if p.message_deduplication:
         existing = table.find_duplicate(b, cmd.queue, cmd.body)
         if existing is not None:

@@ -10,8 +10,8 @@ with ``job_id`` set, in the broker's one timer wheel) until the job's end is kno
 
 The other ends of a job (ACKJOB, DELJOB, TTL, a dead letter) leave an outcome only for a job
 someone is watching: a client blocked in WAITJOB, a node that asked (``watchers``), or a
-chained job waiting for it (``broker/chains.py``); a job nobody watches leaves nothing, so
-plain ACKJOB and DELJOB pay one test of two empty dicts. ``hint`` names why the broker is about
+chained job waiting for it (``children``, broker/chains.py); a job nobody watches leaves
+nothing, so plain ACKJOB and DELJOB pay one test of three empty dicts. ``hint`` names why the broker is about
 to drop a job (``expired``, ``dead-lettered``); anything else not acked was ``deleted``.
 
 On a cluster, ``sync`` (``cluster.results.ResultCore``) learns the outcome of a job this node
@@ -70,6 +70,7 @@ class ResultTable:
         self.outcomes: dict[bytes, list[Any]] = {}  # job ID -> [kind, result, until_ms]
         self.waiters: dict[bytes, list[Waiter]] = {}  # blocked WAITJOBs by job ID
         self.watchers: dict[bytes, set[str]] = {}  # nodes to tell, by job ID
+        self.children: dict[bytes, set[bytes]] = {}  # waiting chained jobs, by parent ID
         self.hint = DELETED
         self.sync: ResultSync | None = None
         self.bytes = 0  # results held (INFO, memory)
@@ -82,7 +83,7 @@ class ResultTable:
         return table
 
     def watched(self, job_id: bytes) -> bool:
-        return job_id in self.waiters or job_id in self.watchers
+        return job_id in self.waiters or job_id in self.watchers or job_id in self.children
 
     def put(self, job_id: bytes, outcome: list[Any]) -> None:
         old = self.outcomes.pop(job_id, None)
@@ -131,6 +132,10 @@ def validate_record(data: Any) -> str | None:
 class ResultBroker(BrokerCore, Protocol):
     results: ResultTable
 
+    def parent_ended(self, parent: bytes, outcome: list[Any], now_ms: int) -> None:
+        """Chained jobs waiting for ``parent`` move on (broker/chains.py)."""
+        ...
+
 
 def reply_of(outcome: list[Any]) -> Any:
     kind = outcome[0]
@@ -163,7 +168,7 @@ def resolve(b: ResultBroker, job_id: bytes, result: bytes, now_ms: int) -> Any:
             # Before the ACK's SETACKs, on the same links: a holder keeps the result first.
             table.sync.tell(job_id, outcome, [n for n in job.delivered if n != b.node_id])
     count = b.ack_jobs((job_id,), now_ms)
-    notify(b, job_id)
+    notify(b, job_id, now_ms)
     return count
 
 
@@ -175,11 +180,12 @@ def job_done(b: ResultBroker, job_id: bytes, state: JobState, now_ms: int) -> No
         if kind == DELETED and state is JobState.ACKED:
             kind = ACKED
         record(b, job_id, [kind, b"", now_ms + int(b.config.result_ttl) * 1000])
-    notify(b, job_id)
+    notify(b, job_id, now_ms)
 
 
-def notify(b: ResultBroker, job_id: bytes) -> None:
-    """Hand the outcome of ``job_id`` to its blocked WAITJOBs and the nodes that asked."""
+def notify(b: ResultBroker, job_id: bytes, now_ms: int) -> None:
+    """Hand the outcome of ``job_id`` to its blocked WAITJOBs, the nodes that asked and the
+    jobs chained to it."""
     table = b.results
     outcome = table.outcomes.get(job_id)
     if outcome is None:
@@ -193,6 +199,8 @@ def notify(b: ResultBroker, job_id: bytes) -> None:
     nodes = table.watchers.pop(job_id, None)
     if nodes and table.sync is not None:
         table.sync.tell(job_id, outcome, sorted(nodes))
+    if job_id in table.children:
+        b.parent_ended(job_id, outcome, now_ms)
 
 
 def _unblock(b: ResultBroker, waiter: Waiter) -> None:
@@ -236,17 +244,20 @@ def forget_waiter(table: ResultTable, waiter: Waiter) -> None:
             del table.waiters[waiter.job_id]
 
 
-def learned(b: ResultBroker, job_id: bytes, outcome: list[Any]) -> None:
+def learned(b: ResultBroker, job_id: bytes, outcome: list[Any], now_ms: int) -> None:
     """A peer told the outcome of ``job_id``: kept (a result is never replaced by a plain
     end) and handed on."""
     current = b.results.outcomes.get(job_id)
     if current is None or (outcome[0] == RESOLVED and current[0] != RESOLVED):
         record(b, job_id, outcome)
-    notify(b, job_id)
+    notify(b, job_id, now_ms)
 
 
-def unknown(b: ResultBroker, job_id: bytes) -> None:
-    """No node knows ``job_id``: its blocked WAITJOBs get the error."""
+def unknown(b: ResultBroker, job_id: bytes, now_ms: int) -> None:
+    """No node knows ``job_id``: its blocked WAITJOBs get the error; jobs chained to it take
+    it as done (acked and forgotten: a plain ACKJOB of a job nobody watched keeps nothing)."""
     for waiter in b.results.waiters.pop(job_id, None) or ():
         _unblock(b, waiter)
         b.outbox.append(Reply(waiter.client, UNKNOWN))
+    if job_id in b.results.children:
+        b.parent_ended(job_id, [ACKED, b"", 0], now_ms)

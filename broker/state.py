@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from broker import (
+    chains,
     cluster_jobs,
     dead_letters,
     eviction,
@@ -262,8 +263,10 @@ class BrokerState:
             self.timers.schedule(job, job.awake)
 
     def unregister(self, job: Job) -> None:
+        if job.after:
+            chains.forget(self, job)
         watched = self.results
-        if watched.waiters or watched.watchers:
+        if watched.waiters or watched.watchers or watched.children:
             # unregister has no now_ms: the outcome's time counts from the last tick (a node
             # ticks hz times a second), or from the job's creation if that is later.
             self.job_ended(job, max(self._last_tick_ms, job.ctime // 1_000_000))
@@ -287,8 +290,14 @@ class BrokerState:
 
     def job_ended(self, job: Job, now_ms: int) -> None:
         table = self.results
-        if (table.waiters or table.watchers) and table.watched(job.id):
+        if (table.waiters or table.watchers or table.children) and table.watched(job.id):
             results.job_done(self, job.id, job.state, now_ms)
+
+    def watch_parents(self, job: Job, now_ms: int) -> None:
+        chains.watch(self, job, now_ms)
+
+    def parent_ended(self, parent: bytes, outcome: list[Any], now_ms: int) -> None:
+        chains.parent_ended(self, parent, outcome, now_ms)
 
     def ending_as(self, reason: str) -> None:
         self.results.hint = reason
@@ -324,6 +333,8 @@ class BrokerState:
         """
         if job.state is not _ACTIVE and job.state is not _WAIT_REPL:
             return False
+        if job.after:
+            return False  # waiting for its parents (broker/chains.py)
         if not job.qtime or (not job.retry and job.flags & FLAG_DELIVERED):
             return False
         if self.policies.redrive and dead_letters.dead_letter(self, job, now_ms, nack):
@@ -536,6 +547,12 @@ class BrokerState:
                 else:
                     self.unregister(job)
                 continue
+            if job.after:
+                # Waiting for its parents: watched again below, never queued before they end.
+                job.qtime = 0
+                job.awake = job.compute_awake()
+                self.timers.schedule(job, job.awake)
+                continue
             was_queued = job.state is _QUEUED
             if job.state is not _ACTIVE:
                 job.transition(_ACTIVE)  # nothing is in a queue until it is put back below
@@ -554,6 +571,8 @@ class BrokerState:
             job.awake = job.compute_awake()
             self.timers.schedule(job, job.awake)
         self.policies.forget_gone(self.jobs)
+        for job in [j for j in self.jobs.values() if j.after]:
+            chains.watch(self, job, now_ms)
 
     def snapshot(self) -> Iterator[tuple[str, Any]]:
         yield from list(self.policies.snapshot(self.jobs))
@@ -639,13 +658,17 @@ class BrokerState:
         # qtime: when the job is first queued (after DELAY), or its first retry time; the
         # enqueue below re-arms it with the random error.
         job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000 or now_ms
-        if cmd.delay:
+        if cmd.delay or cmd.after:
+            if cmd.after:
+                chains.hold(self, job, cmd.after, now_ms)
             job.awake = job.compute_awake()
             self.register(job)
         else:
             self.register(job, schedule=False)  # the enqueue arms its timer
             self.enqueue_job(job, now_ms)
         self.log_job(job, None)
+        if cmd.after:
+            chains.watch(self, job, now_ms)
         return Status(job.id.decode("ascii"))
 
     def _body_too_big(self, size: int) -> Error:
@@ -853,10 +876,11 @@ class BrokerState:
         return job.retry
 
     def _show(self, job: Job, now_ms: int) -> list[Any]:
-        return [
+        shown = [
             b"id", job.id,
             b"queue", job.queue,
-            b"state", job.state.value.encode(),
+            b"state", chains.WAITING if job.after and job.state is _ACTIVE
+            else job.state.value.encode(),
             b"repl", job.repl,
             b"ttl", max(0, job.etime // 1000 - now_ms // 1000),
             b"ctime", job.ctime,
@@ -870,6 +894,13 @@ class BrokerState:
             b"next-awake-within", max(0, job.awake - now_ms) if job.awake else None,
             b"body", job.body,
         ]
+        # trisque's own fields, only for jobs that have them (Disque's reply otherwise).
+        if job.after:
+            shown += [b"after", list(job.after)]
+        note = self.policies.notes.get(job.id) if self.policies.notes else None
+        if note is not None:
+            shown += [b"reason", str(note[0]).encode()]
+        return shown
 
     # =========================================================================================
     # Commands: queues

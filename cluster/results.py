@@ -9,7 +9,7 @@ Two messages (``MessageType.WAITFOR``, ``RESULT``):
                                       ``pending`` (I hold it and will tell you) or
                                       ``unknown`` (I know nothing of it)
 
-A node with a blocked WAITJOB (or a chained job) for a job it does not hold asks every
+A node with a blocked WAITJOB (or a chained job waiting) for a job it does not hold asks every
 reachable node (``ask``), again every ``ASK_PERIOD_MS`` while it still wants to know: the
 answers' holders remember the asker (``ResultTable.watchers``, in memory) and send RESULT when
 the job ends, and asking again covers a holder that restarted, a lost frame or a partition
@@ -164,16 +164,18 @@ class ResultCore:
             ask.unknown.add(sender)
             if ask.asked <= ask.unknown and self._origin_answered(msg.job_id, ask):
                 del self.asking[msg.job_id]
-                results.unknown(self.broker, msg.job_id)
+                results.unknown(self.broker, msg.job_id, now_ms)
             return
         self.asking.pop(msg.job_id, None)
         if msg.until > now_ms:
-            results.learned(self.broker, msg.job_id, [msg.kind, msg.value, msg.until])
+            results.learned(self.broker, msg.job_id, [msg.kind, msg.value, msg.until], now_ms)
 
     # -- helpers ------------------------------------------------------------------------------
 
     def _wanted(self, job_id: bytes) -> bool:
-        return job_id in self.broker.results.waiters and job_id not in self.broker.jobs
+        table = self.broker.results
+        return (job_id in table.waiters or job_id in table.children) \
+            and job_id not in self.broker.jobs
 
     def _ask_round(self, job_id: bytes, ask: _Ask, now_ms: int) -> None:
         ask.next_ms = now_ms + ASK_PERIOD_MS
@@ -181,7 +183,7 @@ class ResultCore:
         ask.unknown &= ask.asked
         if not ask.asked and self._origin(job_id) is None:
             del self.asking[job_id]
-            results.unknown(self.broker, job_id)
+            results.unknown(self.broker, job_id, now_ms)
             return
         msg = ResultMessage(MessageType.WAITFOR, job_id)
         for node_id in sorted(ask.asked):

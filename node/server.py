@@ -185,6 +185,10 @@ class Server:
         self.broker.warn = self._warn
         # Replicated jobs: built (and attached below) before the log is replayed (run() loads
         # it), since replay keeps acked cluster jobs only when broker.replication is set.
+        # Job outcomes (WAITJOB, RESOLVE) learned from and told to other nodes; its effects
+        # are taken before the job core's, so RESOLVE's RESULT leaves before its SETACKs.
+        self.result_core = ResultCore(self.broker, self.cluster)
+        self.bus.add_core(self.result_core)
         self.job_core = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
         self.bus.add_core(self.job_core)
         # Federation: NEEDJOBS/YOURJOBS; ticked at its own next deadline
@@ -200,9 +204,6 @@ class Server:
         self.periodic_sync = PeriodicSync(self.broker, self.cluster,
                                           random.Random(os.urandom(16)), now_ms)
         self.bus.add_core(self.periodic_sync)
-        # Job outcomes (WAITJOB, RESOLVE) learned from and told to other nodes.
-        self.result_core = ResultCore(self.broker, self.cluster)
-        self.bus.add_core(self.result_core)
         attach(self.broker, membership=self.cluster, jobs=self.job_core,
                federation=self.federation, policies=self.policy_sync, timers=self.periodic_sync,
                results=self.result_core)

@@ -63,6 +63,7 @@ def _timeout(raw: bytes) -> int | Error:
     return value
 
 
+MAX_PARENTS: Final = 1024  # AFTER options of one ADDJOB
 DEFAULT_TTL: Final = 24 * 3600  # seconds, when ADDJOB gives no TTL
 # The largest DELAY, RETRY and TTL (seconds): what Disque's job structure can hold (uint32).
 MAX_JOB_SECONDS: Final = (1 << 32) - 1
@@ -78,12 +79,13 @@ MAX_JOB_SECONDS: Final = (1 << 32) - 1
 
 class AddJob:
     __slots__ = ("queue", "body", "timeout_ms", "replicate", "delay", "retry", "ttl", "maxlen",
-                 "async_", "delay_given", "id_key")
+                 "async_", "delay_given", "id_key", "after")
 
     def __init__(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None,
                  delay: int, retry: int | None, ttl: int | None, maxlen: int | None,
                  async_: bool, delay_given: bool = False,
-                 id_key: tuple[str, bytes] | None = None) -> None:
+                 id_key: tuple[str, bytes] | None = None,
+                 after: tuple[bytes, ...] = ()) -> None:
         self.queue: Final = queue
         self.body: Final = body
         self.timeout_ms: Final = timeout_ms
@@ -99,13 +101,16 @@ class AddJob:
         # ID is derived from (node ID for its node field, key) instead of being random, so the
         # fire of one due time has one ID whichever node adds it.
         self.id_key: Final = id_key
+        # AFTER id ...: held until these jobs are acked or resolved (broker/chains.py).
+        self.after: Final = after
 
     def __repr__(self) -> str:
         return (f"AddJob(queue={self.queue!r}, body={self.body!r}, "
                 f"timeout_ms={self.timeout_ms}, replicate={self.replicate}, "
                 f"delay={self.delay}, retry={self.retry}, ttl={self.ttl}, "
                 f"maxlen={self.maxlen}, async_={self.async_}, "
-                f"delay_given={self.delay_given}, id_key={self.id_key!r})")
+                f"delay_given={self.delay_given}, id_key={self.id_key!r}, "
+                f"after={self.after!r})")
 
 
 class GetJob:
@@ -255,6 +260,7 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
     maxlen: int | None = None
     async_ = False
     delay_given = False
+    after: list[bytes] = []
     j = 4
     argc = len(argv)
     while j < argc:
@@ -265,6 +271,16 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
             j += 1
             continue
         if last or opt not in (b"replicate", b"delay", b"retry", b"ttl", b"maxlen"):
+            # trisque's own options, after Disque's (tested here so those pay nothing).
+            if opt == b"after" and not last:
+                if not is_valid(argv[j + 1]):
+                    return errors.BADID
+                if argv[j + 1] not in after:
+                    after.append(argv[j + 1])
+                if len(after) > MAX_PARENTS:
+                    return errors.SYNTAX
+                j += 2
+                continue
             return errors.SYNTAX
         value = parse_int(argv[j + 1])
         # As in Disque, a value that is not a number gets the option's own error text. Disque
@@ -305,6 +321,9 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
         return errors.RETRY0_REPLICATE
     if delay >= (ttl if ttl is not None else DEFAULT_TTL):
         return errors.DELAY_GT_TTL
+    if after:
+        return AddJob(argv[1], argv[2], timeout, replicate, delay, retry, ttl, maxlen, async_,
+                      delay_given, None, tuple(after))
     return AddJob(argv[1], argv[2], timeout, replicate, delay, retry, ttl, maxlen, async_,
                   delay_given)
 

@@ -79,7 +79,8 @@ class SimJobNode:
             elif isinstance(effect, Reply):
                 self.cluster.blocked_replies.setdefault(self.node.index, []).append(
                     (effect.client, effect.value))
-        effects = self.core.take_effects() + self.results.take_effects()
+        # The result core's first, as the node's bus: a RESULT leaves before its SETACKs.
+        effects = self.results.take_effects() + self.core.take_effects()
         if self.fed is not None:
             effects += self.fed.take_effects()
         for e in effects:

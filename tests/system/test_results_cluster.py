@@ -1,6 +1,8 @@
-"""RESOLVE and WAITJOB with real ``trisque-server`` processes: a client blocked on a node that
-does not hold the job gets its result, and the result outlives kill -9 (the append log).
-The protocol itself is tested on the simulator (tests/cluster/test_results.py)."""
+"""Results and chains with real ``trisque-server`` processes: a client blocked in WAITJOB on a
+node that does not hold the job gets its result, a result and a waiting chained job outlive
+kill -9 (the append log), and a child on one node is released by its parent's RESOLVE on
+another. The protocols are tested on the simulator (tests/cluster/test_results.py,
+test_chains.py)."""
 
 from __future__ import annotations
 
@@ -69,3 +71,22 @@ def test_a_result_outlives_kill_9(tmp_path: Any) -> None:
         waiter.start()
         waiter.join(30)
         assert len(got) == 1 and isinstance(got[0], Error) and got[0].startswith("EXPIRED")
+
+
+def test_a_chain_across_nodes_and_kill_9(local_cluster: Callable[..., LocalCluster]) -> None:
+    c = _joined(local_cluster)
+    parent = c.call(0, "ADDJOB", "q", "first", "5000", "REPLICATE", "1").decode()
+    child = c.call(1, "ADDJOB", "next", "second", "5000", "REPLICATE", "2", "AFTER",
+                   parent).decode()
+    shown = _show(c, 1, child)
+    assert shown is not None and shown["state"] == b"waiting"
+    assert shown["after"] == [parent.encode()]
+    c.kill(1)  # kill -9: the waiting child comes back from the log
+    c.restart(1)
+    shown = _show(c, 1, child)
+    assert shown is not None and shown["state"] == b"waiting"
+    assert c.call(0, "RESOLVE", parent, "ok") == 1
+    wait_until(lambda: (_show(c, 1, child) or {}).get("state") == b"queued", 20.0,
+               "the child is queued once its parent is resolved")
+    job = c.call(1, "GETJOB", "NOHANG", "FROM", "next")
+    assert job[0][1].decode() == child
