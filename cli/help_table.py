@@ -19,9 +19,9 @@ class CommandHelp(NamedTuple):
 
 COMMANDS: tuple[CommandHelp, ...] = (
     CommandHelp("ADDJOB", "queue body ms-timeout [REPLICATE count] [DELAY sec] [RETRY sec] "
-                "[TTL sec] [MAXLEN count] [ASYNC]",
+                "[TTL sec] [MAXLEN count] [ASYNC] [AFTER id ...]",
                 "Add a job to a queue; replies with its ID once replicated (or at once with "
-                "ASYNC)", "jobs"),
+                "ASYNC); with AFTER it waits until those jobs are acked or resolved", "jobs"),
     CommandHelp("GETJOB", "[NOHANG] [TIMEOUT ms] [COUNT count] [WITHCOUNTERS] FROM queue "
                 "[queue ...]",
                 "Take up to COUNT jobs, one per queue in turn from left to right; with none "
@@ -34,6 +34,12 @@ COMMANDS: tuple[CommandHelp, ...] = (
     CommandHelp("NACK", "id [id ...]",
                 "Put jobs back in their queue at once, counting a negative acknowledge",
                 "jobs"),
+    CommandHelp("RESOLVE", "id result",
+                "Acknowledge a job and keep its result for WAITJOB (result-ttl seconds)",
+                "jobs"),
+    CommandHelp("WAITJOB", "id [TIMEOUT ms]",
+                "Wait until a job is resolved and reply its result (empty if acked without "
+                "one); an error if it expired, was deleted or dead-lettered", "jobs"),
     CommandHelp("WORKING", "id",
                 "Postpone the next delivery of a job still being worked on; replies the "
                 "seconds gained", "jobs"),
