@@ -232,7 +232,9 @@ def replication_achieved(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
         _rep(b).enqueue_elsewhere(job, job.delay)
         if wait is not None:
             b.outbox.append(Reply(wait.client, Status(job.id.decode("ascii"))))
+        b.ending_as("moved")  # broker/results.py: it lives on its holders
         b.unregister(job)
+        b.ending_as("deleted")
         return False
     if job.delay == 0 and not job.after:
         b.enqueue_job(job, now_ms)

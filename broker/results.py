@@ -38,6 +38,8 @@ EXPIRED: Final = "expired"
 DELETED: Final = "deleted"
 DEAD_LETTERED: Final = "dead-lettered"
 KINDS: Final = (RESOLVED, ACKED, EXPIRED, DELETED, DEAD_LETTERED)
+# Not an outcome: the job left this node alive (federation, replication elsewhere).
+MOVED: Final = "moved"
 
 UNKNOWN: Final = Error("NOJOB Job not known in the cluster")
 TOO_BIG: Final = "ERR result of {} bytes exceeds the result-max-size limit of {} bytes"
@@ -175,6 +177,11 @@ def resolve(b: ResultBroker, job_id: bytes, result: bytes, now_ms: int) -> Any:
 def job_done(b: ResultBroker, job_id: bytes, state: JobState, now_ms: int) -> None:
     """A watched job was acked or is leaving the broker: keep why, and tell its watchers."""
     table = b.results
+    if table.hint == MOVED:
+        # Alive elsewhere: whoever waits here asks the cluster as for a job never held.
+        if table.sync is not None and (job_id in table.waiters or job_id in table.children):
+            table.sync.ask(job_id, now_ms)
+        return
     if job_id not in table.outcomes:
         kind = table.hint
         if kind == DELETED and state is JobState.ACKED:

@@ -266,7 +266,7 @@ class BrokerState:
         if job.after:
             chains.forget(self, job)
         watched = self.results
-        if watched.waiters or watched.watchers or watched.children:
+        if watched.waiters or watched.watchers or watched.children or self.policies.shared.by_job:
             # unregister has no now_ms: the outcome's time counts from the last tick (a node
             # ticks hz times a second), or from the job's creation if that is later.
             self.job_ended(job, max(self._last_tick_ms, job.ctime // 1_000_000))
@@ -292,6 +292,9 @@ class BrokerState:
         table = self.results
         if (table.waiters or table.watchers or table.children) and table.watched(job.id):
             results.job_done(self, job.id, job.state, now_ms)
+        shared = self.policies.shared
+        if shared.by_job and job.id in shared.by_job and table.hint != results.MOVED:
+            shared.ended(job.id, self.node_id, now_ms)  # no longer a duplicate anywhere
 
     def watch_parents(self, job: Job, now_ms: int) -> None:
         chains.watch(self, job, now_ms)

@@ -105,6 +105,7 @@ class MessageType(enum.IntEnum):
     TIMER = 41  # periodic timers (cluster/periodic_sync.py)
     WAITFOR = 50  # job outcomes (cluster/results.py)
     RESULT = 51
+    DEDUP = 52  # the shared deduplication index (cluster/dedup_sync.py)
 
 
 #: The messages that carry job bodies: only theirs are searched for big values (the others

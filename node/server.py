@@ -85,6 +85,7 @@ from broker.intents import (
     RewriteLog,
     Shutdown,
 )
+from cluster.dedup_sync import DedupSync
 from cluster.federation import FederationCore
 from cluster.jobs import JobCore
 from cluster.membership import Membership
@@ -204,9 +205,13 @@ class Server:
         self.periodic_sync = PeriodicSync(self.broker, self.cluster,
                                           random.Random(os.urandom(16)), now_ms)
         self.bus.add_core(self.periodic_sync)
+        # The deduplication index of every node (DEDUP queues), replicated.
+        self.dedup_sync = DedupSync(self.broker, self.cluster, random.Random(os.urandom(16)),
+                                    now_ms)
+        self.bus.add_core(self.dedup_sync)
         attach(self.broker, membership=self.cluster, jobs=self.job_core,
                federation=self.federation, policies=self.policy_sync, timers=self.periodic_sync,
-               results=self.result_core)
+               results=self.result_core, dedup=self.dedup_sync)
         self.core_alarms = [CoreAlarm(self, self.federation), CoreAlarm(self, self.periodic_sync)]
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:

@@ -1,8 +1,8 @@
 """Results and chains with real ``trisque-server`` processes: a client blocked in WAITJOB on a
 node that does not hold the job gets its result, a result and a waiting chained job outlive
-kill -9 (the append log), and a child on one node is released by its parent's RESOLVE on
-another. The protocols are tested on the simulator (tests/cluster/test_results.py,
-test_chains.py)."""
+kill -9 (the append log), a child on one node is released by its parent's RESOLVE on
+another, and a DEDUP queue finds a duplicate added on another node. The protocols are tested on the simulator (tests/cluster/test_results.py,
+test_chains.py, tests/policies/test_dedup_cluster.py)."""
 
 from __future__ import annotations
 
@@ -90,3 +90,17 @@ def test_a_chain_across_nodes_and_kill_9(local_cluster: Callable[..., LocalClust
                "the child is queued once its parent is resolved")
     job = c.call(1, "GETJOB", "NOHANG", "FROM", "next")
     assert job[0][1].decode() == child
+
+
+def test_a_duplicate_added_on_another_node(local_cluster: Callable[..., LocalCluster]) -> None:
+    c = _joined(local_cluster)
+    assert isinstance(c.call(0, "QPOLICY", "CREATE", "orders", "DEDUP", "yes"), list)
+    wait_until(lambda: isinstance(c.call(2, "QPOLICY", "GET", "orders"), list), 10.0,
+               "the policy on every node")
+    first = c.call(0, "ADDJOB", "orders", "order-17", "5000", "REPLICATE", "1")
+    time.sleep(0.5)  # the index entry's trip (a node asked too early adds its own job)
+    assert c.call(2, "ADDJOB", "orders", "order-17", "5000", "REPLICATE", "1") == first
+    assert c.call(1, "ADDJOB", "orders", "order-17", "5000", "REPLICATE", "1") == first
+    c.call(1, "ACKJOB", first)  # node 1 does not hold it: a dummy ACK, SETACK to node 0
+    wait_until(lambda: c.call(2, "ADDJOB", "orders", "order-17", "5000",
+                              "REPLICATE", "1") != first, 10.0, "the ack ends the window")
