@@ -28,6 +28,7 @@ from broker.clients import BLOCKED, Client, Waiter
 from broker.core_api import BrokerCore
 from broker.effects import LogRecord, Reply
 from broker.job import JobState
+from broker.memory import OUTCOME_BYTES
 from protocol.resp import Error
 
 RECORD_KIND: Final = "result"
@@ -75,7 +76,7 @@ class ResultTable:
         self.children: dict[bytes, set[bytes]] = {}  # waiting chained jobs, by parent ID
         self.hint = DELETED
         self.sync: ResultSync | None = None
-        self.bytes = 0  # results held (INFO, memory)
+        self.bytes = 0  # what the outcomes hold, counted in used_memory (broker/memory.py)
 
     @staticmethod
     def after_flush(old: ResultTable) -> ResultTable:
@@ -90,14 +91,14 @@ class ResultTable:
     def put(self, job_id: bytes, outcome: list[Any]) -> None:
         old = self.outcomes.pop(job_id, None)
         if old is not None:
-            self.bytes -= len(old[1])
+            self.bytes -= len(old[1]) + OUTCOME_BYTES
         self.outcomes[job_id] = outcome  # at the end: pruned oldest first
-        self.bytes += len(outcome[1])
+        self.bytes += len(outcome[1]) + OUTCOME_BYTES
 
     def drop(self, job_id: bytes) -> None:
         old = self.outcomes.pop(job_id, None)
         if old is not None:
-            self.bytes -= len(old[1])
+            self.bytes -= len(old[1]) + OUTCOME_BYTES
 
     def expire(self, now_ms: int) -> None:
         """Forget outcomes past their time, oldest first (the table is in insertion order)."""

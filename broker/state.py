@@ -247,7 +247,7 @@ class BrokerState:
     def used_memory(self) -> int:
         """The bytes the node holds, counted (broker/memory.py): O(1), read per ADDJOB."""
         return (self.job_bytes + len(self.queues) * memory.QUEUE_BYTES + self.runtime_bytes
-                + len(self.repl_wait) * memory.REPL_WAIT_BYTES)
+                + len(self.repl_wait) * memory.REPL_WAIT_BYTES + self.results.bytes)
 
     def _job_cost(self, job: Job) -> int:
         """What ``job`` adds to ``job_bytes`` (its ``repl`` never changes: a replicated job

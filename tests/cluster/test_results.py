@@ -213,3 +213,13 @@ def test_a_result_survives_its_holders_restart() -> None:
     assert cl.run_until(cl.meshed, 30_000)
     for i in range(3):
         assert cl.cmd(i, "WAITJOB", job) == b"kept"
+
+
+def test_results_count_in_used_memory_until_they_expire() -> None:
+    b, c = _broker()
+    job = _add(b, c)
+    before = b.used_memory
+    b.execute([b"RESOLVE", job, b"x" * 10_000], c, T0)
+    assert b.used_memory >= before + 10_000 - b.job_overhead - 4  # the job went, the result came
+    b.tick(T0 + 3600_000 + 2000)
+    assert b.results.bytes == 0 and not b.results.outcomes
