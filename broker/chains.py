@@ -98,6 +98,7 @@ def _fail(b: ChainBroker, job: Job, reason: str, now_ms: int) -> None:
     table = b.policies
     p = table.get(job.queue)
     dlq = table.get(p.redrive[1]) if p is not None and p.redrive is not None else None
+    forget(b, job)  # its other parents need not be watched for it any more
     job.after = ()
     if dlq is None:
         b.fastack_jobs((job.id,), now_ms)

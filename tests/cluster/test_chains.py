@@ -166,3 +166,12 @@ def test_chains_survive_a_restart_of_every_node() -> None:
     assert cl.job(2, child) is not None and cl.job(2, child).after == (parent,)
     cl.cmd(0, "ACKJOB", parent)
     assert cl.run_until(lambda: cl.queued_on(child) == [2], 10_000), cl.queued_on(child)
+
+
+def test_a_failed_child_is_no_longer_watched_for_its_other_parents() -> None:
+    b, c = _broker()
+    failing, other = _add(b, c, b"q"), _add(b, c, b"q")
+    child = _add(b, c, b"next", b"AFTER", failing, b"AFTER", other)
+    b.execute([b"DELJOB", failing], c, T0)
+    assert child not in b.jobs
+    assert not b.results.children  # nothing left to ask about
