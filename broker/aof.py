@@ -86,7 +86,7 @@ FRAME_HEADER_SIZE: Final = _FRAME.size  # 12
 _MASK: Final = 0xFFFFFFFF
 
 # qpolicy: broker/policy_table.py; timer: broker/periodic.py
-KINDS: Final = ("job", "ack", "del", "flushall", "dlv", "qpolicy", "timer")
+KINDS: Final = ("job", "ack", "del", "flushall", "dlv", "qpolicy", "timer", "result")
 # Records that describe, not decide: see the module docstring. The runtime neither waits for
 # them nor undoes them (node/persistence.py).
 ADVISORY_KINDS: Final = frozenset({"dlv"})

@@ -68,9 +68,10 @@ def reply_wanted(client: Client) -> bool:
 
 class Waiter(Timed):
     """A blocked GETJOB: served with one job from the first of its queues that gets one, or
-    answered with a null array at ``awake`` (0: no timeout)."""
+    answered with a null array at ``awake`` (0: no timeout). A blocked WAITJOB has no queues
+    and its ``job_id`` set (broker/results.py); its timeout is a null bulk string."""
 
-    __slots__ = ("client", "queues", "withcounters", "count", "awake", "active")
+    __slots__ = ("client", "queues", "withcounters", "count", "awake", "active", "job_id")
 
     def __init__(self, client: Client, queues: tuple[bytes, ...], withcounters: bool,
                  count: int = 1) -> None:
@@ -81,4 +82,5 @@ class Waiter(Timed):
         self.count = count
         self.awake = 0
         self.active = True
+        self.job_id = b""
         self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)

@@ -130,6 +130,9 @@ def addjob(b: ReplicatingBroker, cmd: AddJob, client: Client, now_ms: int, repli
     job.flags |= FLAG_REPLICA
     job.priority = cmd.priority
     job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000
+    if cmd.after:
+        job.after = cmd.after  # waits for its parents (broker/chains.py)
+        job.qtime = 0
     additional = replicate if external else replicate - 1
     reply: Any
     log_now = False
@@ -149,7 +152,7 @@ def addjob(b: ReplicatingBroker, cmd: AddJob, client: Client, now_ms: int, repli
         reply = BLOCKED
     else:
         if not discard_local_copy:
-            if job.delay == 0 and not external:
+            if job.delay == 0 and not external and not job.after:
                 b.register(job, schedule=False)
                 b.enqueue_job(job, now_ms)
             else:
@@ -166,6 +169,8 @@ def addjob(b: ReplicatingBroker, cmd: AddJob, client: Client, now_ms: int, repli
         b.log_job(job, None)  # after replicate: the record names the nodes asked
     if discard_local_copy:
         rep.enqueue_elsewhere(job, job.delay)
+    elif job.after and reply is not BLOCKED:
+        b.watch_parents(job, now_ms)
     return reply
 
 
@@ -272,15 +277,19 @@ def replication_achieved(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
         _rep(b).enqueue_elsewhere(job, job.delay)
         if wait is not None:
             _finish(b, wait, Status(job.id.decode("ascii")))
+        b.ending_as("moved")  # broker/results.py: it lives on its holders
         b.unregister(job)
+        b.ending_as("deleted")
         return False
-    if job.delay == 0:
+    if job.delay == 0 and not job.after:
         b.enqueue_job(job, now_ms)
     else:
         b.reschedule(job)
     b.log_job(job, None)
     if wait is not None:
         _finish(b, wait, Status(job.id.decode("ascii")))
+    if job.after:
+        b.watch_parents(job, now_ms)
     return True
 
 
@@ -305,6 +314,7 @@ def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
     job.qtime = now_ms + GC_MIN_PERIOD_MS + b.rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2
     b.reschedule(job)
     b.log_job(job, prev)
+    b.job_ended(job, now_ms)
     return True
 
 
@@ -403,9 +413,13 @@ def add_replica(b: ReplicatingBroker, job: Job, now_ms: int) -> None:
         # the delay ends.)
         base = max(job.qtime, now_ms) if job.delay else now_ms
         job.qtime = b.requeue_time(job, base)
+    if job.after:
+        job.qtime = 0  # waiting for its parents (broker/chains.py)
     job.awake = job.compute_awake()
     b.register(job)
     b.log_job(job, None)
+    if job.after:
+        b.watch_parents(job, now_ms)
 
 
 def merge_delivered(job: Job, nodes: tuple[str, ...] | list[str]) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final, Generic, TypeVar
 
-from broker import admin, parking, periodic, policies
+from broker import admin, parking, periodic, policies, results
 from broker.clients import Client
 from broker.state import BrokerState
 from protocol import errors
@@ -28,7 +28,9 @@ from protocol.commands import (
 from protocol.commands import (
     JobRun,
     QPolicy,
+    Resolve,
     Timer,
+    WaitJob,
     parse_addjob,
     parse_generic,
     parse_getjob,
@@ -40,7 +42,9 @@ from protocol.commands import (
     parse_qpolicy,
     parse_qscan,
     parse_queue,
+    parse_resolve,
     parse_timer,
+    parse_waitjob,
 )
 from protocol.resp import Error
 
@@ -83,6 +87,14 @@ def jobrun(b: BrokerState, cmd: JobRun, client: Client, now_ms: int) -> Any:
 
 def timer(b: BrokerState, cmd: Timer, client: Client, now_ms: int) -> Any:
     return periodic.command(b, cmd, now_ms)
+
+
+def resolve(b: BrokerState, cmd: Resolve, client: Client, now_ms: int) -> Any:
+    return results.resolve(b, cmd.job_id, cmd.result, now_ms)
+
+
+def waitjob(b: BrokerState, cmd: WaitJob, client: Client, now_ms: int) -> Any:
+    return results.waitjob(b, cmd.job_id, cmd.timeout_ms, client, now_ms)
 
 
 def loadjob(b: BrokerState, cmd: GenericCommand, client: Client, now_ms: int) -> Any:
@@ -131,6 +143,8 @@ ROWS: Final[tuple[Row[Any], ...]] = (
     Row(b"qpolicy", -2, _NONE, parse_qpolicy, qpolicy),
     Row(b"jobrun", -2, _NONE, parse_jobrun, jobrun),
     Row(b"timer", -2, _NONE, parse_timer, timer),
+    Row(b"resolve", 3, _NONE, parse_resolve, resolve),
+    Row(b"waitjob", -2, _NONE, parse_waitjob, waitjob),
     Row(b"loadjob", 2, _NONE, parse_generic, loadjob),
     Row(b"hello", -1, _NA, parse_generic, admin.hello),  # bare HELLO checks AUTH itself
     Row(b"auth", -2, _NA, parse_generic, admin.auth),

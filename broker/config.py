@@ -86,6 +86,8 @@ DIRECTIVES: dict[str, Directive] = {
         _D("needjobs-bcast-min-delay", "int", 2000, True, "Federation: milliseconds between NEEDJOBS broadcasts to the whole cluster, doubling after each one, from this (Disque's 2000); reset when a new source answers."),
         _D("needjobs-bcast-max-delay", "int", 30000, True, "Federation: the largest delay between NEEDJOBS broadcasts to the whole cluster, in milliseconds (Disque's 30000)."),
         _D("timer-min-period", "int", 60, True, "The shortest period TIMER ADD accepts, in seconds (rq's rule: at least 60). A default, not a limit: lower it to 1 for timers of a few seconds."),
+        _D("result-max-size", "memory", 1048576, True, "The largest result RESOLVE accepts (units: kb mb gb). Results are kept in memory (counted in used_memory) and in the append log on every node that holds the job, and travel in one bus frame: keep it below job-max-body-len."),
+        _D("result-ttl", "int", 3600, True, "Seconds a job's outcome (RESOLVE's result, or how a watched job ended) is kept for WAITJOB and chained jobs."),
         _D("cluster-config-file", "string", "nodes.conf", False, "File in dir where the node keeps its ID and peers."),
         _D("cluster-secret", "string", "", False, "Shared secret of the cluster bus: every bus frame carries an HMAC-SHA256 under it, and a frame with a missing or wrong MAC is dropped (empty: no MAC, as Disque's bus). Every node of a cluster needs the same one. CONFIG GET shows whether it is set, never its value."),
     ]
@@ -123,6 +125,8 @@ RANGES: dict[str, tuple[int, int]] = {
     "client-query-buffer-limit": (1024 * 1024, INT64_MAX),
     "timer-min-period": (1, INT32_MAX),
     "job-max-body-len": (1024 * 1024, 512 * 1024 * 1024),
+    "result-max-size": (0, 512 * 1024 * 1024),
+    "result-ttl": (1, INT32_MAX),
 }
 
 

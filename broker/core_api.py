@@ -90,4 +90,17 @@ class BrokerCore(Protocol):
 
     def ack_jobs(self, ids: tuple[bytes, ...], now_ms: int) -> Any: ...
 
+    def job_ended(self, job: Job, now_ms: int) -> None:
+        """``job`` was acked or is leaving: whoever waits for it learns how (broker/results.py)."""
+        ...
+
+    def watch_parents(self, job: Job, now_ms: int) -> None:
+        """A waiting chained job was registered: follow its parents (broker/chains.py)."""
+        ...
+
+    def ending_as(self, reason: str) -> None:
+        """Why the jobs dropped next leave (broker/results.py: ``expired``, ``dead-lettered``;
+        ``deleted`` is the default to come back to)."""
+        ...
+
     def fastack_jobs(self, ids: tuple[bytes, ...], now_ms: int) -> Any: ...

@@ -56,7 +56,9 @@ def move_to_dead_letters(b: PolicyBroker, job: Job, dlq: Policy, nacks: int, del
     original, queue, body, holders = job.id, job.queue, job.body, job.delivered
     # Acknowledge the original first: on a cluster its SETACK leaves before the dead letter's
     # WILLQUEUE, so a holder that learns of the dead letter already knows the original is acked.
+    b.ending_as("dead-lettered")  # broker/results.py: what a WAITJOB on it answers
     b.ack_jobs((original,), now_ms)
+    b.ending_as("deleted")
     if new_id in b.jobs:
         return new_id
     # (The ACK of a job on one node unregisters it and empties its body: the copies above.)

@@ -94,7 +94,9 @@ def export_jobs(b: BrokerCore, q: Queue, count: int, to_node: str, now_ms: int,
         record[REC_FLAGS] &= ~FLAG_DELIVERED  # a local fact (Disque clears it in every job message)
         out.append(record)
         if job.retry == 0:
+            b.ending_as("moved")  # broker/results.py: it lives on, on to_node
             b.unregister(job)
+            b.ending_as("deleted")
             b.outbox.append(LogRecord("del", job.id, prev))
         else:
             b.log_job(job, prev)

@@ -24,7 +24,7 @@ import enum
 from typing import Any, Final
 
 from broker.timers import NOT_SCHEDULED, Timed
-from protocol.commands import MAX_JOB_SECONDS
+from protocol.commands import MAX_JOB_SECONDS, MAX_PARENTS
 from protocol.jobid import is_valid
 
 
@@ -85,7 +85,8 @@ REC_DELIVERED: Final = 12  # nodes that may hold a copy
 REC_CONFIRMED: Final = 13
 REC_FLAGS: Final = 14
 REC_DTIME: Final = 15
-REC_PRIORITY: Final = 16  # present only when not 0 (see RECORD_FIELDS)
+REC_PRIORITY: Final = 16  # present when not 0, or when REC_AFTER is (RECORD_FIELDS)
+REC_AFTER: Final = 17  # only in the record of a job waiting for its parents
 
 _INT64_MAX: Final = (1 << 63) - 1
 # Range of each integer field of a job record (index -> (name, min, max)): what the command
@@ -106,6 +107,9 @@ _RECORD_INT_FIELDS: Final = tuple((i, *v) for i, v in _RECORD_INTS.items())
 RECORD_FIELDS: Final = 16
 OLD_RECORD_FIELDS: Final = 15
 PRIORITY_RECORD_FIELDS: Final = 17
+# A job waiting for its parents (ADDJOB ... AFTER) has an 18th, ``after`` (a list of job IDs),
+# and then always the 17th (priority, possibly 0) before it.
+AFTER_RECORD_FIELDS: Final = 18
 
 
 def shown(value: Any) -> str:
@@ -126,10 +130,16 @@ def record_problem(rec: Any) -> str | None:
     delay ends, at a rewrite, at shutdown). Every REPLJOB's job goes through it too: plain
     loops, no generators (about half the time of the generic version)."""
     if not isinstance(rec, list):
-        return "job record is not a list of 15 to 17 fields"
+        return "job record is not a list of 15 to 18 fields"
     size = len(rec)
-    if size != RECORD_FIELDS and size != OLD_RECORD_FIELDS and size != PRIORITY_RECORD_FIELDS:
-        return "job record is not a list of 15 to 17 fields"
+    if size != RECORD_FIELDS and size != OLD_RECORD_FIELDS and size != PRIORITY_RECORD_FIELDS \
+            and size != AFTER_RECORD_FIELDS:
+        return "job record is not a list of 15 to 18 fields"
+    if size == AFTER_RECORD_FIELDS:
+        after = rec[REC_AFTER]
+        if not isinstance(after, list) or not after or len(after) > MAX_PARENTS or not all(
+                isinstance(p, bytes) and is_valid(p) for p in after):
+            return "job record whose parents are not a list of job IDs"
     job_id = rec[REC_ID]
     if not isinstance(job_id, bytes) or not is_valid(job_id):
         return "job record with an invalid job ID"
@@ -186,7 +196,7 @@ class Job(Timed):
     __slots__ = (
         "id", "queue", "body", "state", "repl", "ttl", "retry", "delay", "ctime",
         "qtime", "awake", "nacks", "deliveries", "delivered", "confirmed", "flags", "dtime",
-        "priority",
+        "priority", "after",
     )
 
     def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
@@ -210,6 +220,9 @@ class Job(Timed):
         self.flags = 0
         self.dtime = 0  # first delivery (unix ms), 0 until then; logged for the report
         self.priority = 0  # 0 to 9, higher served first (broker/queue.py)
+        # ADDJOB ... AFTER: the parents not done yet (broker/chains.py); while any, the job
+        # waits (SHOW state ``waiting``) and is never queued.
+        self.after: tuple[bytes, ...] = ()
         self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)
 
     @property
@@ -242,13 +255,19 @@ class Job(Timed):
     # -- persistence ---------------------------------------------------------------------------
 
     def to_record(self) -> list[Any]:
-        """The job as msgpack-friendly primitives (for the append log and the cluster bus)."""
+        """The job as msgpack-friendly primitives (for the append log and the cluster bus);
+        the optional trailing fields only when needed: ``priority`` when not 0 or when
+        ``after`` follows it, ``after`` (the parents) while there are any. A job using neither
+        keeps the 16 fields nodes wrote before them."""
         rec = [
             self.id, self.queue, self.body, state_name(self.state), self.repl, self.ttl, self.retry,
             self.delay, self.ctime, self.qtime, self.nacks, self.deliveries,
             list(self.delivered), list(self.confirmed), self.flags, self.dtime,
         ]
-        if self.priority:
+        if self.after:
+            rec.append(self.priority)
+            rec.append(list(self.after))
+        elif self.priority:
             rec.append(self.priority)
         return rec
 
@@ -267,4 +286,6 @@ class Job(Timed):
         job.dtime = rec[REC_DTIME] if len(rec) > OLD_RECORD_FIELDS else 0
         if len(rec) > RECORD_FIELDS:
             job.priority = rec[REC_PRIORITY]
+            if len(rec) > PRIORITY_RECORD_FIELDS:
+                job.after = tuple(bytes(p) for p in rec[REC_AFTER])
         return job

@@ -367,7 +367,7 @@ def add_job(b: PeriodicBroker, d: Definition, now_ms: int, id_key: tuple[str, by
     if not isinstance(cmd, AddJob):
         return cmd  # cannot happen: the options were checked by TIMER ADD and the log reader
     cmd = AddJob(cmd.queue, cmd.body, cmd.timeout_ms, cmd.replicate, cmd.delay, cmd.retry,
-                 cmd.ttl, cmd.maxlen, True, cmd.delay_given, id_key, cmd.priority)
+                 cmd.ttl, cmd.maxlen, True, cmd.delay_given, id_key, cmd.priority, cmd.after)
     if b.policies.live:
         return policies.addjob(b, cmd, _TIMER_CLIENT, now_ms)
     return b.addjob_without_policy(cmd, _TIMER_CLIENT, now_ms)

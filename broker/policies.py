@@ -162,9 +162,9 @@ def addjob(b: PolicyBroker, cmd: AddJob, client: Client, now_ms: int) -> Any:
     if delay >= ttl:
         return errors.DELAY_GT_TTL
     cmd = AddJob(cmd.queue, cmd.body, cmd.timeout_ms, replicate, delay, retry, ttl, cmd.maxlen,
-                 cmd.async_, True, cmd.id_key, cmd.priority)
+                 cmd.async_, True, cmd.id_key, cmd.priority, cmd.after)
     if p.message_deduplication:
-        existing = table.find_duplicate(b, cmd.queue, cmd.body)
+        existing = table.find_duplicate(b, cmd.queue, cmd.body, now_ms)
         if existing is not None:
             table.last_duplicate = True
             return Status(existing.decode("ascii"))
@@ -173,7 +173,7 @@ def addjob(b: PolicyBroker, cmd: AddJob, client: Client, now_ms: int) -> Any:
     if p.message_deduplication and len(b.jobs) > before:
         # The job just registered is the newest key (dicts keep insertion order).
         job_id = next(reversed(b.jobs))
-        table.remember(b, cmd.queue, cmd.body, job_id)
+        table.remember(b, cmd.queue, cmd.body, job_id, now_ms)
     return reply
 
 

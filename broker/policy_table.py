@@ -16,11 +16,10 @@ A ``Policy`` holds
   delivery number ``max_receives + 1`` (deliveries = 1 + nacks + additional-deliveries, the
   WITHCOUNTERS fields) is moved to the dead-letter queue instead of being queued again
   (``dead_letters.dead_letter``); the dead-letter queue must have a policy itself;
-* ``message_deduplication`` - ADDJOB of a body equal to a job of the queue that was added on
-  this node and is still present here returns that job's ID and creates nothing
-  (``policies.addjob``). The scope is this node: a job added on another node (even one this
-  node holds a copy of), or a job acked or expired, is not a duplicate; a partition changes
-  nothing (each side deduplicates what was added on its own nodes), and jobs are never merged;
+* ``message_deduplication`` - ADDJOB of a body equal to a live job of the queue returns that
+  job's ID and creates nothing (``policies.addjob``): one this node added (``_dedup``), or one
+  any node added (``shared``, broker/dedup.py, replicated by cluster/dedup_sync.py); a job
+  acked, deleted or expired is not a duplicate, and jobs are never merged;
 * ``backoff`` - ``(base, max)`` seconds or None: a job NACKed, or whose RETRY elapsed, is
   queued again after ``min(max, base * 2^(deliveries-1))`` seconds, +-10 % (broker/backoff.py);
 * ``max_inflight`` - at most this many jobs of the queue delivered and not yet acked, nacked
@@ -53,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from broker.core_api import BrokerCore
+from broker.dedup import SharedIndex
 from broker.effects import LogRecord
 from broker.job import Job, JobState
 from protocol.commands import INT32_MAX
@@ -220,6 +220,8 @@ class PolicyTable:
         # Dead letters parked by a script worker -> why (broker/parking.py's Note).
         self.notes: dict[bytes, Any] = {}
         self._dedup: dict[tuple[bytes, bytes], bytes] = {}  # (queue, sha1(body)) -> job ID
+        # What every node added, for a duplicate added on another node (broker/dedup.py).
+        self.shared = SharedIndex()
         self._indexed: set[bytes] = set()
         self.last_duplicate = False  # the last ADDJOB returned an existing job (HTTP: 200)
         # Jobs moved to a dead-letter queue, per original queue (read by /metrics; bounded
@@ -262,7 +264,18 @@ class PolicyTable:
 
     # -- deduplication ---------------------------------------------------------------------------
 
-    def find_duplicate(self, b: BrokerCore, queue: bytes, body: bytes) -> bytes | None:
+    def find_duplicate(self, b: BrokerCore, queue: bytes, body: bytes,
+                       now_ms: int = 0) -> bytes | None:
+        if self.shared.entries:
+            # The cluster's entry first: after a partition every node answers the same job.
+            found = self.shared.find(queue, hashlib.sha1(body).digest(), now_ms)
+            if found is not None:
+                job = b.jobs.get(found)
+                if job is None or (job.state is not JobState.ACKED and job.body == body):
+                    return found
+        return self._find_local(b, queue, body)
+
+    def _find_local(self, b: BrokerCore, queue: bytes, body: bytes) -> bytes | None:
         if queue not in self._indexed:
             # First use since start (or since deduplication was turned on): index the jobs of
             # the queue this node holds. (When turned on by a command, the table is marked
@@ -282,10 +295,15 @@ class PolicyTable:
             return None
         return job_id
 
-    def remember(self, b: BrokerCore, queue: bytes, body: bytes, job_id: bytes) -> None:
+    def remember(self, b: BrokerCore, queue: bytes, body: bytes, job_id: bytes,
+                 now_ms: int = 0) -> None:
         if len(self._dedup) > 2 * len(b.jobs) + 1024:
             self._dedup = {k: v for k, v in self._dedup.items() if v in b.jobs}
-        self._dedup[(queue, hashlib.sha1(body).digest())] = job_id
+        digest = hashlib.sha1(body).digest()
+        self._dedup[(queue, digest)] = job_id
+        job = b.jobs.get(job_id)
+        if job is not None and b.replication is not None:
+            self.shared.added(queue, digest, job_id, job.etime, b.node_id, now_ms)
 
     def mark_indexed(self, queue: bytes) -> None:
         self._indexed.add(queue)

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from broker import (
     backoff,
+    chains,
     cluster_jobs,
     dead_letters,
     eviction,
@@ -31,6 +32,7 @@ from broker import (
     periodic,
     policies,
     policy_table,
+    results,
     throttle,
 )
 from broker.clients import BLOCKED, Client, Waiter
@@ -181,6 +183,8 @@ class BrokerState:
         self.runs = RunTable(node_id)
         # Periodic timers (broker/periodic.py; fired by cluster/periodic_sync.py).
         self.periodic = periodic.PeriodicTable()
+        # Job outcomes and blocked WAITJOBs (broker/results.py).
+        self.results = results.ResultTable()
 
     # =========================================================================================
     # Entry points
@@ -218,7 +222,7 @@ class BrokerState:
                     if item.awake <= now_ms:
                         client = item.client
                         self._unblock(item)
-                        self.outbox.append(Reply(client, NULL_ARRAY))
+                        self.outbox.append(Reply(client, None if item.job_id else NULL_ARRAY))
                     else:
                         timers.schedule(item, item.awake)
                     continue
@@ -236,6 +240,7 @@ class BrokerState:
             self._next_evict_check = now_ms + QUEUE_EVICT_CHECK_MS
             self._evict_idle_queues(now_ms)
             self.runs.expire(now_ms)
+            self.results.expire(now_ms)
 
     # =========================================================================================
     # Jobs: registration, queueing, timers
@@ -252,7 +257,7 @@ class BrokerState:
     def used_memory(self) -> int:
         """The bytes the node holds, counted (broker/memory.py): O(1), read per ADDJOB."""
         return (self.job_bytes + len(self.queues) * memory.QUEUE_BYTES + self.runtime_bytes
-                + len(self.repl_wait) * memory.REPL_WAIT_BYTES)
+                + len(self.repl_wait) * memory.REPL_WAIT_BYTES + self.results.bytes)
 
     def _job_cost(self, job: Job) -> int:
         """What ``job`` adds to ``job_bytes`` (its ``repl`` never changes: a replicated job
@@ -268,6 +273,13 @@ class BrokerState:
             self.timers.schedule(job, job.awake)
 
     def unregister(self, job: Job) -> None:
+        if job.after:
+            chains.forget(self, job)
+        watched = self.results
+        if watched.waiters or watched.watchers or watched.children or self.policies.shared.by_job:
+            # unregister has no now_ms: the outcome's time counts from the last tick (a node
+            # ticks hz times a second), or from the job's creation if that is later.
+            self.job_ended(job, max(self._last_tick_ms, job.ctime // 1_000_000))
         if self.repl_wait and job.id in self.repl_wait:
             # Gone before its replication level was reached (TTL, DELJOB, DEBUG commands):
             # its client is answered and the partial copies are deleted, as Disque's
@@ -285,6 +297,23 @@ class BrokerState:
         self.job_scan.discard(self.job_alive)
         # The scan list may keep the object until it compacts; its body goes now.
         job.body = b""
+
+    def job_ended(self, job: Job, now_ms: int) -> None:
+        table = self.results
+        if (table.waiters or table.watchers or table.children) and table.watched(job.id):
+            results.job_done(self, job.id, job.state, now_ms)
+        shared = self.policies.shared
+        if shared.by_job and job.id in shared.by_job and table.hint != results.MOVED:
+            shared.ended(job.id, self.node_id, now_ms)  # no longer a duplicate anywhere
+
+    def watch_parents(self, job: Job, now_ms: int) -> None:
+        chains.watch(self, job, now_ms)
+
+    def parent_ended(self, parent: bytes, outcome: list[Any], now_ms: int) -> None:
+        chains.parent_ended(self, parent, outcome, now_ms)
+
+    def ending_as(self, reason: str) -> None:
+        self.results.hint = reason
 
     def job_alive(self, job: Job) -> bool:
         return self.jobs.get(job.id) is job
@@ -317,6 +346,8 @@ class BrokerState:
         """
         if job.state is not _ACTIVE and job.state is not _WAIT_REPL:
             return False
+        if job.after:
+            return False  # waiting for its parents (broker/chains.py)
         if not job.qtime or (not job.retry and job.flags & FLAG_DELIVERED):
             return False
         waited = job.flags & FLAG_BACKOFF
@@ -392,7 +423,9 @@ class BrokerState:
         if now_ms >= job.etime:
             # TTL reached: the job goes away whatever its state.
             prev = job.to_record()
+            self.ending_as(results.EXPIRED)
             self.unregister(job)
+            self.ending_as(results.DELETED)
             self.outbox.append(LogRecord("del", job.id, prev))
             return
         if job.state is _ACKED:
@@ -448,6 +481,9 @@ class BrokerState:
         if kind == periodic.RECORD_KIND:
             self.periodic.undo(payload, prev)
             return
+        if kind == results.RECORD_KIND:
+            self.results.undo(payload, prev)
+            return
         job_id = payload[0] if kind == "job" else payload
         if kind == "flushall":
             return
@@ -479,6 +515,8 @@ class BrokerState:
             return policy_table.validate_record(data)
         if kind == periodic.RECORD_KIND:
             return periodic.validate_record(data)
+        if kind == results.RECORD_KIND:
+            return results.validate_record(data)
         return validate_record(kind, data)
 
     def load_record(self, record: tuple[Any, ...], now_ms: int) -> None:
@@ -501,10 +539,13 @@ class BrokerState:
             self.policies.load(payload)
         elif kind == periodic.RECORD_KIND:
             self.periodic.load(payload)
+        elif kind == results.RECORD_KIND:
+            self.results.load(payload, now_ms)
         elif kind == "flushall":
             self.jobs.clear()
             self.job_bytes = 0
             self.job_scan.clear()
+            self.results = results.ResultTable.after_flush(self.results)
         elif kind == "dlv":
             # Advisory: the first delivery of a job still known (an unknown one was acked,
             # deleted or expired, or its record comes later, carrying dtime itself).
@@ -531,6 +572,12 @@ class BrokerState:
                 else:
                     self.unregister(job)
                 continue
+            if job.after:
+                # Waiting for its parents: watched again below, never queued before they end.
+                job.qtime = 0
+                job.awake = job.compute_awake()
+                self.timers.schedule(job, job.awake)
+                continue
             was_queued = job.state is _QUEUED
             if job.state is not _ACTIVE:
                 job.transition(_ACTIVE)  # nothing is in a queue until it is put back below
@@ -549,10 +596,13 @@ class BrokerState:
             job.awake = job.compute_awake()
             self.timers.schedule(job, job.awake)
         self.policies.forget_gone(self.jobs)
+        for job in [j for j in self.jobs.values() if j.after]:
+            chains.watch(self, job, now_ms)
 
     def snapshot(self) -> Iterator[tuple[str, Any]]:
         yield from list(self.policies.snapshot(self.jobs))
         yield from list(self.periodic.snapshot())
+        yield from list(self.results.snapshot())
         for job in list(self.jobs.values()):
             if self.jobs.get(job.id) is job:
                 yield ("job", job.to_record())
@@ -635,13 +685,17 @@ class BrokerState:
         # qtime: when the job is first queued (after DELAY), or its first retry time; the
         # enqueue below re-arms it with the random error.
         job.qtime = now_ms + (cmd.delay if cmd.delay else retry) * 1000 or now_ms
-        if cmd.delay:
+        if cmd.delay or cmd.after:
+            if cmd.after:
+                chains.hold(self, job, cmd.after, now_ms)
             job.awake = job.compute_awake()
             self.register(job)
         else:
             self.register(job, schedule=False)  # the enqueue arms its timer
             self.enqueue_job(job, now_ms)
         self.log_job(job, None)
+        if cmd.after:
+            chains.watch(self, job, now_ms)
         return Status(job.id.decode("ascii"))
 
     def _body_too_big(self, size: int) -> Error:
@@ -734,6 +788,8 @@ class BrokerState:
         waiter.client.waiter = None
         self.timers.cancel(waiter)
         self.blocked_clients -= 1
+        if waiter.job_id:
+            results.forget_waiter(self.results, waiter)
         for name in waiter.queues:
             q = self.queues.get(name)
             if q is not None:
@@ -865,7 +921,8 @@ class BrokerState:
         shown = [
             b"id", job.id,
             b"queue", job.queue,
-            b"state", job.state.value.encode(),
+            b"state", chains.WAITING if job.after and job.state is _ACTIVE
+            else job.state.value.encode(),
             b"repl", job.repl,
             b"ttl", max(0, job.etime // 1000 - now_ms // 1000),
             b"ctime", job.ctime,
@@ -882,6 +939,12 @@ class BrokerState:
         if job.priority:
             # Only when set: SHOW of a job without one stays Disque's reply.
             shown += [b"priority", job.priority]
+        # trisque's own fields, only for jobs that have them (Disque's reply otherwise).
+        if job.after:
+            shown += [b"after", list(job.after)]
+        note = self.policies.notes.get(job.id) if self.policies.notes else None
+        if note is not None:
+            shown += [b"reason", str(note[0]).encode()]
         return shown
 
     # =========================================================================================
@@ -1013,6 +1076,11 @@ class BrokerState:
             for waiter in list(q.waiters):
                 self._unblock(waiter)
                 self.outbox.append(Reply(waiter.client, NULL_ARRAY))
+        for waiters in list(self.results.waiters.values()):
+            for waiter in list(waiters):
+                self._unblock(waiter)
+                self.outbox.append(Reply(waiter.client, None))
+        self.results = results.ResultTable.after_flush(self.results)
         for job_id in list(self.repl_wait):
             job = self.jobs.get(job_id)
             if job is not None:

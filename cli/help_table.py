@@ -19,9 +19,10 @@ class CommandHelp(NamedTuple):
 
 COMMANDS: tuple[CommandHelp, ...] = (
     CommandHelp("ADDJOB", "queue body ms-timeout [REPLICATE count] [DELAY sec] [RETRY sec] "
-                "[TTL sec] [MAXLEN count] [ASYNC] [PRIORITY 0-9]",
+                "[TTL sec] [MAXLEN count] [ASYNC] [PRIORITY 0-9] [AFTER id ...]",
                 "Add a job to a queue; replies with its ID once replicated (or at once with "
-                "ASYNC); higher PRIORITY is served first", "jobs"),
+                "ASYNC); higher PRIORITY is served first; with AFTER it waits until those jobs "
+                "are acked or resolved", "jobs"),
     CommandHelp("GETJOB", "[NOHANG] [TIMEOUT ms] [COUNT count] [WITHCOUNTERS] FROM queue "
                 "[queue ...]",
                 "Take up to COUNT jobs, one per queue in turn from left to right; with none "
@@ -35,6 +36,12 @@ COMMANDS: tuple[CommandHelp, ...] = (
                 "Put jobs back in their queue at once (after the queue's BACKOFF, if any), "
                 "counting a negative acknowledge",
                 "jobs"),
+    CommandHelp("RESOLVE", "id result",
+                "Acknowledge a job and keep its result for WAITJOB (result-ttl seconds)",
+                "jobs"),
+    CommandHelp("WAITJOB", "id [TIMEOUT ms]",
+                "Wait until a job is resolved and reply its result (empty if acked without "
+                "one); an error if it expired, was deleted or dead-lettered", "jobs"),
     CommandHelp("WORKING", "id",
                 "Postpone the next delivery of a job still being worked on; replies the "
                 "seconds gained", "jobs"),

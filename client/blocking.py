@@ -254,11 +254,19 @@ class Client(ClientSettings):
     def add_job(self, queue: str, body: Body, *, replicate: int | None = None,
                 delay: int | None = None, retry: int | None = None, ttl: int | None = None,
                 maxlen: int | None = None, async_: bool = False, timeout_ms: int = 0,
-                priority: int | None = None) -> str:
+                priority: int | None = None, after: Iterable[str] = ()) -> str:
         result: str = self.run(cmd.add_job(
             queue, body, replicate=replicate, delay=delay, retry=retry, ttl=ttl,
-            maxlen=maxlen, async_=async_, timeout_ms=timeout_ms, priority=priority))
+            maxlen=maxlen, async_=async_, timeout_ms=timeout_ms, priority=priority,
+            after=after))
         return result
+
+    def resolve(self, job_id: str, result: Body) -> int:
+        return int(self.run(cmd.resolve(job_id, result)))
+
+    def wait_job(self, job_id: str, *, timeout_ms: int | None = None) -> bytes | None:
+        value: bytes | None = self.run(cmd.wait_job(job_id, timeout_ms=timeout_ms))
+        return value
 
     def get_job(self, *queues: str, count: int = 1, timeout_ms: int | None = None,
                 nohang: bool = False, with_counters: bool = False) -> list[Job]:

@@ -206,7 +206,9 @@ def _ok(reply: Any) -> None:
 
 def add_job(queue: str, body: Body, *, replicate: int | None = None, delay: int | None = None,
             retry: int | None = None, ttl: int | None = None, maxlen: int | None = None,
-            async_: bool = False, timeout_ms: int = 0, priority: int | None = None) -> Call[str]:
+            async_: bool = False, timeout_ms: int = 0, priority: int | None = None,
+            after: Iterable[str] = ()) -> Call[str]:
+    """``after``: job IDs that must be acked or resolved before this job is queued."""
     args: list[bytes | str | int] = ["ADDJOB", queue, _body(body), timeout_ms]
     for name, value in (("REPLICATE", replicate), ("DELAY", delay), ("RETRY", retry),
                         ("TTL", ttl), ("MAXLEN", maxlen), ("PRIORITY", priority)):
@@ -214,6 +216,8 @@ def add_job(queue: str, body: Body, *, replicate: int | None = None, delay: int 
             args += [name, value]
     if async_:
         args.append("ASYNC")
+    for parent in after:
+        args += ["AFTER", parent]
     # The node answers once the job is replicated, which may take up to timeout_ms.
     wait = timeout_ms / 1000 if timeout_ms and not async_ else 0.0
     return Call.make(*args, convert=text, extra_wait=wait)
@@ -268,6 +272,26 @@ def dequeue(*ids: str) -> Call[int]:
 
 def del_job(*ids: str) -> Call[int]:
     return _ids_command("DELJOB", ids)
+
+
+def resolve(job_id: str, result: Body) -> Call[int]:
+    """Acknowledge the job and keep ``result`` for WAITJOB (1, or 0 for a job not known)."""
+    return Call.make("RESOLVE", job_id, _body(result), convert=int)
+
+
+def _result(reply: Any) -> bytes | None:
+    return None if reply is None else bytes(reply)
+
+
+def wait_job(job_id: str, *, timeout_ms: int | None = None) -> Call[bytes | None]:
+    """The job's result once it is resolved (``b""`` if acked without one); None when
+    ``timeout_ms`` passes first. A job that expired, was deleted or dead-lettered, or that no
+    node knows, raises ``ResponseError``."""
+    args: list[bytes | str | int] = ["WAITJOB", job_id]
+    if timeout_ms:
+        args += ["TIMEOUT", timeout_ms]
+    wait: float | None = timeout_ms / 1000 if timeout_ms else None
+    return Call.make(*args, convert=_result, retry_safe=True, extra_wait=wait)
 
 
 def working(job_id: str) -> Call[int]:

@@ -116,6 +116,9 @@ class MessageType(enum.IntEnum):
     QUEUED_BATCH = 34
     QPOLICY = 40  # queue policies (cluster/policy_sync.py); numbers are never reused
     TIMER = 41  # periodic timers (cluster/periodic_sync.py)
+    WAITFOR = 50  # job outcomes (cluster/results.py)
+    RESULT = 51
+    DEDUP = 52  # the shared deduplication index (cluster/dedup_sync.py)
     BATCH = 60  # several messages of one type in one frame (``batch_body``, ``unbatch``)
 
 

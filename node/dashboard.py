@@ -259,7 +259,8 @@ class Dashboard:
     def _job_panel(self, job_id: bytes) -> str:
         data = view.job_page(self.server, job_id)
         return self.templates.get_template("job_panel.html").render(
-            job=None if data is None else data["job"])
+            job=None if data is None else data["job"],
+            result=None if data is None else data["result"])
 
     def _panel(self, run: Any) -> str:
         now = self.server.clock.now_ms()

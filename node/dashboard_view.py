@@ -99,6 +99,7 @@ def overview(server: Server, rates: RateTracker) -> dict[str, Any]:
         **_queues(broker, rates, now),
         "dead_letter_queues": _dead_letter_queues(broker),
         "timers": _timers(broker, now),
+        **_results(broker, now),
         "running": [run_row(r, now) for r in broker.runs.running()],
         "recent": [run_row(r, now) for r in broker.runs.recent(RECENT_RUNS)
                    if r.state != "running"],
@@ -240,6 +241,30 @@ def _timers(broker: Broker, now: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _results(broker: Broker, now: int) -> dict[str, Any]:
+    """The newest outcomes kept (RESOLVE, WAITJOB) and the chained jobs still waiting here."""
+    outcomes = broker.results.outcomes
+    rows = []
+    for job_id in list(reversed(outcomes))[:RECENT_RUNS]:
+        kind, value, until = outcomes[job_id]
+        rows.append({"job_id": job_id.decode("ascii", "replace"), "kind": kind,
+                     "result": text(value, PREVIEW_CHARS), "size": len(value),
+                     "expires_in_ms": max(0, until - now)})
+    waiting: list[dict[str, Any]] = []
+    seen: set[bytes] = set()
+    for children in broker.results.children.values():
+        for child_id in sorted(children):
+            job = broker.jobs.get(child_id)
+            if job is None or child_id in seen or len(waiting) >= RECENT_RUNS:
+                continue
+            seen.add(child_id)
+            waiting.append({"job_id": child_id.decode("ascii", "replace"),
+                            "queue": text(job.queue),
+                            "after": [p.decode("ascii", "replace") for p in job.after]})
+    return {"results": rows, "results_total": len(outcomes), "waiting": waiting,
+            "waiting_parents": len(broker.results.children)}
+
+
 def run_row(run: Any, now: int) -> dict[str, Any]:
     end = run.ended_ms or now
     return {
@@ -263,18 +288,28 @@ def job_page(server: Server, job_id: bytes) -> dict[str, Any] | None:
     now = server.clock.now_ms()
     job = broker.jobs.get(job_id)
     run = broker.runs.get(job_id)
-    if job is None and run is None:
+    if job is None and run is None and job_id not in broker.results.outcomes:
         return None
     return {
         "job_id": job_id.decode("ascii", "replace"),
         "job": None if job is None else {
-            "queue": text(job.queue), "state": job.state.value, "nacks": job.nacks,
+            "queue": text(job.queue),
+            "state": "waiting" if job.after else job.state.value, "nacks": job.nacks,
+            "after": [p.decode("ascii", "replace") for p in job.after],
             "deliveries": job.deliveries, "ttl_s": job.ttl, "retry_s": job.retry,
             "body": text(job.body, 4096), "body_size": len(job.body),
             "created_ms": job.ctime // 1_000_000,
         },
         "run": None if run is None else run_detail(run, now),
+        "result": _result_of(broker, job_id),
     }
+
+
+def _result_of(broker: Broker, job_id: bytes) -> dict[str, Any] | None:
+    outcome = broker.results.outcomes.get(job_id)
+    if outcome is None:
+        return None
+    return {"kind": outcome[0], "result": text(outcome[1], 4096), "size": len(outcome[1])}
 
 
 def run_detail(run: Any, now: int) -> dict[str, Any]:

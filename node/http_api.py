@@ -471,12 +471,14 @@ class Api:
         body = await _read_body(request)
         return await self.publish(_peer(request), name, body,
                                   request.headers.get("content-type", OCTET),
-                                  request.query_params)
+                                  request.query_params, request.query_params.getlist("after"))
 
     async def publish(self, peer: str, name: bytes, body: bytes, ctype: str,
-                      query: Mapping[str, str] | None = None) -> Answer:
+                      query: Mapping[str, str] | None = None,
+                      after: list[str] | None = None) -> Answer:
         """ADDJOB of ``body`` to queue ``name`` (which has a policy); ``?priority=n``: its
-        PRIORITY (docs/semantics.md)."""
+        PRIORITY (docs/semantics.md); ``after``: the job waits until those jobs are acked or
+        resolved (ADDJOB's AFTER)."""
         priority = _int_param(query or {}, "priority", 0, 0, MAX_PRIORITY)
         await self._require_queue(name)
         ctype = ctype[:1024]
@@ -494,7 +496,8 @@ class Api:
             broker.policies.set_content_type(broker, job_id, ctype)
 
         # On a cluster an ADDJOB waits until replicated (at most ADDJOB_TIMEOUT_MS).
-        options = ("PRIORITY", str(priority)) if priority else ()
+        options = ["PRIORITY", str(priority)] if priority else []
+        options += [word for parent in after or () for word in ("AFTER", parent)]
         reply = await self.bridge.call("ADDJOB", name, body, str(ADDJOB_TIMEOUT_MS), *options,
                                        peer=peer, after=remember,
                                        wait_s=ADDJOB_TIMEOUT_MS / 1000)
@@ -569,6 +572,34 @@ class Api:
         if reply != 1:
             raise HttpError(404, "message not found")
         return Answer(204)
+
+    # -- results (RESOLVE, WAITJOB) ---------------------------------------------------------------
+
+    async def result(self, request: Request) -> Response:
+        job_id = request.path_params["id"].encode("utf-8", "surrogateescape")
+        if not is_valid(job_id):
+            raise HttpError(400, "not a valid message ID (a job ID: D-...; send / as %2F)")
+        peer = _peer(request)
+        if request.method == "PUT":
+            body = await _read_body(request)
+            reply = await self.bridge.call("RESOLVE", job_id, body, peer=peer)
+            _raise_for(reply)
+            return JSONResponse({"resolved": int(reply)})
+        wait = _int_param(request.query_params, "wait", 0, 0, MAX_WAIT_S)
+        # Without wait: whatever is known now (WAITJOB's shortest timeout).
+        timeout = str(wait * 1000) if wait else "1"
+        reply = await self.bridge.call("WAITJOB", job_id, "TIMEOUT", timeout, peer=peer,
+                                       wait_s=wait)
+        if isinstance(reply, Error):
+            code = str(reply).split(" ", 1)[0]
+            if code == "NOJOB":
+                raise HttpError(404, "message not known in the cluster")
+            if code in ("EXPIRED", "DELETED", "DEADLETTER"):
+                raise HttpError(410, str(reply))
+            _raise_for(reply)
+        if reply is None:
+            return Response(status_code=204)
+        return Response(bytes(reply), media_type=OCTET)
 
     # -- MQ's routes -----------------------------------------------------------------------------
 
@@ -678,6 +709,7 @@ def make_app(server: Server, api: Api | None = None) -> ASGIApp:
         Route("/queues/{name:path}/redrive", _wrap(api.redrive), methods=["POST"]),
         Route("/queues/{name}", _wrap(api.queue), methods=["GET", "PUT", "POST", "DELETE"]),
         Route("/messages/{name:path}", _wrap(api.messages), methods=["GET", "POST", "DELETE"]),
+        Route("/results/{id:path}", _wrap(api.result), methods=["GET", "PUT"]),
         Route("/mq/{queue}", _wrap(api.mq_queue), methods=["GET", "PUT", "DELETE"]),
         Route("/mq/{queue}/messages", _wrap(api.mq_messages), methods=["GET", "POST"]),
         Route("/mq/{queue}/messages/{id:path}", _wrap(api.mq_message), methods=["DELETE"]),

@@ -293,7 +293,7 @@ class Front:
         if path.startswith("/messages/"):
             target_name = path[len("/messages/"):]
             encoded = target_name.encode("utf-8", "surrogateescape")
-            if method == b"POST" and encoded:
+            if method == b"POST" and encoded and "after" not in query:
                 ctype = _header(headers, b"content-type")
                 return (api.publish, encoded, body, ctype, query), used
             if method == b"GET" and encoded and "wait" not in query:
@@ -307,7 +307,7 @@ class Front:
                 raise _Handover
             encoded = queue.encode("utf-8", "surrogateescape")
             if rest == "messages":
-                if method == b"POST":
+                if method == b"POST" and "after" not in query:
                     ctype = _header(headers, b"content-type")
                     return (api.publish, encoded, body, ctype, query), used
                 if method == b"GET" and "wait" not in query:

@@ -35,6 +35,10 @@ _RECEIVE_PARAMS = [
      "schema": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_S}},
     {"name": "count", "in": "query",
      "schema": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT}}]
+_AFTER = [{"name": "after", "in": "query", "description": "A message ID this one waits for "
+           "(acknowledged or resolved) before it is queued; repeat for several",
+           "schema": {"type": "array", "items": {"type": "string"}}, "style": "form",
+           "explode": True}]
 _MQ_QUEUE = dict(_QUEUE_NAME, name="queue")
 _MSG_HEADERS = {"X-MQS-MESSAGE-ID": {"schema": {"type": "string"}},
                 "X-Message-Id": {"schema": {"type": "string"}}}
@@ -121,7 +125,7 @@ OPENAPI: Final[dict[str, Any]] = {
             "parameters": [{"name": "name", "in": "path", "required": True,
                             "description": "A queue (GET, POST) or a message ID (DELETE; "
                                            "send / as %2F)", "schema": {"type": "string"}}],
-            "post": {"requestBody": _ANY_BODY, "parameters": _PUBLISH_PARAMS, "responses": {
+            "post": {"requestBody": _ANY_BODY, "parameters": _PUBLISH_PARAMS + _AFTER, "responses": {
                 "200": {"description": "Duplicate: the existing message",
                         "headers": _MSG_HEADERS},
                 "201": {"description": "Published", "headers": _MSG_HEADERS},
@@ -137,6 +141,28 @@ OPENAPI: Final[dict[str, Any]] = {
             "delete": {"responses": {"204": {"description": "Deleted"}, "400": _ERR,
                                      "404": _ERR, "401": _ERR, "503": _RETRY}},
         },
+        "/results/{id}": {
+            "parameters": [{"name": "id", "in": "path", "required": True,
+                            "description": "A message ID (send / as %2F)",
+                            "schema": {"type": "string"}}],
+            "put": {"requestBody": _ANY_BODY, "responses": {
+                "200": {"description": "Acknowledged with this result (RESOLVE): how many "
+                                       "messages this node knew (0 or 1)",
+                        "content": {"application/json": {"schema": {
+                            "type": "object", "required": ["resolved"],
+                            "properties": {"resolved": {"type": "integer"}}}}}},
+                "400": _ERR, "404": _ERR, "408": _ERR, "413": _ERR, "401": _ERR,
+                "503": _RETRY}},
+            "get": {"parameters": _RECEIVE_PARAMS[:1], "responses": {
+                "200": {"description": "The result (empty: acknowledged without one)",
+                        "content": {"application/octet-stream": {"schema": {
+                            "type": "string", "format": "binary"}}}},
+                "204": {"description": "Not resolved yet (within wait seconds)"},
+                "400": _ERR, "404": _ERR, "401": _ERR,
+                "410": {"description": "Expired, deleted or dead-lettered before it was "
+                                       "acknowledged", "content": {"application/json": {
+                                           "schema": {"$ref": "#/components/schemas/Error"}}}}}},
+        },
         "/mq/{queue}": {
             "parameters": [_MQ_QUEUE],
             "get": {"responses": {"200": {"description": "Exists"}, "404": {
@@ -149,7 +175,7 @@ OPENAPI: Final[dict[str, Any]] = {
         },
         "/mq/{queue}/messages": {
             "parameters": [_MQ_QUEUE],
-            "post": {"requestBody": _ANY_BODY, "parameters": _PUBLISH_PARAMS, "responses": {
+            "post": {"requestBody": _ANY_BODY, "parameters": _PUBLISH_PARAMS + _AFTER, "responses": {
                 "200": {"description": "Duplicate", "headers": _MSG_HEADERS},
                 "201": {"description": "Stored", "headers": _MSG_HEADERS},
                 "400": _ERR, "404": _ERR, "408": _ERR, "413": _ERR, "401": _ERR,

@@ -87,11 +87,13 @@ from broker.intents import (
     RewriteLog,
     Shutdown,
 )
+from cluster.dedup_sync import DedupSync
 from cluster.federation import FederationCore
 from cluster.jobs import JobCore
 from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
+from cluster.results import ResultCore
 from cluster.wiring import attach
 from node import bus_core, client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
@@ -193,6 +195,10 @@ class Server:
         self.broker.warn = self._warn
         # Replicated jobs: built (and attached below) before the log is replayed (run() loads
         # it), since replay keeps acked cluster jobs only when broker.replication is set.
+        # Job outcomes (WAITJOB, RESOLVE) learned from and told to other nodes; its effects
+        # are taken before the job core's, so RESOLVE's RESULT leaves before its SETACKs.
+        self.result_core = ResultCore(self.broker, self.cluster)
+        self.bus.add_core(self.result_core)
         self.job_core = JobCore(self.broker, self.cluster, random.Random(os.urandom(16)))
         self.bus.add_core(self.job_core)
         # Federation: NEEDJOBS/YOURJOBS; ticked at its own next deadline
@@ -208,8 +214,13 @@ class Server:
         self.periodic_sync = PeriodicSync(self.broker, self.cluster,
                                           random.Random(os.urandom(16)), now_ms)
         self.bus.add_core(self.periodic_sync)
+        # The deduplication index of every node (DEDUP queues), replicated.
+        self.dedup_sync = DedupSync(self.broker, self.cluster, random.Random(os.urandom(16)),
+                                    now_ms)
+        self.bus.add_core(self.dedup_sync)
         attach(self.broker, membership=self.cluster, jobs=self.job_core,
-               federation=self.federation, policies=self.policy_sync, timers=self.periodic_sync)
+               federation=self.federation, policies=self.policy_sync, timers=self.periodic_sync,
+               results=self.result_core, dedup=self.dedup_sync)
         self.core_alarms = [CoreAlarm(self, self.federation), CoreAlarm(self, self.periodic_sync)]
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:

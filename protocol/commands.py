@@ -63,6 +63,7 @@ def _timeout(raw: bytes) -> int | Error:
     return value
 
 
+MAX_PARENTS: Final = 1024  # AFTER options of one ADDJOB
 DEFAULT_TTL: Final = 24 * 3600  # seconds, when ADDJOB gives no TTL
 # The largest DELAY, RETRY and TTL (seconds): what Disque's job structure can hold (uint32).
 MAX_JOB_SECONDS: Final = (1 << 32) - 1
@@ -78,12 +79,13 @@ MAX_JOB_SECONDS: Final = (1 << 32) - 1
 
 class AddJob:
     __slots__ = ("queue", "body", "timeout_ms", "replicate", "delay", "retry", "ttl", "maxlen",
-                 "async_", "delay_given", "id_key", "priority")
+                 "async_", "delay_given", "id_key", "priority", "after")
 
     def __init__(self, queue: bytes, body: bytes, timeout_ms: int, replicate: int | None,
                  delay: int, retry: int | None, ttl: int | None, maxlen: int | None,
                  async_: bool, delay_given: bool = False,
-                 id_key: tuple[str, bytes] | None = None, priority: int = 0) -> None:
+                 id_key: tuple[str, bytes] | None = None, priority: int = 0,
+                 after: tuple[bytes, ...] = ()) -> None:
         self.queue: Final = queue
         self.body: Final = body
         self.timeout_ms: Final = timeout_ms
@@ -101,6 +103,8 @@ class AddJob:
         self.id_key: Final = id_key
         # PRIORITY n (0 to 9, higher served first): a trisque extension (docs/semantics.md).
         self.priority: Final = priority
+        # AFTER id ...: held until these jobs are acked or resolved (broker/chains.py).
+        self.after: Final = after
 
     def __repr__(self) -> str:
         return (f"AddJob(queue={self.queue!r}, body={self.body!r}, "
@@ -108,7 +112,7 @@ class AddJob:
                 f"delay={self.delay}, retry={self.retry}, ttl={self.ttl}, "
                 f"maxlen={self.maxlen}, async_={self.async_}, "
                 f"delay_given={self.delay_given}, id_key={self.id_key!r}, "
-                f"priority={self.priority})")
+                f"priority={self.priority}, after={self.after!r})")
 
 
 class GetJob:
@@ -263,6 +267,7 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
     async_ = False
     delay_given = False
     priority = 0
+    after: list[bytes] = []
     j = 4
     argc = len(argv)
     while j < argc:
@@ -274,6 +279,16 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
             continue
         if last or opt not in (b"replicate", b"delay", b"retry", b"ttl", b"maxlen",
                                b"priority"):
+            # trisque's AFTER, after Disque's options (tested here so those pay nothing).
+            if opt == b"after" and not last:
+                if not is_valid(argv[j + 1]):
+                    return errors.BADID
+                if argv[j + 1] not in after:
+                    after.append(argv[j + 1])
+                if len(after) > MAX_PARENTS:
+                    return errors.SYNTAX
+                j += 2
+                continue
             return errors.SYNTAX
         value = parse_int(argv[j + 1])
         # As in Disque, a value that is not a number gets the option's own error text. Disque
@@ -318,6 +333,9 @@ def parse_addjob(argv: list[bytes]) -> AddJob | Error:
         return errors.RETRY0_REPLICATE
     if delay >= (ttl if ttl is not None else DEFAULT_TTL):
         return errors.DELAY_GT_TTL
+    if after:
+        return AddJob(argv[1], argv[2], timeout, replicate, delay, retry, ttl, maxlen, async_,
+                      delay_given, None, priority, tuple(after))
     return AddJob(argv[1], argv[2], timeout, replicate, delay, retry, ttl, maxlen, async_,
                   delay_given, None, priority)
 
@@ -734,6 +752,39 @@ def parse_timer(argv: list[bytes]) -> Timer | Error:
     if isinstance(checked, Error):
         return checked
     return Timer(sub, (argv[2],), period, argv[4], argv[5], tuple(params), start_ms, replace)
+
+
+class Resolve(NamedTuple):
+    """RESOLVE id result: ACKJOB that keeps a result (broker/results.py)."""
+
+    job_id: bytes
+    result: bytes
+
+
+class WaitJob(NamedTuple):
+    """WAITJOB id [TIMEOUT ms]: the job's result once it is resolved (broker/results.py)."""
+
+    job_id: bytes
+    timeout_ms: int  # 0: wait forever
+
+
+def parse_resolve(argv: list[bytes]) -> Resolve | Error:
+    if not is_valid(argv[1]):
+        return errors.BADID
+    return Resolve(argv[1], argv[2])
+
+
+def parse_waitjob(argv: list[bytes]) -> WaitJob | Error:
+    if not is_valid(argv[1]):
+        return errors.BADID
+    if len(argv) == 2:
+        return WaitJob(argv[1], 0)
+    if len(argv) != 4 or _option(argv[2]) != b"timeout":
+        return errors.SYNTAX
+    timeout = _timeout(argv[3])
+    if isinstance(timeout, Error):
+        return timeout
+    return WaitJob(argv[1], timeout)
 
 
 def parse_generic(argv: list[bytes]) -> Generic:

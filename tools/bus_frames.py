@@ -58,7 +58,7 @@ INTS = (0, 1, -1, 2, 3, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32, 2**53 +
 FLOATS = (math.nan, math.inf, -math.inf, 0.0, -0.0, 1.5, 1e308)
 STRS = ("", "active", "queued", "acked", "wait-repl", "leaving", "pfail", "fail", "handshake",
         "noaddr", "queue", "x" * 300, "\u00e9\u4e2d\U0001f600", "0" * 40, "g" * 40)
-KEYS = ("id", "job", "jobs", "noreply", "delay", "nack", "deliv", "mayhave", "known", "queue",
+KEYS = ("id", "job", "jobs", "noreply", "kind", "value", "until", "entries", "delay", "nack", "deliv", "mayhave", "known", "queue",
         "flags", "count", "port", "gossip", "node", "ip", "ping_sent", "pong_received",
         "policies", "timers", "full", "answer", "", "extra")
 SAFE_IPS = ("", "127.0.0.1")
@@ -125,6 +125,11 @@ def sample_bodies(node_ids: list[str], ports: list[int],
             (MessageType.QUEUED, Queued(job_id, bool(i % 2), not i % 2).body()),
             (MessageType.SETACK, SetAck(job_id, len(node_ids)).body()),
             (MessageType.GOTACK, GotAck(job_id, bool(i % 2)).body()),
+            (MessageType.WAITFOR, {"id": job_id}),
+            (MessageType.DEDUP, {"entries": [[QUEUES[i % 2], bytes(range(20)), job_id,
+                                              now + 60_000, bool(i % 2), now, node_ids[0]]]}),
+            (MessageType.RESULT, {"id": job_id, "kind": ("resolved", "pending", "unknown")[i % 3],
+                                  "value": b"result", "until": now + 60_000}),
         ]
         out += [(t, JobRef(t, job_id).body()) for t in (
             MessageType.GOTJOB, MessageType.WILLQUEUE, MessageType.DELJOB, MessageType.WORKING)]

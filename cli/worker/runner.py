@@ -62,13 +62,15 @@ ANSWER_TIMEOUT_S: Final = 5.0
 EARLY_CLOSE_S: Final = 0.2
 READ_CHUNK: Final = 256 * 1024
 MAX_NOTE: Final = 4000  # QPOLICY PARK's reason (the node takes up to 4096 bytes)
+RESULT_MAX: Final = 1024 * 1024  # the node's default result-max-size
 
 log = logging.getLogger("trisque.worker")
 T = TypeVar("T")
 
 
 def job_environment(base: dict[str, str], job: Job, attempt: int, body_file: Path,
-                    node: str, worker: str, log_file: Path) -> dict[str, str]:
+                    node: str, worker: str, log_file: Path,
+                    result_file: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in base.items() if not k.startswith("TRISQUE_")}
     env.update({
         "TRISQUE_JOB_ID": job.id,
@@ -83,6 +85,8 @@ def job_environment(base: dict[str, str], job: Job, attempt: int, body_file: Pat
         "TRISQUE_WRITE": "3",
         "TRISQUE_READ": "4",
     })
+    if result_file is not None:
+        env["TRISQUE_RESULT_FILE"] = str(result_file)
     if len(job.body) <= BODY_ENV_MAX and b"\0" not in job.body:
         try:
             env["TRISQUE_BODY"] = job.body.decode("utf-8")
@@ -111,6 +115,10 @@ class JobRunner:
         self.state = ""
         self.log_path = ""
         self.info: JobInfo | None = None  # SHOW's answer, when the node gave one
+        self._result_file: Path | None = None
+        self._written: bytes | None = None  # what the script wrote to its result file
+        self._output = bytearray()  # the first RESULT_MAX bytes of its output (--result output)
+        self.result: bytes | None = None  # RESOLVE's result instead of ACKJOB, when set
         # Set when a failed run is to be retried: seconds to wait before the NACK, which the
         # worker does without holding a slot (Worker._retry_later).
         self.retry_after: float | None = None
@@ -140,9 +148,10 @@ class JobRunner:
             joblog = self.logs.open(job.id, self.attempt)
             self.log_path = str(joblog.path)
             node = self.client.address
+            self._result_file = workdir / "result"
             env = job_environment(dict(os.environ), job, self.attempt, body_file,
                                   f"{node[0]}:{node[1]}" if node else "", self.settings.name,
-                                  joblog.path)
+                                  joblog.path, self._result_file)
         except OSError as exc:
             self.outcome.spawn_error = f"cannot prepare the job's files: {exc}"
         try:
@@ -154,9 +163,12 @@ class JobRunner:
             if joblog is not None:
                 joblog.close()
             if workdir is not None:
+                self._read_result_file()
                 shutil.rmtree(workdir, ignore_errors=True)
         self.outcome.notes = tuple(self._notes)
         verdict = status.decide(self.outcome)
+        if workdir is not None and verdict.action == status.ACK:
+            self._take_result()
         reason = await self._carry_out(verdict, info)
         self.state = verdict.state
         await self.report.end(verdict.state, self.outcome.exit_code, reason)
@@ -245,8 +257,29 @@ class JobRunner:
                         self._notes.append(f"log file not written after "
                                            f"{self.report.total} bytes: {exc}")
                 self.report.add_output(data)
+                if self.settings.result_from_output and len(self._output) < RESULT_MAX:
+                    self._output += data[:RESULT_MAX - len(self._output)]
         finally:
             done.set()
+
+    def _read_result_file(self) -> None:
+        if self._result_file is None:
+            return
+        try:
+            with open(self._result_file, "rb") as f:
+                self._written = f.read(RESULT_MAX + 1)
+        except OSError:
+            return  # not written: no result file
+        if len(self._written) > RESULT_MAX:
+            self._notes.append(f"result file cut to {RESULT_MAX} bytes")
+            self._written = self._written[:RESULT_MAX]
+
+    def _take_result(self) -> None:
+        """The job's result, if it has one: the result file, else the output (--result)."""
+        if self._written is not None:
+            self.result = self._written
+        elif self.settings.result_from_output:
+            self.result = bytes(self._output)
 
     async def _read_status(self, proc: ScriptProcess, done: trio.Event) -> None:
         reader = status.StatusReader()
@@ -315,10 +348,15 @@ class JobRunner:
         # The count replied does not matter (a NACK that dead-letters the job counts 0): the
         # command was carried out unless it raised.
         if verdict.action == status.ACK:
-            if await self._settle(lambda: self.client.ack_job(job_id)) is not None:
+            result = self.result
+            if result is None:
+                done = await self._settle(lambda: self.client.ack_job(job_id))
+            else:
+                done = await self._settle(lambda: self.client.resolve(job_id, result))
+            if done is not None:
                 return verdict.reason
-            return (verdict.reason + f"; ACKJOB failed ({self._last_error}): the job comes "
-                    "back after its RETRY")
+            return (verdict.reason + f"; {'ACKJOB' if result is None else 'RESOLVE'} failed "
+                    f"({self._last_error}): the job comes back after its RETRY")
         if verdict.action == status.FAIL:
             return await self._fail(verdict)
         if verdict.action == status.NACK:

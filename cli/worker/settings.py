@@ -68,6 +68,9 @@ class Settings:
     retries: int = 0
     queue_retries: dict[str, int] = field(default_factory=dict)
     backoff: tuple[float, float] = DEFAULT_BACKOFF
+    # RESOLVE a job done with its output (stdout and stderr, the first RESULT_MAX bytes)
+    # instead of a plain ACKJOB; a result file the script writes wins either way.
+    result_from_output: bool = False
 
     def time_limit_for(self, queue: str) -> float | None:
         return self.queue_time_limits.get(queue, self.time_limit)
@@ -144,6 +147,11 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"job logs kept in --log-dir, the oldest deleted first "
                         f"(default {DEFAULT_LOG_KEEP})")
     p.add_argument("--quiet", action="store_true", help="log only warnings and errors")
+    p.add_argument("--result", choices=("file", "output"), default="file",
+                   help="what becomes the result of a job done (RESOLVE, read by WAITJOB):\n"
+                        "file: what the script wrote to $TRISQUE_RESULT_FILE, if it did\n"
+                        "(else a plain ACKJOB); output: that file, else its output (the\n"
+                        "first 1 MB of stdout and stderr)")
     return p
 
 
@@ -183,7 +191,7 @@ def parse(argv: list[str]) -> Settings:
         kill_after=_seconds(ns.kill_after, "--kill-after"),
         grace=_seconds(ns.grace, "--grace"),
         log_dir=Path(ns.log_dir), log_max_bytes=_size(ns.log_max_bytes),
-        log_keep=ns.log_keep, quiet=ns.quiet)
+        log_keep=ns.log_keep, quiet=ns.quiet, result_from_output=ns.result == "output")
     if not settings.nodes:
         raise UsageError("--nodes needs at least one host:port")
     for item in ns.time_limit:

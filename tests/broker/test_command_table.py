@@ -153,6 +153,8 @@ SAMPLES: dict[bytes, list[bytes]] = {
     b"qpolicy": [b"QPOLICY", b"LIST"],
     b"jobrun": [b"JOBRUN", b"LIST"],
     b"timer": [b"TIMER", b"LIST"],
+    b"resolve": [b"RESOLVE", JOB_ID, b"done"],
+    b"waitjob": [b"WAITJOB", JOB_ID, b"TIMEOUT", b"10"],
     b"loadjob": [b"LOADJOB", b"x"],
     b"hello": [b"HELLO"],
     b"auth": [b"AUTH", b"x"],

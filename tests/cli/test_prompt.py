@@ -103,7 +103,7 @@ def test_grey_hint_shrinks_as_arguments_are_typed(open_prompt: Callable[[], Term
                                                   node: ServerProcess) -> None:
     term = open_prompt()
     term.type("ADDJOB ")
-    rest = "[REPLICATE count] [DELAY sec] [RETRY sec] [TTL sec] [MAXLEN count] [ASYNC] [PRIORITY 0-9]"
+    rest = "[REPLICATE count] [DELAY sec] [RETRY sec] [TTL sec] [MAXLEN count] [ASYNC] [PRIORITY 0-9] [AFTER id ...]"
     wait_line(term, "ADDJOB queue body ms-timeout " + rest)
     y, start = term.screen.cursor.y, term.screen.cursor.x
     hint_colours = {term.colour_at(y, x) for x in range(start, start + len("queue body"))}
@@ -114,10 +114,10 @@ def test_grey_hint_shrinks_as_arguments_are_typed(open_prompt: Callable[[], Term
     wait_line(term, "ADDJOB hinted body ms-timeout " + rest)
     term.type("b 0 REPLICATE ")
     wait_line(term, "ADDJOB hinted b 0 REPLICATE count [DELAY sec] [RETRY sec] [TTL sec] "
-                    "[MAXLEN count] [ASYNC] [PRIORITY 0-9]")
+                    "[MAXLEN count] [ASYNC] [PRIORITY 0-9] [AFTER id ...]")
     term.type("1")
     wait_line(term, "ADDJOB hinted b 0 REPLICATE 1 [DELAY sec] [RETRY sec] [TTL sec] "
-                    "[MAXLEN count] [ASYNC] [PRIORITY 0-9]")
+                    "[MAXLEN count] [ASYNC] [PRIORITY 0-9] [AFTER id ...]")
     term.type("\r")  # the hint is only drawn: what was typed is what is sent
     term.wait_for(lambda: any(line.startswith("D-") for line in term.lines()), "a job ID")
     assert any(line.endswith("> ADDJOB hinted b 0 REPLICATE 1") for line in term.lines())

@@ -23,9 +23,9 @@ def test_every_node_command_has_help_hints_and_completion() -> None:
     ("GETJOB FROM q1 ", "[queue ...]"),
     ("QPEEK q", " count"),
     ('ADDJOB q "a body with spaces" ', "ms-timeout [REPLICATE count] [DELAY sec] [RETRY sec] "
-                                       "[TTL sec] [MAXLEN count] [ASYNC] [PRIORITY 0-9]"),
+                                       "[TTL sec] [MAXLEN count] [ASYNC] [PRIORITY 0-9] [AFTER id ...]"),
     ('ADDJOB q "an open quote ', " ms-timeout [REPLICATE count] [DELAY sec] [RETRY sec] "
-                                 "[TTL sec] [MAXLEN count] [ASYNC] [PRIORITY 0-9]"),
+                                 "[TTL sec] [MAXLEN count] [ASYNC] [PRIORITY 0-9] [AFTER id ...]"),
     ("QPEEK q 1 ", ""),
     ("CLUSTER MEET", " ip port"),
     ("CLUSTER MEET 127.0.0.1 ", "port"),

@@ -141,6 +141,36 @@ def two_nodes() -> Iterator[tuple[ServerProcess, ServerProcess]]:
         yield a, b
 
 
+def test_results_and_chains(client: Client) -> None:
+    parent = client.add_job("res", "work")
+    child = client.add_job("res-next", "then", after=[parent])
+    assert client.show(child).state == "waiting"  # type: ignore[union-attr]
+    assert client.wait_job(parent, timeout_ms=50) is None
+    assert client.resolve(parent, BINARY) == 1
+    assert client.wait_job(parent) == BINARY
+    assert client.show(child).state == "queued"  # type: ignore[union-attr]
+    other = client.add_job("res", "x")
+    client.del_job(other)
+    unknown = other[:12] + ("A" if other[12] != "A" else "B") + other[13:]
+    with pytest.raises(NoJobError):
+        client.wait_job(unknown)
+
+
+async def test_async_results(node: ServerProcess) -> None:
+    async with AsyncClient([f"127.0.0.1:{node.port}"]) as c:
+        job_id = await c.add_job("ares", "b")
+        async with trio.open_nursery() as nursery:
+            got: list[bytes | None] = []
+
+            async def wait() -> None:
+                got.append(await c.wait_job(job_id, timeout_ms=5000))
+
+            nursery.start_soon(wait)
+            await trio.sleep(0.2)
+            assert await c.resolve(job_id, "done") == 1
+        assert got == [b"done"]
+
+
 def test_client_carries_on_when_its_node_is_killed(
         two_nodes: tuple[ServerProcess, ServerProcess]) -> None:
     a, b = two_nodes

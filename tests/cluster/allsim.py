@@ -1,5 +1,5 @@
 """``tests/cluster/jobsim.JobCluster`` with every core a node runs: membership, jobs,
-federation, queue policies and periodic timers, routed by ``HANDLES`` as the runtime does
+federation, queue policies, periodic timers and the shared deduplication index, routed by ``HANDLES`` as the runtime does
 (the bus fuzzer's simulator side). ``recorded`` holds every frame the nodes sent each other,
 as ``(type, body)``: the real bodies of a workload."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster.dedup_sync import DedupSync
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
 from cluster.sim import Sim, SimNode, _Link
@@ -54,8 +55,13 @@ class AllCoresCluster(JobCluster):
             attach(made[node.index].broker, timers=sync)
             return sync
 
+        def dedup_core(node: SimNode, now: int) -> Any:
+            sync = DedupSync(made[node.index].broker, node.membership, node.rng, now)
+            attach(made[node.index].broker, dedup=sync)
+            return sync
+
         self.sim = RecordingSim(seed, tick_ms=tick_ms,
-                                core_factories=(job_core, policy_core, timer_core))
+                                core_factories=(job_core, policy_core, timer_core, dedup_core))
         for _ in range(n):
             self.sim.add_node(node_timeout=node_timeout, secret=secret)
         self.sim.meet_all()

@@ -21,6 +21,7 @@ from cluster.effects import Send
 from cluster.federation import FederationCore
 from cluster.job_messages import BATCH_OF, FED_TYPES, JOB_TYPES
 from cluster.jobs import JobCore
+from cluster.results import RESULT_TYPES, ResultCore
 from cluster.sim import Sim, SimNode
 from cluster.wire import Frame, MessageType
 from cluster.wiring import attach
@@ -29,7 +30,7 @@ from cluster.wiring import attach
 class SimJobNode:
     """The job core and its broker as one sim core (the runtime's routing, in small)."""
 
-    HANDLES = JOB_TYPES | FED_TYPES
+    HANDLES = JOB_TYPES | FED_TYPES | RESULT_TYPES
 
     def __init__(self, cluster: JobCluster, node: SimNode, now_ms: int) -> None:
         self.cluster = cluster
@@ -38,7 +39,9 @@ class SimJobNode:
         self.broker = Broker(node.config, node.node_id, seed, now_ms=now_ms, rng=node.rng)
         self.core = JobCore(self.broker, node.membership, node.rng)
         self.fed = FederationCore(self.broker, node.membership) if cluster.federation else None
-        attach(self.broker, membership=node.membership, jobs=self.core, federation=self.fed)
+        self.results = ResultCore(self.broker, node.membership, node.rng)
+        attach(self.broker, membership=node.membership, jobs=self.core, federation=self.fed,
+               results=self.results)
         log = cluster.logs.setdefault(node.index, [])
         if log:  # restarted: replay the append log (replication is set first)
             for rec in log:
@@ -53,12 +56,15 @@ class SimJobNode:
                                    frame.body))
         if frame.type in JOB_TYPES:
             self.core.receive(frame, link, peer_ip, local_ip, outbound_to, now_ms)
+        elif frame.type in RESULT_TYPES:
+            self.results.receive(frame, link, peer_ip, local_ip, outbound_to, now_ms)
         elif self.fed is not None:
             self.fed.receive(frame, link, peer_ip, local_ip, outbound_to, now_ms)
 
     def tick(self, now_ms: int) -> None:
         self.broker.tick(now_ms)
         self.core.tick(now_ms)
+        self.results.tick(now_ms)
         if self.fed is not None:
             self.fed.tick(now_ms)
 
@@ -73,7 +79,8 @@ class SimJobNode:
             elif isinstance(effect, Reply):
                 self.cluster.blocked_replies.setdefault(self.node.index, []).append(
                     (effect.client, effect.value))
-        effects = self.core.take_effects()
+        # The result core's first, as the node's bus: a RESULT leaves before its SETACKs.
+        effects = self.results.take_effects() + self.core.take_effects()
         if self.fed is not None:
             effects += self.fed.take_effects()
         for e in effects:

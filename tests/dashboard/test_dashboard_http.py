@@ -252,3 +252,22 @@ def test_a_job_without_a_run_waits_for_one_and_ends_when_the_job_goes(node: Node
     assert not t.is_alive()
     assert [e.name for e in got][-2:] == ["job", "end"], got
     assert "no longer holds the job" in got[-2].data and got[-1].data == "gone"
+
+
+def test_results_and_waiting_chains_are_shown(node: Node, http: httpx.Client) -> None:
+    srv, _ = node
+    parent = srv.call("ADDJOB", "ch-q", "first", 0).decode()
+    child = srv.call("ADDJOB", "ch-next", "second", 0, "AFTER", parent).decode()
+    page = http.get("/").text
+    row = page[page.index(f'data-waiting="{child}"'):]
+    row = row[:row.index("</tr>")]
+    assert "ch-next" in row and parent in row
+    assert http.get(job_url(child)).text.count(parent) >= 1  # its page names the parent
+    srv.call("RESOLVE", parent, XSS)
+    page = http.get("/").text
+    assert f'data-waiting="{child}"' not in page
+    row = page[page.index(f'data-result="{parent}"'):]
+    row = row[:row.index("</tr>")]
+    assert "resolved" in row and XSS not in row and "&lt;script&gt;" in row
+    job_page = http.get(job_url(parent)).text  # the job is gone, its result is not
+    assert "resolved" in job_page and "&lt;script&gt;" in job_page

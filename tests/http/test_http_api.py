@@ -327,3 +327,31 @@ async def test_a_server_built_without_the_http_api_refuses_http_port(tmp_path: P
     cfg.set("http-port", ["1"])  # never bound: the start stops before
     with trio.fail_after(10), pytest.raises(ServerError, match="http-port is set"):
         await Server(cfg).run()
+
+
+def test_results_and_chains(http: httpx.Client) -> None:
+    assert http.put("/queues/rq", json={}).status_code == 201
+    parent = http.post("/messages/rq", content=b"first").json()["id"]
+    r = http.post("/messages/rq", content=b"second", params={"after": parent})
+    assert r.status_code == 201
+    child = r.json()["id"]
+    # Only the parent can be received: the child waits for it.
+    got = http.get("/messages/rq")
+    assert got.status_code == 200 and got.headers["X-Message-Id"] == parent
+    assert http.get("/messages/rq").status_code == 204
+    assert http.get(f"/results/{q(parent)}").status_code == 204  # not resolved yet
+    r = http.put(f"/results/{q(parent)}", content=b"\x00result")
+    assert r.status_code == 200 and r.json() == {"resolved": 1}
+    r = http.get(f"/results/{q(parent)}", params={"wait": 1})
+    assert r.status_code == 200 and r.content == b"\x00result"
+    got = http.get("/messages/rq")
+    assert got.status_code == 200 and got.headers["X-Message-Id"] == child
+    # DELETE is ACKJOB: acked without a result, an empty 200; unknown: 404; malformed: 400.
+    waiting = http.post("/messages/rq", content=b"third", params={"after": child}).json()["id"]
+    assert http.delete(f"/messages/{q(child)}").status_code == 204
+    assert http.get(f"/results/{q(child)}").status_code == 200  # acked without a result
+    assert http.get("/messages/rq").headers["X-Message-Id"] == waiting
+    assert http.get("/results/D-bogus").status_code == 400
+    unknown = waiting[:12] + ("A" if waiting[12] != "A" else "B") + waiting[13:]
+    assert http.get(f"/results/{q(unknown)}").status_code == 404
+    assert http.post("/messages/rq", content=b"x", params={"after": "nope"}).status_code == 400

@@ -1,24 +1,74 @@
-"""Deduplication's scope on a cluster: the jobs added on each node."""
+"""DEDUP across the cluster (broker/dedup.py, cluster/dedup_sync.py): a body added on one
+node is a duplicate on every node while its job lives; an ack anywhere ends it; a partition
+lets each side add its own; a node that restarts learns the index again."""
 
 from __future__ import annotations
 
-from tests.cluster.jobsim import JobCluster
+from tests.cluster.allsim import AllCoresCluster
 
 
-def test_dedup_is_per_node_and_a_partition_changes_nothing() -> None:
-    c = JobCluster(3)
-    for i in range(3):
-        c.cmd(i, "QPOLICY", "CREATE", "q", "DEDUP", "yes")
-    job = c.addjob(0, "q", "same", "500", "REPLICATE", "2")
-    holder = next(i for i in c.holders(job) if i != 0)
-    assert c.addjob(0, "q", "same", "500") == job
-    # Another node creates its own job, even while holding a copy of node 0's.
-    other = c.addjob(holder, "q", "same", "500", "REPLICATE", "1")
-    assert other != job
-    assert c.addjob(holder, "q", "same", "500") == other
-    # Cut off from the others, node 0 still deduplicates what was added on it.
-    c.sim.partition({0}, {1, 2})
-    assert c.addjob(0, "q", "same", "500", "REPLICATE", "1") == job
+def _cluster() -> AllCoresCluster:
+    c = AllCoresCluster(3)
+    c.cmd(0, "QPOLICY", "CREATE", "orders", "DEDUP", "yes")
+    c.run_for(200)
+    return c
+
+
+def test_a_duplicate_on_another_node_returns_the_first_job() -> None:
+    c = _cluster()
+    first = c.addjob(0, "orders", "order-17", "0", "REPLICATE", "1")
+    c.run_for(50)
+    assert c.addjob(1, "orders", "order-17", "0") == first
+    assert c.addjob(2, "orders", "order-17", "0") == first
+    assert c.holders(first) == [0]
+    other = c.addjob(2, "orders", "order-18", "0")
+    assert other != first
+
+
+def test_an_ack_on_any_node_ends_the_window() -> None:
+    c = _cluster()
+    first = c.addjob(0, "orders", "order-1", "0", "REPLICATE", "2")
+    c.run_for(50)
+    holder = next(i for i in c.holders(first) if i != 0)
+    c.cmd(holder, "ACKJOB", first)
+    c.run_for(100)
+    again = c.addjob(2, "orders", "order-1", "0")
+    assert again != first
+
+
+def test_the_ttl_ends_the_window_without_a_message() -> None:
+    c = _cluster()
+    first = c.addjob(0, "orders", "short", "0", "REPLICATE", "1", "TTL", "2")
+    c.run_for(50)
+    assert c.addjob(1, "orders", "short", "0") == first
+    c.run_for(3000)
+    assert c.addjob(1, "orders", "short", "0") != first
+
+
+def test_a_partition_deduplicates_each_side_and_heals() -> None:
+    c = _cluster()
+    c.sim.partition([0], [1, 2])
+    c.run_for(100)
+    left = c.addjob(0, "orders", "split", "0", "REPLICATE", "1")
+    right = c.addjob(1, "orders", "split", "0", "REPLICATE", "1")
+    assert left != right  # each side saw only its own
+    c.run_for(50)
+    assert c.addjob(2, "orders", "split", "0", "REPLICATE", "1") == right
     c.sim.heal()
-    c.run_for(2000)
-    assert c.holders(job) and c.holders(other)  # never merged
+    assert c.run_until(c.meshed, 30_000)
+    c.run_for(500)
+    # Both jobs stay; every node now answers one of them, the same one.
+    answers = {c.addjob(i, "orders", "split", "0", "REPLICATE", "1") for i in range(3)}
+    assert len(answers) == 1 and answers <= {left, right}
+
+
+def test_a_restarted_node_learns_the_index_again() -> None:
+    c = _cluster()
+    first = c.addjob(0, "orders", "kept", "0", "REPLICATE", "1")
+    c.run_for(100)
+    c.sim.kill(2)
+    c.run_for(100)
+    c.sim.restart(2)
+    assert c.run_until(c.meshed, 30_000)
+    c.run_for(300)
+    assert c.addjob(2, "orders", "kept", "0") == first

@@ -35,10 +35,16 @@ def workload(c: AllCoresCluster) -> list[bytes]:
     c.cmd(0, "NACK", *nacked)  # QUEUED_BATCH
     c.cmd(0, "GETJOB", "NOHANG", "COUNT", "2", "FROM", "fuzzq4")  # due together: WILLQUEUE_BATCH
     c.cmd(1, "ENQUEUE", ids[0])
+    far = c.addjob(0, "fuzzq", "far", "0", "REPLICATE", "2")
+    c.cmd(next(i for i in range(3) if i not in c.holders(far)), "WAITJOB", far)  # WAITFOR
+    c.cmd(0, "RESOLVE", far, "done")  # RESULT
     c.cmd(0, "PAUSE", "fuzzq2", "all", "bcast")
     c.cmd(0, "PAUSE", "fuzzq2", "none", "bcast")
     c.cmd(0, "QPOLICY", "SET", "fuzzq", "VISIBILITY", "30")
     c.cmd(0, "TIMER", "ADD", "t", "1000", "fuzzq2", "tick")
+    c.cmd(0, "QPOLICY", "CREATE", "dedupq", "DEDUP", "yes")
+    c.run_for(100)
+    c.addjob(1, "dedupq", "once", "0")  # DEDUP
     c.addjob(0, "fedq", "far", "0", "REPLICATE", "1")
     c.cmd(2, "GETJOB", "NOHANG", "FROM", "fedq")  # NEEDJOBS, then YOURJOBS
     c.run_for(3000)  # retries (WILLQUEUE, QUEUED), ack GC, the timer's fires, syncs

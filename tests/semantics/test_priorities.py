@@ -145,3 +145,26 @@ def test_peek_reads_across_levels_in_pop_order() -> None:
         for count in range(-32, 33):
             assert q.peek(count) == (order[:count] if count >= 0 else order[::-1][:-count])
         assert [q.pop() for _ in jobs] == order and len(q) == 0
+
+
+def test_priority_and_after_share_the_record_tail() -> None:
+    # priority at index 16 and the parents at 17, each only when needed: 16 fields for a plain
+    # job, 17 for a priority, 18 (priority possibly 0) for a job waiting for parents.
+    n = Node()
+    parent = n.add("q", "parent")
+    plain = n.b.jobs[parent].to_record()
+    prio = n.b.jobs[n.add("q", "p", "PRIORITY", 3)].to_record()
+    child = n.b.jobs[n.add("q", "c", "AFTER", parent.decode())].to_record()
+    both = n.b.jobs[n.add("q", "pc", "PRIORITY", 8, "AFTER", parent.decode())].to_record()
+    assert [len(r) for r in (plain, prio, child, both)] == [16, 17, 18, 18]
+    assert (child[16], child[17]) == (0, [parent])
+    assert (both[16], both[17]) == (8, [parent])
+    for rec in (plain, prio, child, both):
+        assert record_problem(rec) is None
+        assert Job.from_record(rec).to_record() == rec
+    loaded = Job.from_record(both)
+    assert (loaded.priority, loaded.after) == (8, (parent,))
+    assert Job.from_record(prio).after == ()
+    assert record_problem(both[:17] + [[b"not an id"]]) is not None
+    assert record_problem(both[:17] + [[]]) is not None
+    assert record_problem(both + [0]) is not None  # 19 fields

@@ -168,10 +168,37 @@ def test_a_python_script_gets_the_job_in_its_environment(node: ServerProcess,
     assert out.splitlines()[0].split() == [
         "TRISQUE_ADDITIONAL_DELIVERIES", "TRISQUE_ATTEMPT", "TRISQUE_BODY", "TRISQUE_BODY_FILE",
         "TRISQUE_JOB_ID", "TRISQUE_LOG_FILE", "TRISQUE_NACKS", "TRISQUE_NODE", "TRISQUE_QUEUE",
-        "TRISQUE_READ", "TRISQUE_WORKER", "TRISQUE_WRITE"]
+        "TRISQUE_READ", "TRISQUE_RESULT_FILE", "TRISQUE_WORKER", "TRISQUE_WRITE"]
     assert "body-env 'héllo' len 6" in out
     assert f"node 127.0.0.1:{node.port} log {tmp_path / 'logs'}" in out
     assert "body-env None len 9" in run_output(node.port, binary_id)[2].decode()
+
+
+RESULT_SH = """\
+    #!/bin/bash
+    echo "out of $TRISQUE_BODY"
+    case "$TRISQUE_BODY" in
+      file) printf 'from the file' > "$TRISQUE_RESULT_FILE" ;;
+    esac
+    echo "done" >&3
+"""
+
+
+def test_a_jobs_result_is_its_result_file_or_its_output(node: ServerProcess,
+                                                         tmp_path: Path) -> None:
+    cmd = script(tmp_path / "result.sh", RESULT_SH)
+    q = "result-q"
+    file_id, plain_id = add_job(node.port, q, "file"), add_job(node.port, q, "plain")
+    with _worker(node, tmp_path, [q], [cmd]):
+        wait_state(node.port, file_id), wait_state(node.port, plain_id)
+    assert send_command(node.port, "WAITJOB", file_id, "TIMEOUT", "5000") == b"from the file"
+    # No file and no --result output: a plain ACKJOB (an outcome nobody watched is not kept).
+    assert str(send_command(node.port, "WAITJOB", plain_id)).startswith("NOJOB")
+    q = "result-out-q"
+    out_id = add_job(node.port, q, "output")
+    with _worker(node, tmp_path, [q], [cmd], "--result", "output"):
+        wait_state(node.port, out_id)
+    assert send_command(node.port, "WAITJOB", out_id, "TIMEOUT", "5000") == b"out of output\n"
 
 
 def test_a_script_that_hangs_is_stopped_at_its_queues_time_limit(node: ServerProcess,
