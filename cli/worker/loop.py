@@ -36,7 +36,7 @@ import trio
 
 from cli.worker.joblog import LogDir
 from cli.worker.leftovers import RunningScripts, sweep
-from cli.worker.runner import JobRunner
+from cli.worker.runner import RESULT_MAX, JobRunner
 from cli.worker.settings import Settings
 from client.aio import AsyncClient
 from client.commands import Job
@@ -66,6 +66,7 @@ class Worker:
         self._grace_over = trio.Event()
         self._taking_ended = trio.Event()  # no GETJOB in flight any more
         self._node: tuple[str, int] | None = None  # the node GETJOB went to last
+        self.result_max = RESULT_MAX  # that node's result-max-size (JobRunner's bound)
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -173,6 +174,7 @@ class Worker:
                 self._node = self.client.address
                 if self._node is not None:
                     log.info("taking jobs from node %s:%d", *self._node)
+                    await self._learn_result_max()
             for _ in range(taken - len(got)):
                 slots.release()
             for job in got:
@@ -181,8 +183,19 @@ class Worker:
                 else:
                     jobs.start_soon(self._run, job, slots)
 
+    async def _learn_result_max(self) -> None:
+        """The node's result-max-size: a result past it is refused, so the runner checks it
+        first and says why. An older node, or one that does not answer: the default."""
+        try:
+            value = (await self.client.config_get("result-max-size")).get("result-max-size")
+        except TrisqueError:
+            return
+        if value is not None and value.isdigit() and int(value) > 0:
+            self.result_max = int(value)
+
     async def _run(self, job: Job, slots: trio.Semaphore) -> None:
-        runner = JobRunner(self.settings, self.client, self.logs, job, self.scripts)
+        runner = JobRunner(self.settings, self.client, self.logs, job, self.scripts,
+                           self.result_max)
         self.running.add(runner)
         try:
             await runner.run()

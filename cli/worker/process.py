@@ -1,12 +1,14 @@
-"""One script process per job: spawned in its own session, with the status pipe on fds 3 and 4.
+"""One script process per job: spawned in its own session, with the status pipe on fd 3 and the
+answer-and-result socket on fd 4.
 
 Theory of operation
 -------------------
 ``spawn`` starts the command with ``posix_spawnp`` (the only standard way to place pipes on
 fixed descriptor numbers in the child without running Python code between fork and exec, which
 is unsafe in a threaded parent): fd 0 is /dev/null, fds 1 and 2 one pipe (stdout and stderr in
-the order they were written), fd 3 the write end of the status pipe and fd 4 the read end of
-the answer pipe. Every other descriptor of the worker is close-on-exec. The child calls
+the order they were written), fd 3 the write end of the status pipe and fd 4 one end of a
+socket pair (a Unix stream socket: the script reads the worker's answers from it and writes its
+result to it, so both directions share the descriptor rq's ``RQ_READ`` names). Every other descriptor of the worker is close-on-exec. The child calls
 ``setsid``: it leads a new session and process group (its pgid is its pid), so one ``killpg``
 reaches every process it forks, and a terminal's Ctrl-C reaches the worker only, which decides
 what its scripts get. Signals the worker ignores (Python ignores SIGPIPE) are reset to their
@@ -49,6 +51,7 @@ import functools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -81,9 +84,14 @@ _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM,
                   signal.SIGQUIT, signal.SIGCHLD)
 
 
-def _high_pipe() -> tuple[int, int]:
-    """A close-on-exec pipe whose ends are above the child's fixed descriptors."""
-    fds = os.pipe()
+def _high_pipe(both_ways: bool = False) -> tuple[int, int]:
+    """A close-on-exec pipe whose ends are above the child's fixed descriptors; with
+    ``both_ways``, a Unix stream socket pair instead (each end reads and writes)."""
+    if both_ways:
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds = (a.detach(), b.detach())
+    else:
+        fds = os.pipe()
     try:
         return tuple(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOWEST_PARENT_FD)
                      for fd in fds)  # type: ignore[return-value]
@@ -97,7 +105,8 @@ class ScriptProcess:
         self.pid = pid
         self.out = trio.lowlevel.FdStream(out)  # stdout + stderr of the script
         self.status = trio.lowlevel.FdStream(status)  # what the script writes on its fd 3
-        self.answers = trio.lowlevel.FdStream(answers)  # what the script reads on its fd 4
+        # The worker's end of the script's fd 4: answers written, the result read.
+        self.answers = trio.lowlevel.FdStream(answers)
         self.exit_code: int | None = None
 
     async def wait(self) -> int:
@@ -178,7 +187,7 @@ async def spawn(argv: Sequence[str], env: Mapping[str, str]) -> ScriptProcess:
         _check_executable(argv[0], env)
     out_r, out_w = _high_pipe()
     st_r, st_w = _high_pipe()
-    ans_r, ans_w = _high_pipe()
+    ans_r, ans_w = _high_pipe(both_ways=True)  # ans_r: the script's end
     prefix = launcher()
     err_r, err_w = _high_pipe() if "-c" in prefix else (-1, -1)
     actions = [

@@ -4,13 +4,16 @@ Theory of operation
 -------------------
 ``JobRunner.run`` prepares the job's environment (the body in a file of a private temporary
 directory, and in ``TRISQUE_BODY`` when it is text of at most 64 KB), spawns the command
-(``cli.worker.process``), and supervises it with five tasks in one nursery:
+(``cli.worker.process``), and supervises it with six tasks in one nursery:
 
 * the output pump: stdout and stderr into the job's log file (``cli.worker.joblog``) and into
   the run report's tail (``cli.worker.report``), read as fast as the script writes;
 * the status reader: fd 3's lines (``cli.worker.status``) into the run record; ``dup``
   answered on fd 4; the first ``done``/``err``/``resend`` kept as the final word; a protocol
   violation stops the script;
+* the result reader: what the script writes to fd 4 (a socket, so the same descriptor carries
+  ``dup``'s answers the other way), up to the node's ``result-max-size``; past it the rest is
+  read and dropped (a script blocked on a full socket would never end) and the run fails;
 * WORKING at once (the retry period runs from queueing, not from delivery) and then every
   third of the job's RETRY, so the job is not queued again while its script runs;
 * the report's flusher (output chunks and heartbeats to the node's run record);
@@ -19,7 +22,8 @@ directory, and in ``TRISQUE_BODY`` when it is text of at most 64 KB), spawns the
 
 When the script's process exits, whatever it left in its group is killed (a job's processes
 end with the job), the pipes are drained, and ``status.decide`` gives the verdict, which is
-carried out: ACKJOB; for a failure (RQ's ``err``) ``QPOLICY PARK``, which moves the job out
+carried out: ACKJOB, or RESOLVE with the job's result (fd 4's bytes; without any, with
+``--result output``, its output); for a failure (RQ's ``err``) ``QPOLICY PARK``, which moves the job out
 of its queue with why (``broker/parking.py``), unless ``--retries`` allows another run: then
 ``retry_after`` is set and the worker NACKs the job after that backoff without holding a slot
 (``Worker._retry_later``); NACK at once when the worker's shutdown stopped the script; or for
@@ -62,15 +66,14 @@ ANSWER_TIMEOUT_S: Final = 5.0
 EARLY_CLOSE_S: Final = 0.2
 READ_CHUNK: Final = 256 * 1024
 MAX_NOTE: Final = 4000  # QPOLICY PARK's reason (the node takes up to 4096 bytes)
-RESULT_MAX: Final = 1024 * 1024  # the node's default result-max-size
+RESULT_MAX: Final = 1024 * 1024  # the node's default result-max-size (Worker asks the node)
 
 log = logging.getLogger("trisque.worker")
 T = TypeVar("T")
 
 
 def job_environment(base: dict[str, str], job: Job, attempt: int, body_file: Path,
-                    node: str, worker: str, log_file: Path,
-                    result_file: Path | None = None) -> dict[str, str]:
+                    node: str, worker: str, log_file: Path) -> dict[str, str]:
     env = {k: v for k, v in base.items() if not k.startswith("TRISQUE_")}
     env.update({
         "TRISQUE_JOB_ID": job.id,
@@ -85,8 +88,6 @@ def job_environment(base: dict[str, str], job: Job, attempt: int, body_file: Pat
         "TRISQUE_WRITE": "3",
         "TRISQUE_READ": "4",
     })
-    if result_file is not None:
-        env["TRISQUE_RESULT_FILE"] = str(result_file)
     if len(job.body) <= BODY_ENV_MAX and b"\0" not in job.body:
         try:
             env["TRISQUE_BODY"] = job.body.decode("utf-8")
@@ -97,7 +98,7 @@ def job_environment(base: dict[str, str], job: Job, attempt: int, body_file: Pat
 
 class JobRunner:
     def __init__(self, settings: Settings, client: AsyncClient, logs: LogDir, job: Job,
-                 scripts: RunningScripts | None = None) -> None:
+                 scripts: RunningScripts | None = None, result_max: int = RESULT_MAX) -> None:
         self.settings = settings
         self.scripts = scripts  # where the script's process group is recorded while it runs
         self.client = client
@@ -115,9 +116,10 @@ class JobRunner:
         self.state = ""
         self.log_path = ""
         self.info: JobInfo | None = None  # SHOW's answer, when the node gave one
-        self._result_file: Path | None = None
-        self._written: bytes | None = None  # what the script wrote to its result file
-        self._output = bytearray()  # the first RESULT_MAX bytes of its output (--result output)
+        self.result_max = result_max  # the node's result-max-size
+        self._written = bytearray()  # what the script wrote to fd 4, up to result_max
+        self._written_total = 0  # every byte it wrote there, kept or not
+        self._output = bytearray()  # the first result_max bytes of its output (--result output)
         self.result: bytes | None = None  # RESOLVE's result instead of ACKJOB, when set
         # Set when a failed run is to be retried: seconds to wait before the NACK, which the
         # worker does without holding a slot (Worker._retry_later).
@@ -148,10 +150,9 @@ class JobRunner:
             joblog = self.logs.open(job.id, self.attempt)
             self.log_path = str(joblog.path)
             node = self.client.address
-            self._result_file = workdir / "result"
             env = job_environment(dict(os.environ), job, self.attempt, body_file,
                                   f"{node[0]}:{node[1]}" if node else "", self.settings.name,
-                                  joblog.path, self._result_file)
+                                  joblog.path)
         except OSError as exc:
             self.outcome.spawn_error = f"cannot prepare the job's files: {exc}"
         try:
@@ -163,12 +164,11 @@ class JobRunner:
             if joblog is not None:
                 joblog.close()
             if workdir is not None:
-                self._read_result_file()
                 shutil.rmtree(workdir, ignore_errors=True)
         self.outcome.notes = tuple(self._notes)
         verdict = status.decide(self.outcome)
         if workdir is not None and verdict.action == status.ACK:
-            self._take_result()
+            verdict = self._take_result(verdict)
         reason = await self._carry_out(verdict, info)
         self.state = verdict.state
         await self.report.end(verdict.state, self.outcome.exit_code, reason)
@@ -200,10 +200,11 @@ class JobRunner:
 
     async def _supervise(self, proc: ScriptProcess, joblog: JobLog,
                          info: JobInfo | None) -> None:
-        out_done, status_done = trio.Event(), trio.Event()
+        out_done, status_done, result_done = trio.Event(), trio.Event(), trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._pump_output, proc, joblog, out_done)
             nursery.start_soon(self._read_status, proc, status_done)
+            nursery.start_soon(self._read_result, proc, result_done)
             nursery.start_soon(self._keep_working, info)
             nursery.start_soon(self.report.keep_flushing)
             nursery.start_soon(self._guard, proc)
@@ -222,6 +223,7 @@ class JobRunner:
             with trio.move_on_after(DRAIN_S) as drain:
                 await out_done.wait()
                 await status_done.wait()
+                await result_done.wait()
             if drain.cancelled_caught:
                 self._notes.append("a process that left its group kept its output open; the "
                                    "rest of the output was not read")
@@ -257,29 +259,44 @@ class JobRunner:
                         self._notes.append(f"log file not written after "
                                            f"{self.report.total} bytes: {exc}")
                 self.report.add_output(data)
-                if self.settings.result_from_output and len(self._output) < RESULT_MAX:
-                    self._output += data[:RESULT_MAX - len(self._output)]
+                if self.settings.result_from_output and len(self._output) <= self.result_max:
+                    self._output += data[:self.result_max + 1 - len(self._output)]
         finally:
             done.set()
 
-    def _read_result_file(self) -> None:
-        if self._result_file is None:
-            return
+    async def _read_result(self, proc: ScriptProcess, done: trio.Event) -> None:
+        """fd 4's bytes as they come: the first ``result_max`` kept, the rest counted."""
+        limit = self.result_max
         try:
-            with open(self._result_file, "rb") as f:
-                self._written = f.read(RESULT_MAX + 1)
-        except OSError:
-            return  # not written: no result file
-        if len(self._written) > RESULT_MAX:
-            self._notes.append(f"result file cut to {RESULT_MAX} bytes")
-            self._written = self._written[:RESULT_MAX]
+            while data := await proc.answers.receive_some(READ_CHUNK):
+                self._written_total += len(data)
+                if len(self._written) < limit:
+                    self._written += data[:limit - len(self._written)]
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # closed by the drain's end: what was read counts
+        finally:
+            done.set()
 
-    def _take_result(self) -> None:
-        """The job's result, if it has one: the result file, else the output (--result)."""
-        if self._written is not None:
-            self.result = self._written
-        elif self.settings.result_from_output:
+    def _take_result(self, verdict: status.Verdict) -> status.Verdict:
+        """The job's result, if it has one: fd 4's bytes, else (--result output) its output.
+        One past ``result-max-size`` cannot be kept whole, and a cut result is a wrong one:
+        the run fails instead (retried or parked with why), and the worker logs it."""
+        limit = self.result_max
+        if self._written_total > limit:
+            text = (f"its result on fd 4 was {self._written_total} bytes, over the node's "
+                    f"result-max-size of {limit}")
+        elif self._written_total:
+            self.result = bytes(self._written)
+            return verdict
+        elif not self.settings.result_from_output:
+            return verdict
+        elif len(self._output) > limit:
+            text = f"its output (the result, --result output) is over result-max-size ({limit})"
+        else:
             self.result = bytes(self._output)
+            return verdict
+        log.error("job %s: %s: not resolved", self.job.id, text)
+        return status.Verdict("failed", status.FAIL, f"{verdict.reason}; but {text}")
 
     async def _read_status(self, proc: ScriptProcess, done: trio.Event) -> None:
         reader = status.StatusReader()

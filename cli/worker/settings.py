@@ -69,7 +69,7 @@ class Settings:
     queue_retries: dict[str, int] = field(default_factory=dict)
     backoff: tuple[float, float] = DEFAULT_BACKOFF
     # RESOLVE a job done with its output (stdout and stderr, the first RESULT_MAX bytes)
-    # instead of a plain ACKJOB; a result file the script writes wins either way.
+    # instead of a plain ACKJOB; what the script writes to fd 4 wins either way.
     result_from_output: bool = False
 
     def time_limit_for(self, queue: str) -> float | None:
@@ -147,11 +147,12 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"job logs kept in --log-dir, the oldest deleted first "
                         f"(default {DEFAULT_LOG_KEEP})")
     p.add_argument("--quiet", action="store_true", help="log only warnings and errors")
-    p.add_argument("--result", choices=("file", "output"), default="file",
+    p.add_argument("--result", choices=("fd4", "output"), default="fd4",
                    help="what becomes the result of a job done (RESOLVE, read by WAITJOB):\n"
-                        "file: what the script wrote to $TRISQUE_RESULT_FILE, if it did\n"
-                        "(else a plain ACKJOB); output: that file, else its output (the\n"
-                        "first 1 MB of stdout and stderr)")
+                        "fd4: what the script wrote to its fd 4, if it wrote anything\n"
+                        "(else a plain ACKJOB); output: fd 4's bytes, else its output\n"
+                        "(stdout and stderr). Either is bounded by the node's\n"
+                        "result-max-size (default 1 MB): past it the run fails")
     return p
 
 

@@ -168,7 +168,7 @@ def test_a_python_script_gets_the_job_in_its_environment(node: ServerProcess,
     assert out.splitlines()[0].split() == [
         "TRISQUE_ADDITIONAL_DELIVERIES", "TRISQUE_ATTEMPT", "TRISQUE_BODY", "TRISQUE_BODY_FILE",
         "TRISQUE_JOB_ID", "TRISQUE_LOG_FILE", "TRISQUE_NACKS", "TRISQUE_NODE", "TRISQUE_QUEUE",
-        "TRISQUE_READ", "TRISQUE_RESULT_FILE", "TRISQUE_WORKER", "TRISQUE_WRITE"]
+        "TRISQUE_READ", "TRISQUE_WORKER", "TRISQUE_WRITE"]
     assert "body-env 'héllo' len 6" in out
     assert f"node 127.0.0.1:{node.port} log {tmp_path / 'logs'}" in out
     assert "body-env None len 9" in run_output(node.port, binary_id)[2].decode()
@@ -178,27 +178,47 @@ RESULT_SH = """\
     #!/bin/bash
     echo "out of $TRISQUE_BODY"
     case "$TRISQUE_BODY" in
-      file) printf 'from the file' > "$TRISQUE_RESULT_FILE" ;;
+      fd4) printf 'from fd 4' >&4 ;;
+      dup) echo "dup 0-X-copies" >&3
+           read -r answer <&4
+           printf 'after %s' "${answer%% *}" >&4 ;;
+      big) head -c 250000 /dev/zero >&4 ;;
+      over) head -c 300001 /dev/zero >&4 ;;
     esac
     echo "done" >&3
 """
 
 
-def test_a_jobs_result_is_its_result_file_or_its_output(node: ServerProcess,
-                                                         tmp_path: Path) -> None:
+def test_a_jobs_result_is_what_it_writes_to_fd4_or_its_output(node: ServerProcess,
+                                                              tmp_path: Path) -> None:
+    # A small result-max-size, learned by the worker from the node: 250,000 bytes (more than
+    # a socket's buffer, so only a reader running beside the script lets it finish) fit, one
+    # byte past it fails the run with why.
+    node.call("CONFIG", "SET", "result-max-size", "300000")
     cmd = script(tmp_path / "result.sh", RESULT_SH)
     q = "result-q"
-    file_id, plain_id = add_job(node.port, q, "file"), add_job(node.port, q, "plain")
-    with _worker(node, tmp_path, [q], [cmd]):
-        wait_state(node.port, file_id), wait_state(node.port, plain_id)
-    assert send_command(node.port, "WAITJOB", file_id, "TIMEOUT", "5000") == b"from the file"
-    # No file and no --result output: a plain ACKJOB (an outcome nobody watched is not kept).
-    assert str(send_command(node.port, "WAITJOB", plain_id)).startswith("NOJOB")
+    ids = {body: add_job(node.port, q, body) for body in ("fd4", "dup", "big", "over", "plain")}
+    with _worker(node, tmp_path, [q], [cmd]) as w:
+        runs = {body: wait_state(node.port, job) for body, job in ids.items()}
+    assert send_command(node.port, "WAITJOB", ids["fd4"], "TIMEOUT", "5000") == b"from fd 4"
+    # fd 4 carries dup's answer to the script and its result back.
+    assert send_command(node.port, "WAITJOB", ids["dup"], "TIMEOUT", "5000") == b"after ok"
+    assert send_command(node.port, "WAITJOB", ids["big"], "TIMEOUT", "5000") == bytes(250000)
+    over = runs["over"]
+    assert over["state"] == "failed"
+    assert ("its result on fd 4 was 300001 bytes, over the node's result-max-size of 300000"
+            in _why(over))
+    assert f"job {ids['over']}: its result on fd 4 was 300001 bytes" in w.log()
+    # Nothing on fd 4 and no --result output: a plain ACKJOB (an outcome nobody watched is
+    # not kept, docs/semantics.md).
+    assert runs["plain"]["state"] == "done"
+    assert str(send_command(node.port, "WAITJOB", ids["plain"])).startswith("NOJOB")
     q = "result-out-q"
-    out_id = add_job(node.port, q, "output")
+    out_id, fd4_id = add_job(node.port, q, "output"), add_job(node.port, q, "fd4")
     with _worker(node, tmp_path, [q], [cmd], "--result", "output"):
-        wait_state(node.port, out_id)
+        wait_state(node.port, out_id), wait_state(node.port, fd4_id)
     assert send_command(node.port, "WAITJOB", out_id, "TIMEOUT", "5000") == b"out of output\n"
+    assert send_command(node.port, "WAITJOB", fd4_id, "TIMEOUT", "5000") == b"from fd 4"
 
 
 def test_a_script_that_hangs_is_stopped_at_its_queues_time_limit(node: ServerProcess,
