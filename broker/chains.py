@@ -14,9 +14,9 @@ When a parent is acked or resolved it leaves ``after`` (logged). When the last o
 child is released: its origin (the node its ID names, or the only holder) queues it, after
 its DELAY if it has one, and the other holders arm their retry as replicas do, so a child
 whose origin is down is queued after RETRY. When a parent expired, was deleted or
-dead-lettered, the child goes to the dead-letter queue of its queue's policy (the reason kept
-as the dead letter's note: ``QPOLICY ORIGIN`` and SHOW give it) or, with none, is deleted
-everywhere (FASTACK).
+dead-lettered, or no node knows it (no proof it succeeded), the child goes to the dead-letter
+queue of its queue's policy (the reason kept as the dead letter's note: ``QPOLICY ORIGIN`` and
+SHOW give it) or, with none, is deleted everywhere (FASTACK).
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ def watch(b: ChainBroker, job: Job, now_ms: int) -> None:
         if outcome is not None:
             parent_ended(b, parent, outcome, now_ms)
         elif parent not in b.jobs and table.sync is None:
-            # One node that does not know the parent: it was acked and forgotten (a plain
-            # ACKJOB keeps no outcome) or never existed; waiting would be forever.
-            parent_ended(b, parent, [results.ACKED, b"", 0], now_ms)
+            # One node that does not know the parent: nothing says it succeeded (never added,
+            # gone before this child came, or acked without an outcome kept), and waiting
+            # would be forever: the child fails (docs/semantics.md, "Unknown parents").
+            parent_ended(b, parent, [results.UNKNOWN_PARENT, b"", 0], now_ms)
         if b.jobs.get(job.id) is not job or not job.after:
             return
 

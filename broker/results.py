@@ -41,6 +41,9 @@ DEAD_LETTERED: Final = "dead-lettered"
 KINDS: Final = (RESOLVED, ACKED, EXPIRED, DELETED, DEAD_LETTERED)
 # Not an outcome: the job left this node alive (federation, replication elsewhere).
 MOVED: Final = "moved"
+# How a chained job's parent that no node knows ended, for its children (never recorded):
+# their reason reads "parent D-... unknown to the cluster".
+UNKNOWN_PARENT: Final = "unknown to the cluster"
 
 UNKNOWN: Final = Error("NOJOB Job not known in the cluster")
 TOO_BIG: Final = "ERR result of {} bytes exceeds the result-max-size limit of {} bytes"
@@ -262,10 +265,10 @@ def learned(b: ResultBroker, job_id: bytes, outcome: list[Any], now_ms: int) -> 
 
 
 def unknown(b: ResultBroker, job_id: bytes, now_ms: int) -> None:
-    """No node knows ``job_id``: its blocked WAITJOBs get the error; jobs chained to it take
-    it as done (acked and forgotten: a plain ACKJOB of a job nobody watched keeps nothing)."""
+    """No node knows ``job_id``: its blocked WAITJOBs get the error; jobs chained to it fail,
+    as for a failed parent (nothing says it succeeded: broker/chains.py)."""
     for waiter in b.results.waiters.pop(job_id, None) or ():
         _unblock(b, waiter)
         b.outbox.append(Reply(waiter.client, UNKNOWN))
     if job_id in b.results.children:
-        b.parent_ended(job_id, [ACKED, b"", 0], now_ms)
+        b.parent_ended(job_id, [UNKNOWN_PARENT, b"", 0], now_ms)

@@ -69,15 +69,26 @@ def test_a_failed_parent_dead_letters_or_deletes_the_child() -> None:
     assert shown["reason"] == b"parent " + parent + b" expired"
 
 
-def test_a_parent_done_before_the_child_or_unknown_counts_as_done() -> None:
+def test_a_parent_done_before_the_child_counts_as_done_an_unknown_one_fails() -> None:
     b, c = _broker()
+    b.execute([b"QPOLICY", b"CREATE", b"dlq"], c, T0)
+    b.execute([b"QPOLICY", b"CREATE", b"next", b"REDRIVE", b"5", b"dlq"], c, T0)
     parent = _add(b, c, b"q")
     b.execute([b"RESOLVE", parent, b"r"], c, T0)
     child = _add(b, c, b"next", b"AFTER", parent)
     assert b.jobs[child].state.value == "queued"
+    # Never added, or acked by a plain ACKJOB and collected: no proof it succeeded, so the
+    # child is dead-lettered with why (deleted without a dead-letter queue), never held.
+    acked = _add(b, c, b"q")
+    b.execute([b"ACKJOB", acked], c, T0)
     gone = b"D-bbbbbbbb" + parent[10:]
-    orphan = _add(b, c, b"next", b"AFTER", gone)
-    assert b.jobs[orphan].state.value == "queued"
+    orphans = [_add(b, c, b"next", b"AFTER", p) for p in (gone, acked)]
+    assert all(o not in b.jobs for o in orphans)
+    letters = b.queues[b"dlq"].peek(2)
+    reasons = sorted(_show(b.execute([b"SHOW", j.id], c, T0))["reason"] for j in letters)
+    assert reasons == sorted(b"parent " + p + b" unknown to the cluster" for p in (gone, acked))
+    dropped = _add(b, c, b"other", b"AFTER", gone)
+    assert dropped not in b.jobs
 
 
 def test_a_waiting_child_survives_a_restart() -> None:
@@ -129,16 +140,25 @@ def test_a_deleted_parent_on_another_node_deletes_the_child() -> None:
 
 
 def test_a_partition_delays_the_release_until_it_heals() -> None:
+    # The child's question cannot reach the parent's node before the partition: a RESOLVE
+    # keeps the parent's outcome anyway, so the child is released once it heals ...
     cl = JobCluster(3, node_timeout=500)
     parent = cl.addjob(0, "q", "p", "0", "REPLICATE", "1")
     child = cl.addjob(1, "next", "c", "0", "REPLICATE", "1", "AFTER", parent.decode())
+    acked = cl.addjob(0, "q", "p2", "0", "REPLICATE", "1")
+    orphan = cl.addjob(1, "next", "c2", "0", "REPLICATE", "1", "AFTER", acked.decode())
     cl.sim.partition([0], [1, 2])
     cl.run_for(200)
-    cl.cmd(0, "ACKJOB", parent)
+    cl.cmd(0, "RESOLVE", parent, "")
+    cl.cmd(0, "ACKJOB", acked)
     cl.run_for(3000)
     assert cl.job(1, child).after == (parent,)
+    assert cl.job(1, orphan).after == (acked,)  # its creator unreachable: it waits
     cl.sim.heal()
     assert cl.run_until(lambda: cl.queued_on(child) == [1], 20_000)
+    # ... while a plain ACKJOB nobody watched leaves nothing: no proof the parent succeeded,
+    # and the child fails (deleted: its queue has no dead-letter queue).
+    assert cl.run_until(lambda: cl.holders(orphan) == [], 20_000)
 
 
 def test_the_origins_failure_leaves_the_release_to_a_replica() -> None:
