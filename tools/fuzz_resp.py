@@ -35,7 +35,10 @@ NUMBERS = [b"0", b"1", b"-1", b"4294967295", b"4294967296", b"922337203685477580
            b"0x10", b" 1", b"01", b"", b"abc", b"100"]
 OPTIONS = [b"REPLICATE", b"DELAY", b"RETRY", b"TTL", b"MAXLEN", b"ASYNC", b"NOHANG",
            b"TIMEOUT", b"COUNT", b"WITHCOUNTERS", b"FROM", b"BUSYLOOP", b"MINLEN", b"MAXLEN",
-           b"IMPORTRATE", b"QUEUE", b"STATE", b"REPLY", b"all", b"in", b"out", b"bcast"]
+           b"IMPORTRATE", b"QUEUE", b"STATE", b"REPLY", b"all", b"in", b"out", b"bcast",
+           # trisque's own: ADDJOB's, and QPOLICY's (docs/semantics.md, docs/policies.md)
+           b"PRIORITY", b"AFTER", b"BACKOFF", b"MAXINFLIGHT", b"RATE", b"DEDUP", b"REDRIVE",
+           b"VISIBILITY", b"yes", b"no"]
 TEMPLATES: list[list[bytes]] = [
     [b"ADDJOB", b"Q", b"body", b"N"], [b"ADDJOB", b"Q", b"body", b"0", b"O", b"N"],
     [b"GETJOB", b"NOHANG", b"COUNT", b"N", b"FROM", b"Q"], [b"GETJOB", b"TIMEOUT", b"N", b"FROM", b"Q"],
@@ -46,6 +49,14 @@ TEMPLATES: list[list[bytes]] = [
     [b"INFO"], [b"INFO", b"O"], [b"PING"], [b"TIME"], [b"CLIENT", b"LIST"],
     [b"CLIENT", b"SETNAME", b"body"], [b"CONFIG", b"GET", b"*"], [b"CLUSTER", b"INFO"],
     [b"CLUSTER", b"NODES"], [b"COMMAND"], [b"BGREWRITEAOF"], [b"ECHO", b"body"], [b"SELECT", b"N"],
+    # The job-semantics extensions: each parser reached with its own options.
+    [b"ADDJOB", b"Q", b"body", b"0", b"PRIORITY", b"N"],
+    [b"ADDJOB", b"Q", b"body", b"0", b"AFTER", b"ID"],
+    [b"ADDJOB", b"Q", b"body", b"0", b"PRIORITY", b"N", b"AFTER", b"ID", b"AFTER", b"ID"],
+    [b"RESOLVE", b"ID", b"body"], [b"WAITJOB", b"ID"], [b"WAITJOB", b"ID", b"TIMEOUT", b"N"],
+    [b"QPOLICY", b"CREATE", b"Q", b"O", b"N"], [b"QPOLICY", b"SET", b"Q", b"BACKOFF", b"N", b"N"],
+    [b"QPOLICY", b"SET", b"Q", b"MAXINFLIGHT", b"N"], [b"QPOLICY", b"SET", b"Q", b"RATE", b"N"],
+    [b"QPOLICY", b"SET", b"Q", b"DEDUP", b"O"], [b"QPOLICY", b"GET", b"Q"],
 ]
 
 

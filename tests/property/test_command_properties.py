@@ -37,6 +37,10 @@ _WORDS = st.sampled_from([
     b"ADD", b"DEL", b"PAUSE", b"RESUME", b"FIRE", b"START", b"REPLACE", b"HELP", b"60", b"t",
     # JOBRUN's: the first run token of a node "abab...", and the states END takes.
     b"STATUS", b"APPEND", b"END", b"OUTPUT", b"RUNNING", b"abababab-1", b"done", b"failed",
+    # The job-semantics extensions: ADDJOB's PRIORITY and AFTER, QPOLICY's BACKOFF,
+    # MAXINFLIGHT, RATE and DEDUP (RESOLVE and WAITJOB are rows of the table).
+    b"PRIORITY", b"AFTER", b"BACKOFF", b"MAXINFLIGHT", b"RATE", b"DEDUP", b"REDRIVE",
+    b"VISIBILITY", b"CREATE", b"PARK",
 ])
 _ARG = st.one_of(_NUMBERS, _WORDS, st.binary(max_size=10))
 _NAMES = st.sampled_from(sorted(row.name for row in ROWS))
