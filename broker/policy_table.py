@@ -253,6 +253,8 @@ class PolicyTable:
             self.throttles += bool(p.max_inflight or p.rate)
         if p.deleted or not p.message_deduplication:
             self._indexed.discard(p.name)
+        if self.throttle_state and (p.deleted or not (p.max_inflight or p.rate)):
+            self.throttle_state.pop(p.name, None)  # bounded by the throttled queues
 
     def merge(self, p: Policy) -> bool:
         """A peer's version: kept if its stamp is newer. Returns whether it was."""

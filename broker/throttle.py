@@ -18,7 +18,13 @@ In flight, per queue: the jobs delivered here, each with its counters (nacks + a
 deliveries) at delivery. One still counts while it is registered, ACTIVE, not waiting out a
 backoff, and its counters unchanged; an ACK, a NACK, a requeue (here, or told by another
 holder with QUEUED) or its removal ends it. The entries are checked when counted, so no hook
-is needed on those paths.
+is needed on those paths; a GETJOB looks at them only when there are at least as many as the
+node's share (below it the answer is known: stale entries only over-count), so a queue under
+its limit pays O(1) and one at its limit one pass over at most share + stale entries.
+
+The state is kept per queue whose policy throttles it: ``PolicyTable.put`` drops a queue's
+state when its policy stops throttling (MAXINFLIGHT and RATE 0, or deleted), so it is bounded
+by the live throttled queues.
 """
 
 from __future__ import annotations
@@ -76,8 +82,13 @@ def holds(b: PolicyBroker, q: Queue, now_ms: int) -> bool:
     if p is None or not (p.max_inflight or p.rate):
         return False
     n = nodes(b)
-    if p.max_inflight and inflight(b, q.name, now_ms) >= -(-p.max_inflight // n):
-        return True
+    if p.max_inflight:
+        share = -(-p.max_inflight // n)
+        # Stale entries only over-count, so fewer entries than the share is an answer without
+        # looking at them: O(1) below the limit; at it, one pass that drops the stale ones.
+        t = _state(b, q.name, now_ms)
+        if len(t.inflight) >= share and inflight(b, q.name, now_ms) >= share:
+            return True
     if p.rate:
         t = _state(b, q.name, now_ms)
         share = p.rate / n

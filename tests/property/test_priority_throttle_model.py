@@ -5,7 +5,7 @@ without AFTER), GETJOB NOHANG COUNT, ACKJOB, RESOLVE, NACK, DEQUEUE, DELJOB, QPO
 dead letter) and the queue's MAXINFLIGHT changing, and keeps the model: the queued jobs as
 (priority, creation order), the jobs in flight, and the waiting children with the parents
 they still wait for. GETJOB must give the highest priority first and the oldest first within
-one, never more than the limit in flight (counting the jobs delivered while a limit was set),
+one, never more than the limit in flight (counting the jobs delivered while a limit was set; removing it forgets them),
 and nothing only when the queue is empty or the limit is reached. A child is queued when its
 last parent is acked or resolved, and deleted (the queue has no dead-letter queue) when a
 parent is deleted, dead-lettered or unknown: a job that ended without a trace (a plain ACKJOB
@@ -175,6 +175,8 @@ class PriorityThrottleModel(RuleBasedStateMachine):
     def set_limit(self, limit: int) -> None:
         self.run("QPOLICY", "SET", "q", "MAXINFLIGHT", limit, "VISIBILITY", RETRY_S)
         self.limit = limit
+        if not limit:
+            self.counted.clear()  # unthrottled: the queue's counts are dropped
 
     @invariant()
     def agrees(self) -> None:

@@ -42,6 +42,25 @@ def test_maxinflight_holds_until_ack_nack_or_requeue() -> None:
     assert len(_take(n)) == 2
 
 
+def test_throttle_state_lives_only_while_the_policy_throttles() -> None:
+    n = Node()
+    for k in range(50):
+        queue = f"t{k}"
+        n("QPOLICY", "SET", queue, "MAXINFLIGHT", 1, "RATE", 5)
+        n.add(queue, "x")
+        assert len(_take(n, queue=queue)) == 1
+        if k % 2:
+            n("QPOLICY", "SET", queue, "MAXINFLIGHT", 0, "RATE", 0)
+        else:
+            n("QPOLICY", "DEL", queue)
+    assert n.b.policies.throttle_state == {}  # bounded by the throttled queues: none left
+    n("QPOLICY", "SET", "q", "MAXINFLIGHT", 1)
+    n.add("q", "a")
+    n.add("q", "b")
+    assert len(_take(n)) == 1 and _take(n) == []
+    assert list(n.b.policies.throttle_state) == [b"q"]
+
+
 def test_blocked_clients_are_served_when_a_slot_frees() -> None:
     n = Node()
     n("QPOLICY", "SET", "q", "MAXINFLIGHT", 1)
