@@ -83,11 +83,11 @@ def holds(b: PolicyBroker, q: Queue, now_ms: int) -> bool:
         return False
     n = nodes(b)
     if p.max_inflight:
-        share = -(-p.max_inflight // n)
+        slots = -(-p.max_inflight // n)
         # Stale entries only over-count, so fewer entries than the share is an answer without
         # looking at them: O(1) below the limit; at it, one pass that drops the stale ones.
         t = _state(b, q.name, now_ms)
-        if len(t.inflight) >= share and inflight(b, q.name, now_ms) >= share:
+        if len(t.inflight) >= slots and inflight(b, q.name, now_ms) >= slots:
             return True
     if p.rate:
         t = _state(b, q.name, now_ms)
