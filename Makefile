@@ -89,12 +89,14 @@ lint: $(STAMP)
 
 # The single-node table (bench/table.py): trisque against the reference Disque when
 # TRISQUE_BENCH_DISQUE=/path/to/disque-server is set (the targets in docs/benchmarks.md, PASS/MISS) and against
-# redis-server always; then the cluster cases (bench/cluster.py, Disque too when set).
+# redis-server always; then the cluster cases (bench/cluster.py, Disque too when set), then
+# WAITJOB's round trip on three nodes (bench/waitjob.py).
 # BENCH_ARGS=--quick: one short run per case, for iteration; other options: --help of each.
 # On the compiled core (make build; python -m bench.builds compares it with the pure one).
 bench: build
 	$(PY) -m bench.table $(BENCH_ARGS)
 	$(PY) -m bench.cluster $(filter --quick,$(BENCH_ARGS))
+	$(PY) -m bench.waitjob $(if $(filter --quick,$(BENCH_ARGS)),--count 200 --seconds 15)
 
 clean:
 	rm -rf $(VENV) build *.egg-info trisque_core__mypyc.*.so protocol/compiled-core.json
