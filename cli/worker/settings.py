@@ -28,6 +28,7 @@ TRISQUE_ADDITIONAL_DELIVERIES, TRISQUE_NODE, TRISQUE_WORKER, TRISQUE_LOG_FILE). 
 reports on fd 3 with one line per status: 'run TEXT', 'done TEXT' (with exit status 0: the job
 is acknowledged), 'err TEXT' (failed), 'resend SECONDS-TEXT' (the job comes back after SECONDS),
 'dup SECONDS-X-QUEUE' (a copy into QUEUE; the answer 'ok ID' or 'fail REASON' comes on fd 4).
+What it writes to fd 4 becomes the job's result (RESOLVE, read with WAITJOB; see --result).
 A failed job (err, a non-zero exit status, exit 0 without done, a time limit) is run again
 only with --retries, after a backoff, and otherwise leaves its queue for the queue's dead-letter
 queue (redrive policy) or <queue>.err, with why (QPOLICY ORIGIN, the dashboard). stdout and
