@@ -22,8 +22,8 @@ and time, following the contract of ``cluster/effects.py``:
   and so is one silent for ``idle_timeout`` (``max(IDLE_TIMEOUT_MIN_S, 4 x node timeout)``:
   a live peer pings far more often) - a peer that vanished without a FIN does not hold a
   descriptor for ever. Both are deadlines that only a complete frame moves, so dribbling a
-  byte now and then buys nothing. Outbound links need no read timeout: the core's PING/PONG
-  watches them and answers with ``CloseLink``.
+  byte now and then buys nothing; the ticker checks them every ``TICK_S``. Outbound links
+  need no read timeout: the core's PING/PONG watches them and answers with ``CloseLink``.
 * **Sends never block the node.** ``Send``/``Answer`` encode the frame and append its buffers
   to the link's queue without waiting (``cluster.wire.encode_parts``: a big job's body is a
   buffer of its own, never copied; a frame over ``max_body``, what ``job-max-body-len``
@@ -243,33 +243,33 @@ class Link(LinkCore):
 
     async def _read(self) -> None:
         """Read straight from the socket (trio waits only when the kernel has nothing, as
-        for client connections: no stream wrapper or cancel scope per read), hand every
+        for client connections: no stream wrapper or cancel scope per read) and hand every
         complete frame of a read to the cores at once (``bus_core.take_frames``: decoded,
-        handled, answered and written in this task), then let the other tasks run, as trio's
-        own ``recv`` would, so that more frames gather for the next read."""
+        handled, answered and written in this task). A read the kernel did not fill found
+        the socket empty: the task waits for it at once (that wait lets the other tasks run,
+        as trio's own ``recv`` would), without a checkpoint and a read that would only find
+        nothing - each a trip through trio's run loop per frame. The deadlines of inbound
+        links are the ticker's (``Bus.close_timed_out``), not a cancel scope per wait."""
         fd = self.fd
         decoder = self.decoder
-        inbound = self.outbound_to is None  # the core's PING/PONG watches outbound links
+        wait_readable = trio.lowlevel.wait_readable
         while not self.closed:
-            if inbound:
-                deadline = self._deadline()
-                if trio.current_time() >= deadline:
-                    self._timed_out()
-                    return
+            size = min(max(decoder.missing(), READ_SIZE), BIG_READ_SIZE)
             try:
-                data = os.read(fd, min(max(decoder.missing(), READ_SIZE), BIG_READ_SIZE))
+                data = os.read(fd, size)
             except BlockingIOError:
-                if inbound:
-                    with trio.move_on_at(deadline):
-                        await trio.lowlevel.wait_readable(fd)
-                else:
-                    await trio.lowlevel.wait_readable(fd)
+                await wait_readable(fd)
                 continue
             if not data:
                 decoder.truncated_at_eof()
                 return
             bus_core.take_frames(self, data)
-            await trio.lowlevel.checkpoint()
+            if self.closed:
+                return
+            if len(data) < size:
+                await wait_readable(fd)
+            else:
+                await trio.lowlevel.checkpoint()
 
     def _timed_out(self) -> None:
         bus = self.owner
@@ -470,6 +470,18 @@ class Bus(BusCore):
             deadline = max(deadline + TICK_S, trio.current_time())
             await trio.sleep_until(deadline)
             self.event(self.tick, self.clock.now_ms())
+            self.close_timed_out()
+
+    def close_timed_out(self) -> None:
+        """Close the inbound links past their deadline (``Link._deadline``; the core's
+        PING/PONG watches outbound links). Checked every tick rather than by each read's
+        wait: a link's deadline is seconds away, a tick 0.1 s."""
+        now = trio.current_time()
+        for link in list(self.links.values()):
+            if (isinstance(link, Link) and link.outbound_to is None and not link.closed
+                    and now >= link._deadline()):
+                link._timed_out()
+                link.close()
 
     async def _accept(self, listener: trio.socket.SocketType) -> None:
         assert self._nursery is not None
