@@ -182,11 +182,55 @@ def state_name(state: JobState) -> str:
     return "wait-repl"
 
 
+class JobExtra:
+    """The fields most jobs keep at their default (no DELAY, never NACKed or queued again, not
+    replicated): held apart so a queued job's object stays small (``Job.extra``, None until
+    one of them is set)."""
+
+    __slots__ = ("delay", "nacks", "deliveries", "confirmed", "dtime")
+
+    def __init__(self) -> None:
+        self.delay = 0
+        self.nacks = 0
+        self.deliveries = 0  # Disque's "additional-deliveries"
+        self.confirmed: tuple[str, ...] = ()
+        self.dtime = 0  # first delivery (unix ms), 0 until then; logged for the report
+
+
+# ``Job.bits``: the state's index in _STATES (2 bits), the flags (8 bits), the priority (4
+# bits), then ``repl`` (16 bits).
+_STATES: Final = (JobState.WAIT_REPL, JobState.ACTIVE, JobState.QUEUED, JobState.ACKED)
+_STATE_MASK: Final = 3
+_FLAGS_SHIFT: Final = 2
+_FLAGS_MASK: Final = 0xFF << _FLAGS_SHIFT
+_PRIORITY_SHIFT: Final = 10
+_PRIORITY_MASK: Final = 0xF << _PRIORITY_SHIFT
+_REPL_SHIFT: Final = 14
+
+
+def _state_index(state: JobState) -> int:
+    """The index of ``state`` in _STATES, by identity (hashing an enum member is a
+    Python-level call even compiled)."""
+    if state is _QUEUED:
+        return 2
+    if state is _ACTIVE:
+        return 1
+    if state is _ACKED:
+        return 3
+    return 0
+
+# ``Job.limits``: the TTL above the retry, 32 bits each (MAX_JOB_SECONDS).
+_RETRY_MASK: Final = 0xFFFF_FFFF
+
+
 class Job(Timed):
+    # Memory per job is the reason for the layout (docs/benchmarks.md, "Memory"): small
+    # integers share one word (``bits``: state, flags, priority, repl; ``limits``: TTL and
+    # retry), and the fields a queued job does not use live in ``extra``. Compiled, a 128-byte
+    # object (192 with every field a word of its own). The properties keep each field's name.
     __slots__ = (
-        "id", "queue", "body", "state", "repl", "ttl", "retry", "delay", "ctime",
-        "qtime", "awake", "nacks", "deliveries", "delivered", "confirmed", "flags", "dtime",
-        "priority",
+        "id", "queue", "body", "bits", "limits", "ctime", "qtime", "awake", "delivered",
+        "extra",
     )
 
     def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
@@ -195,22 +239,111 @@ class Job(Timed):
         self.id = job_id
         self.queue = queue
         self.body = body
-        self.state = state
-        self.repl = repl
-        self.ttl = ttl
-        self.retry = retry
-        self.delay = delay
+        self.bits = repl << _REPL_SHIFT | _state_index(state)
+        self.limits = ttl << 32 | retry
         self.ctime = ctime
         self.qtime = 0
         self.awake = 0
-        self.nacks = 0
-        self.deliveries = 0  # Disque's "additional-deliveries"
         self.delivered = delivered  # nodes that may hold a copy
-        self.confirmed: tuple[str, ...] = ()
-        self.flags = 0
-        self.dtime = 0  # first delivery (unix ms), 0 until then; logged for the report
-        self.priority = 0  # 0 to 9, higher served first (broker/queue.py)
+        self.extra: JobExtra | None = None
         self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)
+        if delay:
+            self.delay = delay
+
+    @property
+    def state(self) -> JobState:
+        return _STATES[self.bits & _STATE_MASK]
+
+    @state.setter
+    def state(self, value: JobState) -> None:
+        self.bits = self.bits & ~_STATE_MASK | _state_index(value)
+
+    @property
+    def flags(self) -> int:
+        return (self.bits & _FLAGS_MASK) >> _FLAGS_SHIFT
+
+    @flags.setter
+    def flags(self, value: int) -> None:
+        self.bits = self.bits & ~_FLAGS_MASK | value << _FLAGS_SHIFT
+
+    @property
+    def priority(self) -> int:
+        """0 to 9, higher served first (broker/queue.py)."""
+        return (self.bits & _PRIORITY_MASK) >> _PRIORITY_SHIFT
+
+    @priority.setter
+    def priority(self, value: int) -> None:
+        self.bits = self.bits & ~_PRIORITY_MASK | value << _PRIORITY_SHIFT
+
+    @property
+    def repl(self) -> int:
+        return self.bits >> _REPL_SHIFT
+
+    @property
+    def ttl(self) -> int:
+        return self.limits >> 32
+
+    @property
+    def retry(self) -> int:
+        return self.limits & _RETRY_MASK
+
+    def _extra(self) -> JobExtra:
+        extra = self.extra
+        if extra is None:
+            extra = self.extra = JobExtra()
+        return extra
+
+    @property
+    def delay(self) -> int:
+        extra = self.extra
+        return extra.delay if extra is not None else 0
+
+    @delay.setter
+    def delay(self, value: int) -> None:
+        if value or self.extra is not None:
+            self._extra().delay = value
+
+    @property
+    def nacks(self) -> int:
+        extra = self.extra
+        return extra.nacks if extra is not None else 0
+
+    @nacks.setter
+    def nacks(self, value: int) -> None:
+        if value or self.extra is not None:
+            self._extra().nacks = value
+
+    @property
+    def deliveries(self) -> int:
+        extra = self.extra
+        return extra.deliveries if extra is not None else 0
+
+    @deliveries.setter
+    def deliveries(self, value: int) -> None:
+        if value or self.extra is not None:
+            self._extra().deliveries = value
+
+    @property
+    def dtime(self) -> int:
+        """The first delivery (unix ms), 0 until then; logged for the report."""
+        extra = self.extra
+        return extra.dtime if extra is not None else 0
+
+    @dtime.setter
+    def dtime(self, value: int) -> None:
+        if value or self.extra is not None:
+            self._extra().dtime = value
+
+    @property
+    def confirmed(self) -> tuple[str, ...]:
+        """The nodes that confirmed holding a copy (replication)."""
+        extra = self.extra
+        return extra.confirmed if extra is not None else ()
+
+    @confirmed.setter
+    def confirmed(self, value: tuple[str, ...]) -> None:
+        if value or self.extra is not None:
+            self._extra().confirmed = value
 
     @property
     def etime(self) -> int:
