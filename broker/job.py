@@ -24,6 +24,7 @@ import enum
 from typing import Any, Final
 
 from broker.timers import NOT_SCHEDULED, Timed
+from protocol import core_build
 from protocol.commands import MAX_JOB_SECONDS
 from protocol.jobid import is_valid
 
@@ -198,7 +199,8 @@ class JobExtra:
 
 
 # ``Job.bits``: the state's index in _STATES (2 bits), the flags (8 bits), the priority (4
-# bits), then ``repl`` (16 bits).
+# bits), then ``repl`` - 1 (16 bits). In that order a job of one copy without a priority has
+# bits under 128, which the pure core's interpreter shares instead of boxing per job.
 _STATES: Final = (JobState.WAIT_REPL, JobState.ACTIVE, JobState.QUEUED, JobState.ACKED)
 _STATE_MASK: Final = 3
 _FLAGS_SHIFT: Final = 2
@@ -221,6 +223,19 @@ def _state_index(state: JobState) -> int:
 
 # ``Job.limits``: the TTL above the retry, 32 bits each (MAX_JOB_SECONDS).
 _RETRY_MASK: Final = 0xFFFF_FFFF
+# Interpreted, ``limits`` is an int object of its own per job unless shared: jobs mostly have
+# a few TTL and retry pairs. Compiled, the word holds it unboxed and nothing is looked up.
+_BOXED: Final = core_build.kind() == core_build.PURE
+_LIMITS: Final[dict[int, int]] = {}
+
+
+def _shared(limits: int) -> int:
+    shared = _LIMITS.get(limits)
+    if shared is not None:
+        return shared
+    if len(_LIMITS) < 4096:
+        _LIMITS[limits] = limits
+    return limits
 
 
 class Job(Timed):
@@ -239,8 +254,11 @@ class Job(Timed):
         self.id = job_id
         self.queue = queue
         self.body = body
-        self.bits = repl << _REPL_SHIFT | _state_index(state)
-        self.limits = ttl << 32 | retry
+        self.bits = (repl - 1) << _REPL_SHIFT | _state_index(state)
+        limits = ttl << 32 | retry
+        if _BOXED:
+            limits = _shared(limits)
+        self.limits = limits
         self.ctime = ctime
         self.qtime = 0
         self.awake = 0
@@ -277,7 +295,7 @@ class Job(Timed):
 
     @property
     def repl(self) -> int:
-        return self.bits >> _REPL_SHIFT
+        return (self.bits >> _REPL_SHIFT) + 1
 
     @property
     def ttl(self) -> int:
