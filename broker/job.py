@@ -188,19 +188,20 @@ class JobExtra:
     replicated): held apart so a queued job's object stays small (``Job.extra``, None until
     one of them is set)."""
 
-    __slots__ = ("delay", "nacks", "deliveries", "confirmed", "dtime")
+    __slots__ = ("delay", "nacks", "deliveries", "confirmed")
 
     def __init__(self) -> None:
         self.delay = 0
         self.nacks = 0
         self.deliveries = 0  # Disque's "additional-deliveries"
         self.confirmed: tuple[str, ...] = ()
-        self.dtime = 0  # first delivery (unix ms), 0 until then; logged for the report
 
 
 # ``Job.bits``: the state's index in _STATES (2 bits), the flags (8 bits), the priority (4
-# bits), then ``repl`` - 1 (16 bits). In that order a job of one copy without a priority has
-# bits under 128, which the pure core's interpreter shares instead of boxing per job.
+# bits), ``repl`` - 1 (16 bits), whether ``dtime`` is set (1 bit), then ``dtime`` as ms after
+# the creation's (signed: another node's clock may be behind; unboxed compiled while under 24
+# days). In that order a job of one copy without a priority, not delivered, has bits under
+# 128, which the pure core's interpreter shares instead of boxing per job.
 _STATES: Final = (JobState.WAIT_REPL, JobState.ACTIVE, JobState.QUEUED, JobState.ACKED)
 _STATE_MASK: Final = 3
 _FLAGS_SHIFT: Final = 2
@@ -208,6 +209,10 @@ _FLAGS_MASK: Final = 0xFF << _FLAGS_SHIFT
 _PRIORITY_SHIFT: Final = 10
 _PRIORITY_MASK: Final = 0xF << _PRIORITY_SHIFT
 _REPL_SHIFT: Final = 14
+_REPL_MASK: Final = 0xFFFF
+_HAS_DTIME: Final = 1 << 30
+_DTIME_SHIFT: Final = 31
+_BELOW_DTIME: Final = (1 << _DTIME_SHIFT) - 1
 
 
 def _state_index(state: JobState) -> int:
@@ -240,8 +245,8 @@ def _shared(limits: int) -> int:
 
 class Job(Timed):
     # Memory per job is the reason for the layout (docs/benchmarks.md, "Memory"): small
-    # integers share one word (``bits``: state, flags, priority, repl; ``limits``: TTL and
-    # retry), and the fields a queued job does not use live in ``extra``. Compiled, a 128-byte
+    # integers share one word (``bits``: state, flags, priority, repl, dtime; ``limits``: TTL
+    # and retry), and the fields most jobs never set live in ``extra``. Compiled, a 128-byte
     # object (192 with every field a word of its own). The properties keep each field's name.
     __slots__ = (
         "id", "queue", "body", "bits", "limits", "ctime", "qtime", "awake", "delivered",
@@ -254,7 +259,7 @@ class Job(Timed):
         self.id = job_id
         self.queue = queue
         self.body = body
-        self.bits = (repl - 1) << _REPL_SHIFT | _state_index(state)
+        self.bits = ((repl - 1) & _REPL_MASK) << _REPL_SHIFT | _state_index(state)
         limits = ttl << 32 | retry
         if _BOXED:
             limits = _shared(limits)
@@ -295,7 +300,7 @@ class Job(Timed):
 
     @property
     def repl(self) -> int:
-        return (self.bits >> _REPL_SHIFT) + 1
+        return ((self.bits >> _REPL_SHIFT) & _REPL_MASK) + 1
 
     @property
     def ttl(self) -> int:
@@ -344,13 +349,17 @@ class Job(Timed):
     @property
     def dtime(self) -> int:
         """The first delivery (unix ms), 0 until then; logged for the report."""
-        extra = self.extra
-        return extra.dtime if extra is not None else 0
+        bits = self.bits
+        if not bits & _HAS_DTIME:
+            return 0
+        return self.ctime // 1_000_000 + (bits >> _DTIME_SHIFT)
 
     @dtime.setter
     def dtime(self, value: int) -> None:
-        if value or self.extra is not None:
-            self._extra().dtime = value
+        bits = self.bits & _BELOW_DTIME & ~_HAS_DTIME
+        if value:
+            bits |= _HAS_DTIME | (value - self.ctime // 1_000_000) << _DTIME_SHIFT
+        self.bits = bits
 
     @property
     def confirmed(self) -> tuple[str, ...]:

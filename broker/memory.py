@@ -26,10 +26,8 @@ from typing import Final
 
 from protocol import core_build
 
-# A job's cost beyond its body: traced 451 B queued / 514 B active on the pure core, 325 / 396
-# on the compiled one (a delivered job holds a JobExtra for its dtime); RSS growth 360 B
-# queued compiled, 471 pure (50,000 jobs). Each constant lies between its two figures: a
-# queue of waiting jobs is what fills a node.
+# A job's cost beyond its body: traced 451 B queued / 474 B active on the pure core, 325 / 316
+# on the compiled one (RSS growth 360-400 B compiled, 495 pure; 50,000 jobs).
 JOB_OVERHEAD_PURE: Final = 480
 JOB_OVERHEAD_COMPILED: Final = 350
 # A queue: the object, its name, its list, waiters deque, table and scan entries (traced
