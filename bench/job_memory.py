@@ -1,12 +1,17 @@
 """What a job costs in memory, measured: the source of the constants in broker/memory.py.
 
-    python -m bench.job_memory [--jobs N] [--body BYTES]
+    python -m bench.job_memory [--jobs N] [--body BYTES] [--breakdown]
 
 Adds N jobs to a single broker core (no runtime) and prints the bytes per job beyond its body:
 traced by tracemalloc (exact for the pure core; the compiled core's objects are allocated by C
 code tracemalloc still sees, but run ``TRISQUE_CORE=compiled`` for its figure) and the growth of
 the process RSS (what the allocator took from the system, arenas included). Each job is queued,
 as after ADDJOB; the same number again delivered (active, out of its queue) is printed second.
+
+``--breakdown`` prints where a queued job's bytes go, structure by structure: each object as
+the allocator holds it (rounded up to its 16-byte size class), each container's share per job.
+Jobs are added 20 to the millisecond, as a server taking 20,000 ADDJOBs a second: a timer
+bucket (16 ms) then holds 320 of them.
 """
 
 from __future__ import annotations
@@ -63,6 +68,51 @@ def measure(jobs: int, body: int, deliver: bool, trace: bool) -> tuple[float, fl
     return traced / jobs - body, rss / jobs - body, counted / jobs - body
 
 
+def _allocated(size: int) -> int:
+    """What the allocator hands out for ``size`` bytes: pymalloc's 16-byte classes."""
+    return (size + 15) // 16 * 16 if size <= 512 else size
+
+
+def breakdown(jobs: int, body: int) -> list[tuple[str, float]]:
+    """(structure, bytes per queued job) for ``jobs`` jobs added as ``measure`` adds them."""
+    broker = Broker(Config(), "ab" * 20, b"seed" * 5, now_ms=1_700_000_000_000,
+                    rng=random.Random(1))
+    client = Client(1)
+    payload = b"x" * body
+    for i in range(jobs):
+        broker.execute([b"ADDJOB", b"q", payload[:-1] + bytes((i & 0x7F,)), b"0"], client,
+                       1_700_000_000_000 + i // 20)
+        broker.take_effects()
+    gc.collect()
+    size = sys.getsizeof
+    job = next(reversed(broker.jobs.values()))
+    timers = broker.timers
+    buckets = timers._buckets
+    queue = broker.queues[b"q"]
+    rows = [
+        ("Job object", float(_allocated(size(job)))),
+        ("ID (bytes)", float(_allocated(size(job.id)))),
+        ("job table (dict entry)", size(broker.jobs) / jobs),
+        ("queue (list entry)", size(queue._items) / jobs),
+        ("JSCAN list (entry)", size(broker.job_scan._items) / jobs),
+        ("timer wheel (entry, bucket)", (size(buckets) + size(timers._keys)
+                                         + sum(_allocated(size(b)) + size(k)
+                                               for k, b in buckets.items())) / jobs),
+    ]
+    if core_build.kind() == core_build.PURE:
+        # A Python class boxes its integers: one object each past the small-int cache, unless
+        # shared (a compiled class keeps them unboxed in its struct).
+        other = next(iter(broker.jobs.values()))
+        slots = {n for cls in type(job).__mro__ for n in getattr(cls, "__slots__", ())}
+        values = [(getattr(job, n), getattr(other, n)) for n in slots if hasattr(job, n)]
+        rows.append(("boxed integers", float(sum(
+            _allocated(size(v)) for v, w in values
+            if type(v) is int and not -5 <= v <= 256 and v is not w))))
+    rows.append(("all but the body", sum(b for _, b in rows)))
+    rows.append(("body (bytes)", float(_allocated(size(job.body)))))
+    return rows
+
+
 def _in_child(jobs: int, body: int, deliver: bool, trace: bool) -> tuple[float, float, float]:
     """``measure`` in a fresh process: memory freed by an earlier run would hide RSS growth."""
     out = subprocess.run([sys.executable, "-m", "bench.job_memory", "--child",
@@ -76,8 +126,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--body", type=int, default=100)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="where a queued job's bytes go, structure by structure")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.breakdown:
+        print(f"core: {core_build.kind()}, {args.jobs} queued jobs of {args.body} bytes")
+        for name, per_job in breakdown(args.jobs, args.body):
+            print(f"  {name:<28} {per_job:6.1f} B")
+        return
     if args.child:
         print(json.dumps(measure(*json.loads(args.child))))
         return

@@ -24,6 +24,7 @@ import enum
 from typing import Any, Final
 
 from broker.timers import NOT_SCHEDULED, Timed
+from protocol import core_build
 from protocol.commands import MAX_JOB_SECONDS, MAX_PARENTS
 from protocol.jobid import is_valid
 
@@ -192,11 +193,77 @@ def state_name(state: JobState) -> str:
     return "wait-repl"
 
 
+class JobExtra:
+    """The fields most jobs keep at their default (no DELAY, never NACKed or queued again, not
+    replicated): held apart so a queued job's object stays small (``Job.extra``, None until
+    one of them is set)."""
+
+    __slots__ = ("delay", "nacks", "deliveries", "confirmed", "after")
+
+    def __init__(self) -> None:
+        self.delay = 0
+        self.nacks = 0
+        self.deliveries = 0  # Disque's "additional-deliveries"
+        self.confirmed: tuple[str, ...] = ()
+        # ADDJOB ... AFTER: the parents not done yet (broker/chains.py); while any, the job
+        # waits (SHOW state ``waiting``) and is never queued.
+        self.after: tuple[bytes, ...] = ()
+
+
+# ``Job.bits``: the state's index in _STATES (2 bits), the flags (8 bits), the priority (4
+# bits), ``repl`` - 1 (16 bits), whether ``dtime`` is set (1 bit), then ``dtime`` as ms after
+# the creation's (signed: another node's clock may be behind; unboxed compiled while under 24
+# days). In that order a job of one copy without a priority, not delivered, has bits under
+# 128, which the pure core's interpreter shares instead of boxing per job.
+_STATES: Final = (JobState.WAIT_REPL, JobState.ACTIVE, JobState.QUEUED, JobState.ACKED)
+_STATE_MASK: Final = 3
+_FLAGS_SHIFT: Final = 2
+_FLAGS_MASK: Final = 0xFF << _FLAGS_SHIFT
+_PRIORITY_SHIFT: Final = 10
+_PRIORITY_MASK: Final = 0xF << _PRIORITY_SHIFT
+_REPL_SHIFT: Final = 14
+_REPL_MASK: Final = 0xFFFF
+_HAS_DTIME: Final = 1 << 30
+_DTIME_SHIFT: Final = 31
+_BELOW_DTIME: Final = (1 << _DTIME_SHIFT) - 1
+
+
+def _state_index(state: JobState) -> int:
+    """The index of ``state`` in _STATES, by identity (hashing an enum member is a
+    Python-level call even compiled)."""
+    if state is _QUEUED:
+        return 2
+    if state is _ACTIVE:
+        return 1
+    if state is _ACKED:
+        return 3
+    return 0
+
+# ``Job.limits``: the TTL above the retry, 32 bits each (MAX_JOB_SECONDS).
+_RETRY_MASK: Final = 0xFFFF_FFFF
+# Interpreted, ``limits`` is an int object of its own per job unless shared: jobs mostly have
+# a few TTL and retry pairs. Compiled, the word holds it unboxed and nothing is looked up.
+_BOXED: Final = core_build.kind() == core_build.PURE
+_LIMITS: Final[dict[int, int]] = {}
+
+
+def _shared(limits: int) -> int:
+    shared = _LIMITS.get(limits)
+    if shared is not None:
+        return shared
+    if len(_LIMITS) < 4096:
+        _LIMITS[limits] = limits
+    return limits
+
+
 class Job(Timed):
+    # Memory per job is the reason for the layout (docs/benchmarks.md, "Memory"): small
+    # integers share one word (``bits``: state, flags, priority, repl, dtime; ``limits``: TTL
+    # and retry), and the fields most jobs never set live in ``extra``. Compiled, a 128-byte
+    # object (192 with every field a word of its own). The properties keep each field's name.
     __slots__ = (
-        "id", "queue", "body", "state", "repl", "ttl", "retry", "delay", "ctime",
-        "qtime", "awake", "nacks", "deliveries", "delivered", "confirmed", "flags", "dtime",
-        "priority", "after",
+        "id", "queue", "body", "bits", "limits", "ctime", "qtime", "awake", "delivered",
+        "extra",
     )
 
     def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
@@ -205,25 +272,129 @@ class Job(Timed):
         self.id = job_id
         self.queue = queue
         self.body = body
-        self.state = state
-        self.repl = repl
-        self.ttl = ttl
-        self.retry = retry
-        self.delay = delay
+        self.bits = ((repl - 1) & _REPL_MASK) << _REPL_SHIFT | _state_index(state)
+        limits = ttl << 32 | retry
+        if _BOXED:
+            limits = _shared(limits)
+        self.limits = limits
         self.ctime = ctime
         self.qtime = 0
         self.awake = 0
-        self.nacks = 0
-        self.deliveries = 0  # Disque's "additional-deliveries"
         self.delivered = delivered  # nodes that may hold a copy
-        self.confirmed: tuple[str, ...] = ()
-        self.flags = 0
-        self.dtime = 0  # first delivery (unix ms), 0 until then; logged for the report
-        self.priority = 0  # 0 to 9, higher served first (broker/queue.py)
-        # ADDJOB ... AFTER: the parents not done yet (broker/chains.py); while any, the job
-        # waits (SHOW state ``waiting``) and is never queued.
-        self.after: tuple[bytes, ...] = ()
+        self.extra: JobExtra | None = None
         self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)
+        if delay:
+            self.delay = delay
+
+    @property
+    def state(self) -> JobState:
+        return _STATES[self.bits & _STATE_MASK]
+
+    @state.setter
+    def state(self, value: JobState) -> None:
+        self.bits = self.bits & ~_STATE_MASK | _state_index(value)
+
+    @property
+    def flags(self) -> int:
+        return (self.bits & _FLAGS_MASK) >> _FLAGS_SHIFT
+
+    @flags.setter
+    def flags(self, value: int) -> None:
+        self.bits = self.bits & ~_FLAGS_MASK | value << _FLAGS_SHIFT
+
+    @property
+    def priority(self) -> int:
+        """0 to 9, higher served first (broker/queue.py)."""
+        return (self.bits & _PRIORITY_MASK) >> _PRIORITY_SHIFT
+
+    @priority.setter
+    def priority(self, value: int) -> None:
+        self.bits = self.bits & ~_PRIORITY_MASK | value << _PRIORITY_SHIFT
+
+    @property
+    def repl(self) -> int:
+        return ((self.bits >> _REPL_SHIFT) & _REPL_MASK) + 1
+
+    @property
+    def ttl(self) -> int:
+        return self.limits >> 32
+
+    @property
+    def retry(self) -> int:
+        return self.limits & _RETRY_MASK
+
+    def _extra(self) -> JobExtra:
+        extra = self.extra
+        if extra is None:
+            extra = self.extra = JobExtra()
+        return extra
+
+    @property
+    def delay(self) -> int:
+        extra = self.extra
+        return extra.delay if extra is not None else 0
+
+    @delay.setter
+    def delay(self, value: int) -> None:
+        if value or self.extra is not None:
+            self._extra().delay = value
+
+    @property
+    def nacks(self) -> int:
+        extra = self.extra
+        return extra.nacks if extra is not None else 0
+
+    @nacks.setter
+    def nacks(self, value: int) -> None:
+        if value or self.extra is not None:
+            self._extra().nacks = value
+
+    @property
+    def deliveries(self) -> int:
+        extra = self.extra
+        return extra.deliveries if extra is not None else 0
+
+    @deliveries.setter
+    def deliveries(self, value: int) -> None:
+        if value or self.extra is not None:
+            self._extra().deliveries = value
+
+    @property
+    def dtime(self) -> int:
+        """The first delivery (unix ms), 0 until then; logged for the report."""
+        bits = self.bits
+        if not bits & _HAS_DTIME:
+            return 0
+        return self.ctime // 1_000_000 + (bits >> _DTIME_SHIFT)
+
+    @dtime.setter
+    def dtime(self, value: int) -> None:
+        bits = self.bits & _BELOW_DTIME & ~_HAS_DTIME
+        if value:
+            bits |= _HAS_DTIME | (value - self.ctime // 1_000_000) << _DTIME_SHIFT
+        self.bits = bits
+
+    @property
+    def confirmed(self) -> tuple[str, ...]:
+        """The nodes that confirmed holding a copy (replication)."""
+        extra = self.extra
+        return extra.confirmed if extra is not None else ()
+
+    @confirmed.setter
+    def confirmed(self, value: tuple[str, ...]) -> None:
+        if value or self.extra is not None:
+            self._extra().confirmed = value
+
+    @property
+    def after(self) -> tuple[bytes, ...]:
+        """The parents not done yet (ADDJOB ... AFTER)."""
+        extra = self.extra
+        return extra.after if extra is not None else ()
+
+    @after.setter
+    def after(self, value: tuple[bytes, ...]) -> None:
+        if value or self.extra is not None:
+            self._extra().after = value
 
     @property
     def etime(self) -> int:

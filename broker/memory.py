@@ -27,10 +27,10 @@ from typing import Final
 
 from protocol import core_build
 
-# A job's cost beyond its body: traced 469 B queued / 460 B active on the pure core, 373 / 364
-# on the compiled one (RSS growth 400-440 B compiled, 500-550 pure; 50,000 jobs).
+# A job's cost beyond its body: traced 451 B queued / 474 B active on the pure core, 325 / 316
+# on the compiled one (RSS growth 360-400 B compiled, 495 pure; 50,000 jobs).
 JOB_OVERHEAD_PURE: Final = 480
-JOB_OVERHEAD_COMPILED: Final = 390
+JOB_OVERHEAD_COMPILED: Final = 350
 # A queue: the object, its name, its list, waiters deque, table and scan entries (traced
 # about 1,030 B for a 12-byte name, either core).
 QUEUE_BYTES: Final = 1_030

@@ -1,9 +1,11 @@
-"""The pure parts of the benchmark: option handling, budget splitting, percentiles, profiles."""
+"""The pure parts of the benchmark: option handling, budget splitting, percentiles, profiles,
+the memory breakdown."""
 
 from __future__ import annotations
 
 from array import array
 
+from bench.job_memory import breakdown
 from bench.profile import categorize, summarize
 from cli.bench import build_parser, options_to_spec, percentiles, split
 from cli.bench_load import Budget, jobs_in_reply, stamped_template
@@ -73,3 +75,13 @@ def test_profile_summary_charges_the_innermost_known_cost() -> None:
     assert categorize(frames) == "job ID generation"
     text = summarize(";".join(frames) + " 3\n" + "main (cli/server.py:1);x (y.py:1) 1\n")
     assert "4 samples" in text and "75.0   job ID generation" in text
+
+
+def test_memory_breakdown_adds_up_and_rounds_to_the_allocator() -> None:
+    rows = dict(breakdown(2_000, 16))
+    parts = [v for k, v in rows.items() if k not in ("all but the body", "body (bytes)")]
+    assert rows["all but the body"] == sum(parts)
+    # bytes objects of 16 and 40 bytes, in pymalloc's 16-byte classes
+    assert rows["body (bytes)"] == 64 and rows["ID (bytes)"] == 80
+    assert rows["Job object"] % 16 == 0 and rows["Job object"] >= 64
+    assert rows["queue (list entry)"] >= 8 and rows["JSCAN list (entry)"] >= 8
