@@ -44,6 +44,7 @@ from broker.job import (
     FLAG_QUEUED_BEFORE,
     FLAG_REPLICA,
     FLAG_WILLQUEUE,
+    BodyRef,
     Job,
     JobState,
     validate_record,
@@ -164,6 +165,9 @@ class BrokerState:
         # (client and log buffers) as the driver last sampled it.
         self.job_overhead = memory.job_overhead()
         self.job_bytes = 0  # bodies plus job_overhead per registered job
+        # Jobs whose body the append log holds (body-memory-max), and those bodies' bytes.
+        self.disk_bodies = 0
+        self.disk_body_bytes = 0
         self.runtime_bytes = 0
         self.eviction = eviction.Walk()  # past 95 %: the jobs looked at to free (eviction.py)
         self.info_sources: dict[str, Callable[[], list[tuple[str, Any]]]] = {}
@@ -258,10 +262,16 @@ class BrokerState:
         """What ``job`` adds to ``job_bytes`` (its ``repl`` never changes: a replicated job
         holds its own lists of nodes, a single copy shares this node's)."""
         cost = len(job.body) + self.job_overhead
+        if job.ref is not None:
+            cost += memory.BODY_REF_BYTES
         return cost + memory.CLUSTER_JOB_BYTES if job.repl > 1 else cost
 
     def register(self, job: Job, *, schedule: bool = True) -> None:
         self.job_bytes += self._job_cost(job)
+        ref = job.ref
+        if ref is not None:  # an undo of a job whose body is on disk
+            self.disk_bodies += 1
+            self.disk_body_bytes += ref.length
         self.jobs[job.id] = job
         self.job_scan.add(job)
         if schedule:
@@ -285,6 +295,22 @@ class BrokerState:
         self.job_scan.discard(self.job_alive)
         # The scan list may keep the object until it compacts; its body goes now.
         job.body = b""
+        ref = job.ref
+        if ref is not None:
+            self.disk_bodies -= 1
+            self.disk_body_bytes -= ref.length
+            job.ref = None
+
+    def body_stored(self, job: Job, ref: BodyRef) -> None:
+        """The append log holds ``job``'s body at ``ref`` (written, not necessarily synced):
+        memory keeps the reference instead of the bytes (``body-memory-max``)."""
+        self.job_bytes -= self._job_cost(job)
+        job.body = b""
+        if job.ref is None:
+            self.disk_bodies += 1
+            self.disk_body_bytes += ref.length
+        job.ref = ref
+        self.job_bytes += self._job_cost(job)
 
     def job_alive(self, job: Job) -> bool:
         return self.jobs.get(job.id) is job
@@ -504,6 +530,7 @@ class BrokerState:
         elif kind == "flushall":
             self.jobs.clear()
             self.job_bytes = 0
+            self.disk_bodies = self.disk_body_bytes = 0
             self.job_scan.clear()
         elif kind == "dlv":
             # Advisory: the first delivery of a job still known (an unknown one was acked,
@@ -704,9 +731,9 @@ class BrokerState:
     @staticmethod
     def _job_entry(job: Job, withcounters: bool) -> list[Any]:
         if withcounters:
-            return [job.queue, job.id, job.body, b"nacks", job.nacks,
-                    b"additional-deliveries", job.deliveries]
-        return [job.queue, job.id, job.body]
+            return [job.queue, job.id, job.body if job.ref is None else job.ref, b"nacks",
+                    job.nacks, b"additional-deliveries", job.deliveries]
+        return [job.queue, job.id, job.body if job.ref is None else job.ref]
 
     def serve_waiters(self, q: Queue, now_ms: int) -> None:
         """Hand jobs of ``q`` to its blocked clients, first come first served, one each."""
@@ -877,7 +904,7 @@ class BrokerState:
             b"nodes-confirmed", [n.encode() for n in job.confirmed],
             b"next-requeue-within", max(0, job.qtime - now_ms) if job.qtime else None,
             b"next-awake-within", max(0, job.awake - now_ms) if job.awake else None,
-            b"body", job.body,
+            b"body", job.content,
         ]
         if job.priority:
             # Only when set: SHOW of a job without one stays Disque's reply.
@@ -914,7 +941,7 @@ class BrokerState:
         q = self.queues.get(cmd.queue)
         if q is None:
             return []
-        return [[j.queue, j.id, j.body] for j in q.peek(cmd.n)]
+        return [[j.queue, j.id, j.content] for j in q.peek(cmd.n)]
 
     def qscan(self, cmd: QScan, client: Client, now_ms: int) -> Any:
         def keep(q: Queue) -> bool:
@@ -1022,6 +1049,7 @@ class BrokerState:
                 self.replication.forget(job_id)
         self.jobs.clear()
         self.job_bytes = 0
+        self.disk_bodies = self.disk_body_bytes = 0
         self.job_scan.clear()
         self.timers.clear()
         self.queues.clear()
