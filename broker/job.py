@@ -197,6 +197,9 @@ class BodyRef:
         self.length = length
         self.crc = crc
 
+    def __len__(self) -> int:
+        return self.length
+
     def __repr__(self) -> str:
         return f"BodyRef({self.gen}, {self.offset}, {self.length}, {self.crc:#x})"
 

@@ -303,7 +303,10 @@ class BrokerState:
 
     def body_stored(self, job: Job, ref: BodyRef) -> None:
         """The append log holds ``job``'s body at ``ref`` (written, not necessarily synced):
-        memory keeps the reference instead of the bytes (``body-memory-max``)."""
+        memory keeps the reference instead of the bytes (``body-memory-max``). Not for a job
+        of a queue with a policy: deduplication and redrive compare and copy bodies."""
+        if self.policies.live and self.policies.get(job.queue) is not None:
+            return
         self.job_bytes -= self._job_cost(job)
         job.body = b""
         if job.ref is None:

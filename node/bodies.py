@@ -17,6 +17,7 @@ import zlib
 from typing import Any
 
 from broker.job import BodyRef
+from cluster import wire
 from protocol.resp import Error, register_lazy
 
 
@@ -38,7 +39,18 @@ def _for_reply(ref: Any) -> Any:
     return entry[1].for_reply(ref)
 
 
+def _for_record(value: Any) -> Any:
+    if type(value) is not BodyRef:
+        raise TypeError(f"cannot serialize {type(value).__name__!r} object")
+    entry = _FILES.get(value.gen)
+    if entry is None:
+        raise BodyError(f"body unreadable from the append log: its file (generation "
+                        f"{value.gen}) is closed")
+    return entry[1].for_record(value)
+
+
 register_lazy(BodyRef, _for_reply)
+wire.pack_unknown_with(_for_record)  # REPLJOB and YOURJOBS carry the bytes
 
 
 class BodyFiles:
