@@ -620,6 +620,9 @@ class Persistence(LogCore):
                 self.writer = aof.LogWriter(f)
                 self._follow_policy()
                 self.base_size = self.synced_size = self.writer.good_size
+                if self.body_max:
+                    # A new file: new references name it (older ones keep the old inode open).
+                    self.bodies.gen = self.bodies.open(self.path)
                 self._wakeup.set()
             else:
                 if self.writer is not None:

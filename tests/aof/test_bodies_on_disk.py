@@ -56,13 +56,13 @@ def test_every_read_path_returns_the_body_added_and_memory_holds_none_of_them():
                    .split("used_memory:")[1].split("\r\n")[0])
         # The records and references are counted (under 700 bytes a job), not the bodies.
         assert used - used_before < 101 * 700 < sum(map(len, bodies))
-        assert all(_show_body(srv.port, i) == b for i, b in zip(ids, bodies))
+        assert all(_show_body(srv.port, i) == b for i, b in zip(ids, bodies, strict=True))
         peeked = send_command(srv.port, "QPEEK", "q", 200)
         assert [p[2] for p in peeked] == [*bodies, b"x" * 256]
         cursor, shown = send_command(srv.port, "JSCAN", 0, "COUNT", 1000, "REPLY", "all")
-        by_id = {dict(zip(s[::2], s[1::2]))[b"id"]: dict(zip(s[::2], s[1::2]))[b"body"]
+        by_id = {dict(zip(s[::2], s[1::2], strict=True))[b"id"]: dict(zip(s[::2], s[1::2], strict=True))[b"body"]
                  for s in shown}
-        assert by_id == {**dict(zip(ids, bodies)), small: b"x" * 256}
+        assert by_id == {**dict(zip(ids, bodies, strict=True)), small: b"x" * 256}
         got = send_command(srv.port, "GETJOB", "COUNT", 200, "FROM", "q")
         assert [g[2] for g in got] == [*bodies, b"x" * 256]
         assert all(send_command(srv.port, "ACKJOB", i) == 1 for i in ids)
@@ -91,7 +91,7 @@ def test_a_damaged_body_is_an_error_for_its_job_only():
         assert isinstance(shown, Error) and "checksum mismatch" in shown
         got = send_command(srv.port, "GETJOB", "COUNT", 10, "FROM", "q")
         assert [g[1] for g in got] == ids
-        for g, body, k in zip(got, bodies, range(5)):
+        for g, body, k in zip(got, bodies, range(5), strict=True):
             if k == 2:
                 assert isinstance(g[2], Error) and "checksum mismatch" in g[2]
             else:
@@ -126,12 +126,12 @@ def test_rewrite_moves_the_bodies_and_a_kill_9_restart_finds_them():
             time.sleep(0.05)
         assert info["aof_last_bgrewrite_status"] == "ok"
         assert int(info["log_bytes"]) < size_before
-        assert all(_show_body(srv.port, i) == b for i, b in zip(ids[100:], bodies[100:]))
+        assert all(_show_body(srv.port, i) == b for i, b in zip(ids[100:], bodies[100:], strict=True))
         assert all(isinstance(_show_body(srv.port, i), bytes) for i in later)
         later_bodies = [_show_body(srv.port, i) for i in later]
         srv.kill()
         srv.start()
         assert _info(srv.port)["jobs_bodies_on_disk"] == "220"
-        assert all(_show_body(srv.port, i) == b for i, b in zip(ids[100:], bodies[100:]))
+        assert all(_show_body(srv.port, i) == b for i, b in zip(ids[100:], bodies[100:], strict=True))
         assert [_show_body(srv.port, i) for i in later] == later_bodies
         assert all(send_command(srv.port, "SHOW", i) is None for i in ids[:100])

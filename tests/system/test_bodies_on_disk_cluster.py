@@ -31,7 +31,7 @@ def test_replicas_keep_bodies_in_their_own_logs_and_federation_carries_them(
     wait_until(lambda: all(_on_disk(c, i) == 20 for i in range(3)), JOIN_WITHIN_S,
                "every copy's body in its node's log")
     for i in range(3):
-        for job_id, body in zip(added, bodies):
+        for job_id, body in zip(added, bodies, strict=True):
             info = show(c, i, job_id.decode())
             assert info is not None and info["body"] == body
     # Node 0 read its bodies from its log to send them; a replica restarted with kill -9
