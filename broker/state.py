@@ -125,6 +125,10 @@ def requeue_jitter(rng: random.Random) -> int:
     return r - REQUEUE_JITTER_MS // 2
 
 
+def _no_log() -> int:
+    return 0
+
+
 class BrokerState:
     def __init__(self, config: Config, node_id: str, seed: bytes, *, now_ms: int,
                  rng: random.Random | None = None) -> None:
@@ -168,6 +172,8 @@ class BrokerState:
         # Jobs whose body the append log holds (body-memory-max), and those bodies' bytes.
         self.disk_bodies = 0
         self.disk_body_bytes = 0
+        # The append log's size as the node knows it (set by node/persistence.py; ``maxdisk``).
+        self.log_size: Callable[[], int] = _no_log
         self.runtime_bytes = 0
         self.eviction = eviction.Walk()  # past 95 %: the jobs looked at to free (eviction.py)
         self.info_sources: dict[str, Callable[[], list[tuple[str, Any]]]] = {}
@@ -606,6 +612,9 @@ class BrokerState:
         if size > BODY_LIMIT_FLOOR and size > self.config.job_max_body_len:
             return self._body_too_big(size)
         adding = size + self.job_overhead
+        maxdisk = self.config.maxdisk
+        if maxdisk and self.log_size() + size > maxdisk:
+            return errors.DISK_FULL
         level = self.memory_level(adding)
         if level >= 2:
             # Past 95 %: what nobody needs is freed first, else the command is refused.
@@ -938,6 +947,8 @@ class BrokerState:
             b"jobs-out", q.jobs_out,
             b"pause", PAUSE_NAMES[q.pause].encode(),
             *(throttle.qstat_fields(self, q, now_ms) if self.policies.throttles else ()),
+            # With bodies in the log: the bytes the queue's bodies hold, wherever they lie.
+            *((b"bytes", sum(j.body_size for j in q)) if self.disk_bodies else ()),
         ]
 
     def qpeek(self, cmd: QPeek, client: Client, now_ms: int) -> Any:

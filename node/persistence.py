@@ -145,6 +145,8 @@ class LogBroker(Protocol):
 
     def body_stored(self, job: Any, ref: BodyRef) -> None: ...
 
+    log_size: Callable[[], int]
+
     @property
     def jobs(self) -> dict[bytes, Any]: ...
 
@@ -187,6 +189,7 @@ class Persistence(LogCore):
         self.loading = False
         self.bodies = BodyFiles(self.log)  # bodies the log holds (body-memory-max)
         broker.info_sources.setdefault("persistence", self.info)
+        broker.log_size = self.log_size  # maxdisk
 
     # Read at each use: CONFIG SET changes them at run time.
     @property
@@ -279,6 +282,13 @@ class Persistence(LogCore):
     def _thread_pack(self) -> aof.Pack | None:
         """A packer for a snapshot encoded outside the loop (bodies read back), or None."""
         return aof.new_packer(self.bodies.for_record) if self.body_max else None
+
+    def log_size(self) -> int:
+        """The log's size with the records not yet written (``maxdisk``); 0 with the log off."""
+        writer = self.writer
+        if writer is None or not self.enabled:
+            return 0
+        return writer.good_size + len(self.open_batch.data)
 
     def _header_flag_set(self) -> bool:
         try:

@@ -173,7 +173,7 @@ def test_kill_9_at_any_point_of_a_rewrite_loses_no_body(kill_after):
         assert not [f for f in os.listdir(srv.dir) if f.startswith("temp-rewriteaof")]
 
 
-@pytest.mark.parametrize("cut", ["inside-last-body", "inside-last-header", "zeros"])
+@pytest.mark.parametrize("cut", ["inside-last-body", "inside-last-frame-header", "zeros"])
 def test_a_torn_tail_after_bodies_on_disk_loads_and_keeps_the_whole_records(cut):
     with ServerProcess(appendonly="yes", appendfsync="always") as srv:
         bodies = [os.urandom(2000) for _ in range(20)]
@@ -185,8 +185,14 @@ def test_a_torn_tail_after_bodies_on_disk_loads_and_keeps_the_whole_records(cut)
             end = data.index(bodies[-1]) + len(bodies[-1])  # the last record ends a few bytes on
             if cut == "inside-last-body":
                 f.truncate(data.index(bodies[-1]) + 500)
-            elif cut == "inside-last-header":
-                f.truncate(data.index(bodies[-2]) + len(bodies[-2]) + 40)
+            elif cut == "inside-last-frame-header":
+                # The frame's 12-byte header, then 56 bytes of record before the body.
+                frame = data.index(bodies[-1]) - 12 - body_offset(
+                    [b"x" * 40, b"q", bodies[-1], *range(13)], 2000)
+                check, length = (int.from_bytes(data[frame + k:frame + k + 4], "big")
+                                 for k in (0, 4))
+                assert check ^ length == 0xFFFFFFFF  # ~length | length: a frame starts here
+                f.truncate(frame + 6)
             else:  # the last record half written into a zero-filled tail
                 f.seek(data.index(bodies[-1]) + 300)
                 f.write(bytes(len(data) - data.index(bodies[-1]) - 300 + 4096))
@@ -201,3 +207,32 @@ def test_a_torn_tail_after_bodies_on_disk_loads_and_keeps_the_whole_records(cut)
         srv.kill()
         srv.start()
         assert _show_body(srv.port, new) == b"n" * 3000
+
+
+def test_maxdisk_refuses_addjob_past_it_and_qstat_shows_the_bytes_a_queue_holds():
+    with ServerProcess(appendonly="yes", appendfsync="always") as srv:
+        bodies = [os.urandom(1000) for _ in range(30)]
+        ids = _add(srv.port, bodies)
+        _add(srv.port, [b"small"])
+        qstat = send_command(srv.port, "QSTAT", "q")
+        fields = dict(zip(qstat[::2], qstat[1::2], strict=True))
+        assert fields[b"bytes"] == 30 * 1000 + 5
+        info = _info(srv.port)
+        assert info["jobs_bodies_on_disk"] == "30"
+        assert int(info["log_live_bytes"]) == 30_000
+        assert int(info["log_bytes"]) > 30_000
+        limit = int(info["log_bytes"]) + 1500
+        assert send_command(srv.port, "CONFIG", "SET", "maxdisk", str(limit)) == b"OK"
+        assert isinstance(send_command(srv.port, "ADDJOB", "q", os.urandom(1000), 0), bytes)
+        refused = send_command(srv.port, "ADDJOB", "q", os.urandom(1000), 0)
+        assert isinstance(refused, Error) and "maxdisk" in refused
+        # Acknowledging frees nothing on disk until the log is rewritten.
+        for job_id in ids:
+            send_command(srv.port, "ACKJOB", job_id)
+        send_command(srv.port, "BGREWRITEAOF")
+        for _ in range(200):
+            if _info(srv.port)["aof_rewrite_in_progress"] == "0":
+                break
+            time.sleep(0.05)
+        assert int(_info(srv.port)["log_bytes"]) < limit - 20_000
+        assert isinstance(send_command(srv.port, "ADDJOB", "q", os.urandom(1000), 0), bytes)
