@@ -21,7 +21,9 @@ def test_a_small_run_prints_every_phase_and_the_ratios(tmp_path) -> None:
     assert "on disk: 500 bodies" in text  # a quarter taken of the first half's 1,000
     result = bodies_disk.compare(str(tmp_path), 500, 1024, "everysec", 1,
                                  bodies_disk.time.monotonic() + 300, lines.append)
-    assert all(result[f"ratio_{m}_{op}"] > 0 for m in ("warm", "cold") for op in ("add", "take"))
+    assert all(result[f"ratio_{m}_{op}"] > 0 and result[f"cpu_ratio_{m}_{op}"] >= 0
+               for m in ("warm", "cold") for op in ("add", "take"))
+    assert "us CPU/job" in "\n".join(lines)
     assert not list(tmp_path.iterdir()), "the nodes' data is removed"
 
 
