@@ -123,3 +123,16 @@ class BodyFiles:
         except BodyError as exc:
             self._failed(value, exc)
             raise
+
+
+def body_of(value: Any) -> bytes:
+    """``value`` (a body from a broker reply or ``Job.content``) as bytes: a ``BodyRef`` is
+    read back; ``BodyError`` if it cannot be (for the HTTP API and the dashboard, which build
+    their answers from broker values themselves)."""
+    if type(value) is not BodyRef:
+        return bytes(value)
+    entry = _FILES.get(value.gen)
+    if entry is None:
+        raise BodyError(f"body unreadable from the append log: its file (generation "
+                        f"{value.gen}) is closed")
+    return entry[1].read(value)
