@@ -195,7 +195,7 @@ class Report:
 
 
 def scale_run(n: int, size: int, directory: str, maxmemory: str, fsync: str, deadline: float,
-              out: Callable[[str], None]) -> dict[str, float]:
+              out: Callable[[str], None], port: int = 0) -> dict[str, float]:
     """The 5 phases on one node; returns each phase's seconds."""
     pad = random.Random(7).randbytes(2048)
     seen = bytearray(n)
@@ -203,7 +203,12 @@ def scale_run(n: int, size: int, directory: str, maxmemory: str, fsync: str, dea
     times: dict[str, float] = {}
     settings = {"appendonly": "yes", "appendfsync": fsync, "maxmemory": maxmemory,
                 "body-memory-max": "256", "auto-aof-rewrite-percentage": "0"}
-    with _server(directory, "bodies-on-disk", settings) as node:
+    node = _server(directory, "bodies-on-disk", settings)
+    if port:
+        # A port of its own: a free port picked at random may be taken by another process
+        # while the node replays after its kill, which would then answer in its place.
+        node.port = port
+    with node:
         if not node.ok:
             raise BenchFailed(f"node: {node.failure}")
         half, quarter = n // 2, n // 4
@@ -226,11 +231,18 @@ def scale_run(n: int, size: int, directory: str, maxmemory: str, fsync: str, dea
         if not node.ok:
             raise BenchFailed(f"restart: {node.failure}")
         times["restart"] = time.perf_counter() - t
+        answering = _info(node.port, "server").get("process_id")
+        if answering != str(node.pid):
+            raise BenchFailed(f"another process (pid {answering}) answers on port {node.port} "
+                              "after the restart: give the bench a --port of its own")
         report.phase("kill -9, restart (replay)", times["restart"], half - quarter, node)
         left = int(command(node.port, "QLEN", QUEUE, timeout=60))
         if left != half - quarter:
+            with open(node.log_path, errors="replace") as f:
+                log = "".join(f.readlines()[-8:])
             raise BenchFailed(f"after the restart the queue holds {left:,} jobs, "
-                              f"{half - quarter:,} expected")
+                              f"{half - quarter:,} expected; INFO jobs: "
+                              f"{_info(node.port, 'jobs')}; the node's log ends:\n{log}")
         t = time.perf_counter()
         add_jobs(node.port, range(half, n), size, pad, deadline)
         times["add2"] = time.perf_counter() - t
@@ -321,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=tempfile.gettempdir(), help="where the nodes keep their logs")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="give up after (seconds)")
     p.add_argument("--skip-scale", action="store_true", help="only the comparison")
+    p.add_argument("--port", type=int, default=0,
+                   help="the scale run's node port (default: a free one, which another "
+                        "process may take while the node restarts)")
     args = p.parse_args(argv)
     if args.body < 16:
         p.error("--body must be at least 16 bytes")
@@ -334,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             out(f"scale: {args.jobs:,} jobs of {args.body} bytes, maxmemory {args.maxmemory}, "
                 f"appendfsync {args.appendfsync}, data under {args.dir}")
             scale_run(args.jobs, args.body, args.dir, args.maxmemory, args.appendfsync,
-                      deadline, out)
+                      deadline, out, args.port)
         if args.compare:
             compare(args.dir, args.compare, args.body, args.appendfsync, args.runs, deadline, out)
     except BenchFailed as exc:
