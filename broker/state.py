@@ -585,6 +585,9 @@ class BrokerState:
             job.awake = job.compute_awake()
             self.timers.schedule(job, job.awake)
         self.policies.forget_gone(self.jobs)
+        # A replayed history leaves every acknowledged job's object in the scan list (up to
+        # half of it: the list compacts only past that); none is reachable from a cursor yet.
+        self.job_scan.compact(self.job_alive)
 
     def snapshot(self) -> Iterator[tuple[str, Any]]:
         yield from list(self.policies.snapshot(self.jobs))
