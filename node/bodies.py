@@ -49,8 +49,17 @@ def _for_record(value: Any) -> Any:
     return entry[1].for_record(value)
 
 
+def _for_bus(value: Any) -> Any:
+    """``_for_record`` for the bus, whose send path drops (and logs) a message it cannot
+    encode on ValueError: a frame that would carry a damaged body is not sent."""
+    try:
+        return _for_record(value)
+    except BodyError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 register_lazy(BodyRef, _for_reply)
-wire.pack_unknown_with(_for_record)  # REPLJOB and YOURJOBS carry the bytes
+wire.pack_unknown_with(_for_bus)  # REPLJOB and YOURJOBS carry the bytes
 
 
 class BodyFiles:

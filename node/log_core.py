@@ -191,6 +191,10 @@ class LogCore:
     def start_auto_rewrite(self) -> None:
         """The log grew past auto-aof-rewrite-percentage: start a rewrite."""
 
+    def unencodable(self, records: Sequence[Any]) -> None:
+        """A command's ``records`` could not be encoded (a body the log holds could not be
+        read back into one): undo them, so memory matches the log."""
+
     def bodies_written(self, batch: Batch, offset: int) -> None:
         """``batch``, holding bodies past body-memory-max, was written at ``offset``: the jobs
         may keep references instead of their bodies."""
@@ -238,7 +242,11 @@ def submit(core: LogCore, records: Sequence[Any]) -> int:
         return 0
     batch = core.open_batch
     if core.body_max:
-        append_noting_bodies(batch.data, records, core.pack, core.body_max, batch.bodies)
+        try:
+            append_noting_bodies(batch.data, records, core.pack, core.body_max, batch.bodies)
+        except OSError:  # node/bodies.BodyError: a damaged body, nothing was added
+            core.unencodable(records)
+            raise
     else:
         aof.append_records(batch.data, records, core.pack)
     batch.entries.extend(records)

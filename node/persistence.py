@@ -73,7 +73,7 @@ import logging
 import os
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any, Protocol
 
@@ -269,6 +269,12 @@ class Persistence(LogCore):
             # A job's body never changes, so any record of it carries the same bytes.
             if job is not None and job.ref is None and len(job.body) == size:
                 self.broker.body_stored(job, BodyRef(gen, offset + at, size, crc))
+
+    def unencodable(self, records: Sequence[Any]) -> None:
+        now_ms = int(self._clock() * 1000)
+        for entry in reversed(records):
+            if entry[0] not in _ADVISORY:
+                self.broker.undo_entry(entry, now_ms)
 
     def _move_bodies(self, gen: int, notes: list[BodyNote], base: int) -> None:
         """Point the references at the copies a rewrite made in the file of generation

@@ -110,6 +110,29 @@ def test_a_damaged_body_is_an_error_for_its_job_only():
         srv.kill()
 
 
+def test_a_command_that_must_log_a_damaged_body_is_undone():
+    """A NACK writes the job's whole record, body included: with the body damaged it cannot,
+    so the NACK is undone (memory stays what the log says) and its connection closed."""
+    with ServerProcess(appendonly="yes", appendfsync="always") as srv:
+        body = os.urandom(800)
+        job_id = _add(srv.port, [body])[0]
+        path = os.path.join(srv.dir, "trisque.aof")
+        with open(path, "r+b") as f:
+            data = f.read()
+            at = data.index(body)
+            f.seek(at + 5)
+            f.write(bytes([data[at + 5] ^ 1]))
+        assert send_command(srv.port, "GETJOB", "FROM", "q")[0][1] == job_id
+        with pytest.raises(ConnectionError):
+            send_command(srv.port, "NACK", job_id)
+        shown = send_command(srv.port, "SHOW", job_id)
+        fields = dict(zip(shown[::2], shown[1::2], strict=True))
+        assert fields[b"state"] == b"active" and fields[b"nacks"] == 0  # not requeued
+        assert send_command(srv.port, "QLEN", "q") == 0
+        assert send_command(srv.port, "PING") == b"PONG"
+        srv.kill()
+
+
 def test_rewrite_moves_the_bodies_and_a_kill_9_restart_finds_them():
     with ServerProcess(appendonly="yes", appendfsync="always") as srv:
         bodies = [os.urandom(600 + i) for i in range(300)]
