@@ -162,15 +162,21 @@ _MAX_FREE_PACKERS: Final = 4
 Pack = Callable[[Any], bytes]
 
 
-def new_packer() -> Pack:
-    """The ``pack`` of a Packer for one thread's own use with ``append_records``."""
-    pack: Pack = _PACKER(use_bin_type=True).pack
+def new_packer(default: Callable[[Any], Any] | None = None) -> Pack:
+    """The ``pack`` of a Packer for one thread's own use with ``append_records``; ``default``
+    gives what to pack for a value msgpack does not know (a body the log holds: its
+    ``BodyRef`` is read back, node/bodies.py)."""
+    pack: Pack = _PACKER(use_bin_type=True, default=default).pack
     return pack
 
 
-def encode_records(records: Iterable[Record]) -> bytes:
+def encode_records(records: Iterable[Record], pack: Pack | None = None) -> bytes:
     """Frames for records shaped like the broker's: ``(kind, data, ...)``; extra items (the undo
-    state of a ``LogRecord``) are not written."""
+    state of a ``LogRecord``) are not written. ``pack``: a packer of the caller's own."""
+    if pack is not None:
+        out = bytearray()
+        append_records(out, records, pack)
+        return bytes(out)
     try:
         packer = _FREE_PACKERS.pop()
     except IndexError:
@@ -241,6 +247,7 @@ class ReadEnd:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     header: Header | None = None
     tail: int = 0  # zero bytes after ``offset`` of a clean version-2 log (its preallocation)
+    frame: int = 0  # while reading: the offset of the frame of the record last yielded
 
     @property
     def records(self) -> int:
@@ -361,6 +368,7 @@ def read_records(f: BinaryIO, path: str, end: ReadEnd | None = None,
             _classify(f, end, base + pos, base + start + n, reason)
             return
         counts[kind] += 1
+        end.frame = base + pos
         yield kind, data
         pos = start + n
 

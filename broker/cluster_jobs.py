@@ -61,7 +61,7 @@ RESEND_BYTES_PER_MS: Final = 10_000
 
 def resend_period(job: Job) -> int:
     """How long a waiting ADDJOB lets its REPLJOBs travel before trying again (ms)."""
-    size = len(job.body)
+    size = job.body_size
     if size < BIG_JOB_BYTES:
         return ADD_NODE_PERIOD_MS
     return max(ADD_NODE_PERIOD_MS, size // RESEND_BYTES_PER_MS)

@@ -54,6 +54,7 @@ def move_to_dead_letters(b: PolicyBroker, job: Job, dlq: Policy, nacks: int, del
     table = b.policies
     new_id = dead_letter_id(job.id, dlq.retention_timeout, dlq.visibility_timeout)
     original, queue, body, holders = job.id, job.queue, job.body, job.delivered
+    ref = job.ref  # a body the log holds: the dead letter refers to the same bytes
     # Acknowledge the original first: on a cluster its SETACK leaves before the dead letter's
     # WILLQUEUE, so a holder that learns of the dead letter already knows the original is acked.
     b.ending_as("dead-lettered")  # broker/results.py: what a WAITJOB on it answers
@@ -65,6 +66,7 @@ def move_to_dead_letters(b: PolicyBroker, job: Job, dlq: Policy, nacks: int, del
     dl = Job(new_id, dlq.name, body, repl=job.repl, ttl=dlq.retention_timeout,
              retry=dlq.visibility_timeout, delay=0, ctime=b.new_ctime(now_ms),
              delivered=holders if b.replication is not None else (b.node_id,))
+    dl.ref = ref
     dl.nacks, dl.deliveries = nacks, deliveries
     dl.priority = job.priority
     dl.qtime = now_ms

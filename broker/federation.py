@@ -79,7 +79,7 @@ def export_jobs(b: BrokerCore, q: Queue, count: int, to_node: str, now_ms: int,
     out: list[list[Any]] = []
     while len(out) < count:
         head = q.peek(1)
-        if head and len(head[0].body) > max_body:
+        if head and head[0].body_size > max_body:
             break
         job = q.pop()
         if job is None:

@@ -193,6 +193,28 @@ def state_name(state: JobState) -> str:
     return "wait-repl"
 
 
+class BodyRef:
+    """Where a job's body lies in the append log, once the log holds it instead of memory
+    (``body-memory-max``, docs/persistence.md): the log file's generation, the offset and
+    length of the body's bytes in it, and their CRC-32. The broker never reads it: it puts the
+    reference where a body goes (a reply, ``Job.to_record()``) and the node's encoders read
+    the bytes (node/bodies.py)."""
+
+    __slots__ = ("gen", "offset", "length", "crc")
+
+    def __init__(self, gen: int, offset: int, length: int, crc: int) -> None:
+        self.gen = gen
+        self.offset = offset
+        self.length = length
+        self.crc = crc
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __repr__(self) -> str:
+        return f"BodyRef({self.gen}, {self.offset}, {self.length}, {self.crc:#x})"
+
+
 class JobExtra:
     """The fields most jobs keep at their default (no DELAY, never NACKed or queued again, not
     replicated): held apart so a queued job's object stays small (``Job.extra``, None until
@@ -263,7 +285,7 @@ class Job(Timed):
     # object (192 with every field a word of its own). The properties keep each field's name.
     __slots__ = (
         "id", "queue", "body", "bits", "limits", "ctime", "qtime", "awake", "delivered",
-        "extra",
+        "extra", "ref",
     )
 
     def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
@@ -282,6 +304,8 @@ class Job(Timed):
         self.awake = 0
         self.delivered = delivered  # nodes that may hold a copy
         self.extra: JobExtra | None = None
+        # Set when the body is in the append log instead of memory (``body`` is then b"").
+        self.ref: BodyRef | None = None
         self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)
         if delay:
             self.delay = delay
@@ -423,15 +447,29 @@ class Job(Timed):
             at = min(at, due)
         return at
 
+    @property
+    def content(self) -> bytes | BodyRef:
+        """The body for a reply or a record: the bytes, or where the log holds them."""
+        ref = self.ref
+        return self.body if ref is None else ref
+
+    @property
+    def body_size(self) -> int:
+        ref = self.ref
+        return len(self.body) if ref is None else ref.length
+
     # -- persistence ---------------------------------------------------------------------------
 
     def to_record(self) -> list[Any]:
         """The job as msgpack-friendly primitives (for the append log and the cluster bus);
         the optional trailing fields only when needed: ``priority`` when not 0 or when
         ``after`` follows it, ``after`` (the parents) while there are any. A job using neither
-        keeps the 16 fields nodes wrote before them."""
+        keeps the 16 fields nodes wrote before them. A body held by the log is its
+        ``BodyRef``, which the node's packers read."""
+        ref = self.ref
         rec = [
-            self.id, self.queue, self.body, state_name(self.state), self.repl, self.ttl, self.retry,
+            self.id, self.queue, self.body if ref is None else ref, state_name(self.state),
+            self.repl, self.ttl, self.retry,
             self.delay, self.ctime, self.qtime, self.nacks, self.deliveries,
             list(self.delivered), list(self.confirmed), self.flags, self.dtime,
         ]
@@ -446,9 +484,11 @@ class Job(Timed):
     def from_record(cls, rec: list[Any]) -> Job:
         (job_id, queue, body, state, repl, ttl, retry, delay, ctime, qtime, nacks,
          deliveries, delivered, confirmed, flags) = rec[:OLD_RECORD_FIELDS]
-        job = cls(bytes(job_id), bytes(queue), bytes(body), repl=repl, ttl=ttl, retry=retry,
+        ref = body if type(body) is BodyRef else None  # an undo of a job whose body is on disk
+        job = cls(bytes(job_id), bytes(queue), b"" if ref is not None else bytes(body), repl=repl, ttl=ttl, retry=retry,
                   delay=delay, ctime=ctime, delivered=tuple(delivered),
                   state=STATE_BY_NAME[state])
+        job.ref = ref
         job.qtime = qtime
         job.nacks = nacks
         job.deliveries = deliveries

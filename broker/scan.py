@@ -41,6 +41,13 @@ class ScanList(Generic[T]):
             self._holes = 0
             self._epoch += 1
 
+    def compact(self, alive: Callable[[T], bool]) -> None:
+        """Squeeze out every hole now, however few live elements remain."""
+        if self._holes:
+            self._items = [x for x in self._items if x is not None and alive(x)]
+            self._holes = 0
+            self._epoch += 1
+
     def clear(self) -> None:
         self._items = []
         self._holes = 0

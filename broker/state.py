@@ -46,6 +46,7 @@ from broker.job import (
     FLAG_QUEUED_BEFORE,
     FLAG_REPLICA,
     FLAG_WILLQUEUE,
+    BodyRef,
     Job,
     JobState,
     validate_record,
@@ -126,6 +127,10 @@ def requeue_jitter(rng: random.Random) -> int:
     return r - REQUEUE_JITTER_MS // 2
 
 
+def _no_log() -> int:
+    return 0
+
+
 class BrokerState:
     def __init__(self, config: Config, node_id: str, seed: bytes, *, now_ms: int,
                  rng: random.Random | None = None) -> None:
@@ -166,6 +171,11 @@ class BrokerState:
         # (client and log buffers) as the driver last sampled it.
         self.job_overhead = memory.job_overhead()
         self.job_bytes = 0  # bodies plus job_overhead per registered job
+        # Jobs whose body the append log holds (body-memory-max), and those bodies' bytes.
+        self.disk_bodies = 0
+        self.disk_body_bytes = 0
+        # The append log's size as the node knows it (set by node/persistence.py; ``maxdisk``).
+        self.log_size: Callable[[], int] = _no_log
         self.runtime_bytes = 0
         self.eviction = eviction.Walk()  # past 95 %: the jobs looked at to free (eviction.py)
         self.info_sources: dict[str, Callable[[], list[tuple[str, Any]]]] = {}
@@ -263,10 +273,16 @@ class BrokerState:
         """What ``job`` adds to ``job_bytes`` (its ``repl`` never changes: a replicated job
         holds its own lists of nodes, a single copy shares this node's)."""
         cost = len(job.body) + self.job_overhead
+        if job.ref is not None:
+            cost += memory.BODY_REF_BYTES
         return cost + memory.CLUSTER_JOB_BYTES if job.repl > 1 else cost
 
     def register(self, job: Job, *, schedule: bool = True) -> None:
         self.job_bytes += self._job_cost(job)
+        ref = job.ref
+        if ref is not None:  # an undo of a job whose body is on disk
+            self.disk_bodies += 1
+            self.disk_body_bytes += ref.length
         self.jobs[job.id] = job
         self.job_scan.add(job)
         if schedule:
@@ -297,6 +313,25 @@ class BrokerState:
         self.job_scan.discard(self.job_alive)
         # The scan list may keep the object until it compacts; its body goes now.
         job.body = b""
+        ref = job.ref
+        if ref is not None:
+            self.disk_bodies -= 1
+            self.disk_body_bytes -= ref.length
+            job.ref = None
+
+    def body_stored(self, job: Job, ref: BodyRef) -> None:
+        """The append log holds ``job``'s body at ``ref`` (written, not necessarily synced):
+        memory keeps the reference instead of the bytes (``body-memory-max``). Not for a job
+        of a queue with a policy: deduplication and redrive compare and copy bodies."""
+        if self.policies.live and self.policies.get(job.queue) is not None:
+            return
+        self.job_bytes -= self._job_cost(job)
+        job.body = b""
+        if job.ref is None:
+            self.disk_bodies += 1
+            self.disk_body_bytes += ref.length
+        job.ref = ref
+        self.job_bytes += self._job_cost(job)
 
     def job_ended(self, job: Job, now_ms: int) -> None:
         table = self.results
@@ -544,6 +579,7 @@ class BrokerState:
         elif kind == "flushall":
             self.jobs.clear()
             self.job_bytes = 0
+            self.disk_bodies = self.disk_body_bytes = 0
             self.job_scan.clear()
             self.results = results.ResultTable.after_flush(self.results)
         elif kind == "dlv":
@@ -598,6 +634,9 @@ class BrokerState:
         self.policies.forget_gone(self.jobs)
         for job in [j for j in self.jobs.values() if j.after]:
             chains.watch(self, job, now_ms)
+        # A replayed history leaves every acknowledged job's object in the scan list (up to
+        # half of it: the list compacts only past that); none is reachable from a cursor yet.
+        self.job_scan.compact(self.job_alive)
 
     def snapshot(self) -> Iterator[tuple[str, Any]]:
         yield from list(self.policies.snapshot(self.jobs))
@@ -626,6 +665,9 @@ class BrokerState:
         if size > BODY_LIMIT_FLOOR and size > self.config.job_max_body_len:
             return self._body_too_big(size)
         adding = size + self.job_overhead
+        maxdisk = self.config.maxdisk
+        if maxdisk and self.log_size() + size > maxdisk:
+            return errors.DISK_FULL
         level = self.memory_level(adding)
         if level >= 2:
             # Past 95 %: what nobody needs is freed first, else the command is refused.
@@ -758,9 +800,9 @@ class BrokerState:
     @staticmethod
     def _job_entry(job: Job, withcounters: bool) -> list[Any]:
         if withcounters:
-            return [job.queue, job.id, job.body, b"nacks", job.nacks,
-                    b"additional-deliveries", job.deliveries]
-        return [job.queue, job.id, job.body]
+            return [job.queue, job.id, job.body if job.ref is None else job.ref, b"nacks",
+                    job.nacks, b"additional-deliveries", job.deliveries]
+        return [job.queue, job.id, job.body if job.ref is None else job.ref]
 
     def serve_waiters(self, q: Queue, now_ms: int) -> None:
         """Hand jobs of ``q`` to its blocked clients, first come first served, one each."""
@@ -934,7 +976,7 @@ class BrokerState:
             b"nodes-confirmed", [n.encode() for n in job.confirmed],
             b"next-requeue-within", max(0, job.qtime - now_ms) if job.qtime else None,
             b"next-awake-within", max(0, job.awake - now_ms) if job.awake else None,
-            b"body", job.body,
+            b"body", job.content,
         ]
         if job.priority:
             # Only when set: SHOW of a job without one stays Disque's reply.
@@ -971,13 +1013,15 @@ class BrokerState:
             b"jobs-out", q.jobs_out,
             b"pause", PAUSE_NAMES[q.pause].encode(),
             *(throttle.qstat_fields(self, q, now_ms) if self.policies.throttles else ()),
+            # With bodies in the log: the bytes the queue's bodies hold, wherever they lie.
+            *((b"bytes", sum(j.body_size for j in q)) if self.disk_bodies else ()),
         ]
 
     def qpeek(self, cmd: QPeek, client: Client, now_ms: int) -> Any:
         q = self.queues.get(cmd.queue)
         if q is None:
             return []
-        return [[j.queue, j.id, j.body] for j in q.peek(cmd.n)]
+        return [[j.queue, j.id, j.content] for j in q.peek(cmd.n)]
 
     def qscan(self, cmd: QScan, client: Client, now_ms: int) -> Any:
         def keep(q: Queue) -> bool:
@@ -1090,6 +1134,7 @@ class BrokerState:
                 self.replication.forget(job_id)
         self.jobs.clear()
         self.job_bytes = 0
+        self.disk_bodies = self.disk_body_bytes = 0
         self.job_scan.clear()
         self.timers.clear()
         self.queues.clear()

@@ -146,7 +146,7 @@ class JobCore:
         # A big job is sent again to a node already asked only once its copy had time to
         # arrive (cluster_jobs.resend_period), even when a new holder was added.
         sent_at = None
-        if len(job.body) >= BIG_JOB_BYTES:
+        if job.body_size >= BIG_JOB_BYTES:
             sent_at = self.big_sent.setdefault(job.id, {})
             resend_ms = cluster_jobs.resend_period(job)
         for node_id in job.delivered:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgpack
@@ -228,6 +229,13 @@ def encode(frame: Frame, secret: bytes | None = None) -> bytes:
 # One packer for the process: building a Packer per frame cost about 1 us. Its buffer is
 # reset by every packb (autoreset), and nothing here awaits between packing and returning.
 _packer = msgpack.Packer(use_bin_type=True)
+
+
+def pack_unknown_with(default: Callable[[Any], Any]) -> None:
+    """Pack a value msgpack does not know as ``default(value)`` (the node: a body its append
+    log holds is read back into the REPLJOB or YOURJOBS that carries it)."""
+    global _packer
+    _packer = msgpack.Packer(use_bin_type=True, default=default)
 
 
 def encode_message(mtype: MessageType, sender: str, body: dict[str, Any],

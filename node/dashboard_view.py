@@ -25,6 +25,7 @@ from broker.parking import ERROR_QUEUE_SUFFIX
 from broker.policy_table import Policy
 from broker.queue import PAUSE_NAMES, Queue
 from cluster.nodes_file import show_flags
+from node.bodies import BodyError, body_of
 
 if TYPE_CHECKING:
     from broker.core import Broker
@@ -36,6 +37,14 @@ RECENT_RUNS: Final = 20
 PREVIEW_CHARS: Final = 200
 RATE_WINDOW_MS: Final = 30_000
 RATE_MIN_SPAN_MS: Final = 1_000
+
+
+def _body(job: Any) -> bytes:
+    """The job's body, read back if the append log holds it (a damaged one: a note)."""
+    try:
+        return body_of(job.content)
+    except BodyError as exc:
+        return f"<{exc}>".encode()
 
 
 def text(data: bytes | None, limit: int | None = None) -> str:
@@ -209,7 +218,7 @@ def _dead_letter_queues(broker: Broker) -> list[dict[str, Any]]:
                 "id": job_id,
                 "from": text(origin[1]) if origin else "",
                 "original": origin[0].decode("ascii", "replace") if origin else "",
-                "body": text(job.body, PREVIEW_CHARS),
+                "body": text(_body(job), PREVIEW_CHARS),
                 "nacks": job.nacks, "deliveries": job.deliveries,
                 # A failed run parked by a worker: why, its exit status and log file.
                 "reason": note[0] if note else "", "exit_code": note[1] if note else None,
@@ -297,7 +306,7 @@ def job_page(server: Server, job_id: bytes) -> dict[str, Any] | None:
             "state": "waiting" if job.after else job.state.value, "nacks": job.nacks,
             "after": [p.decode("ascii", "replace") for p in job.after],
             "deliveries": job.deliveries, "ttl_s": job.ttl, "retry_s": job.retry,
-            "body": text(job.body, 4096), "body_size": len(job.body),
+            "body": text(_body(job), 4096), "body_size": job.body_size,
             "created_ms": job.ctime // 1_000_000,
         },
         "run": None if run is None else run_detail(run, now),

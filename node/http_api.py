@@ -44,6 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from broker.clients import BLOCKED, Client
 from broker.intents import Intent
 from broker.job import JobState
+from node.bodies import BodyError, body_of
 from node.http_openapi import MAX_COUNT, MAX_PRIORITY, MAX_WAIT_S, OPENAPI, QUEUE_FIELDS
 from protocol.jobid import is_valid
 from protocol.resp import NEED_DATA, Error, ReplyReader
@@ -540,6 +541,10 @@ class Api:
         if not isinstance(reply, list) or not reply:  # NULL_ARRAY: nothing within the wait
             return Answer(204)
         types = self.bridge.server.broker.policies.content_types
+        try:  # a body the append log holds is a reference in the reply: read it here
+            reply = [[*entry[:2], body_of(entry[2]), *entry[3:]] for entry in reply]
+        except BodyError as exc:
+            raise HttpError(500, str(exc)) from None
         if not batch:
             (_, job_id, body, _, nacks, _, deliveries), = reply
             jid = job_id.decode()

@@ -29,6 +29,7 @@ after its commit) builds none.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
@@ -36,6 +37,7 @@ from mypy_extensions import mypyc_attr
 
 from broker import aof
 from broker.effects import Effect, LogRecord, Reply
+from broker.job import REC_BODY, REC_ID, REC_QUEUE
 from broker.stats import LATENCY_BUCKETS, Histogram
 
 _ADVISORY: Final = aof.ADVISORY_KINDS
@@ -60,6 +62,57 @@ class LogSettings(Protocol):
     auto_aof_rewrite_min_size: int
 
 
+# (job ID, body bytes or BodyRef, offset, length, CRC-32 of the body)
+BodyNote = tuple[bytes, Any, int, int, int]
+
+
+def body_offset(payload: list[Any], size: int) -> int:
+    """Where the body of the job record ``payload`` (``size`` bytes long) starts in the frame's
+    msgpack payload ``["job", record]`` packed with ``use_bin_type``: after the outer array
+    (1 byte), "job" (4), the record's array header, its ID and queue, and the body's own
+    header. tests/aof/test_bodies_on_disk.py holds it to what msgpack writes."""
+    job_id: bytes = payload[REC_ID]
+    queue: bytes = payload[REC_QUEUE]
+    n = len(payload)
+    at = 5 + (1 if n < 16 else 3)
+    at += _bin_header(len(job_id)) + len(job_id) + _bin_header(len(queue)) + len(queue)
+    return at + _bin_header(size)
+
+
+def _bin_header(n: int) -> int:
+    return 2 if n < 256 else 3 if n < 65536 else 5
+
+
+def append_noting_bodies(buf: bytearray, records: Sequence[Any], pack: aof.Pack, body_max: int,
+                         notes: list[BodyNote]) -> None:
+    """``aof.append_records`` one record at a time, noting in ``notes`` where each job body
+    longer than ``body_max`` lands in ``buf``. All or nothing, as ``append_records``."""
+    start = len(buf)
+    first_note = len(notes)
+    try:
+        for rec in records:
+            at = len(buf)
+            aof.append_records(buf, (rec,), pack)
+            if rec[0] != "job":
+                continue
+            payload = rec[1]
+            body = payload[REC_BODY]
+            if type(body) is bytes:
+                size = len(body)
+                if size <= body_max:
+                    continue
+                crc = zlib.crc32(body)
+            else:  # a BodyRef, read back by the packer: the log holds it once more here
+                size = body.length
+                crc = body.crc
+            at += aof.FRAME_HEADER_SIZE + body_offset(payload, size)
+            notes.append((payload[REC_ID], body, at, size, crc))
+    except BaseException:
+        del buf[start:]
+        del notes[first_note:]
+        raise
+
+
 class Batch:
     """Records waiting to be written together: the frames in ``data``, the ``LogRecord``s in
     ``entries`` (for the undo of a failed write)."""
@@ -69,6 +122,9 @@ class Batch:
         self.entries: list[Any] = []
         self.data = bytearray()
         self.error: str | None = None
+        # Bodies past body-memory-max in ``data``: (job ID, body or BodyRef, its offset in
+        # ``data``, length, CRC-32), for the references set once the batch is written.
+        self.bodies: list[BodyNote] = []
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -109,6 +165,12 @@ class LogCore:
         self.batch_records = Histogram(BATCH_RECORD_BUCKETS)
         self.batch_bytes = Histogram(BATCH_BYTE_BUCKETS)
         self.inline_commits = 0  # batches written by commit_now (the rest: the writer task)
+        # body-memory-max while bodies may go to the log (0: every body stays in memory).
+        self.body_max = 0
+        # While a rewrite runs: the bytes appended to ``rewrite_buf`` since it started, and
+        # where the bodies in them are (offsets in that stream), for the new references.
+        self.rewrite_streamed = 0
+        self.rewrite_bodies: list[BodyNote] = []
 
     # -- hooks the interpreted subclass provides (each runs at most once per batch) -----------
 
@@ -128,6 +190,14 @@ class LogCore:
 
     def start_auto_rewrite(self) -> None:
         """The log grew past auto-aof-rewrite-percentage: start a rewrite."""
+
+    def unencodable(self, records: Sequence[Any]) -> None:
+        """A command's ``records`` could not be encoded (a body the log holds could not be
+        read back into one): undo them, so memory matches the log."""
+
+    def bodies_written(self, batch: Batch, offset: int) -> None:
+        """``batch``, holding bodies past body-memory-max, was written at ``offset``: the jobs
+        may keep references instead of their bodies."""
 
     # -- for the interpreted callers ------------------------------------------------------------
 
@@ -171,7 +241,14 @@ def submit(core: LogCore, records: Sequence[Any]) -> int:
     if not records or not core.log_on:
         return 0
     batch = core.open_batch
-    aof.append_records(batch.data, records, core.pack)
+    if core.body_max:
+        try:
+            append_noting_bodies(batch.data, records, core.pack, core.body_max, batch.bodies)
+        except OSError:  # node/bodies.BodyError: a damaged body, nothing was added
+            core.unencodable(records)
+            raise
+    else:
+        aof.append_records(batch.data, records, core.pack)
     batch.entries.extend(records)
     # Never written here, per command: the reactor's round (commit_now) or the writer task
     # joins the records of every connection served meanwhile into one write(2). Writing per
@@ -253,8 +330,17 @@ def written(core: LogCore, batch: Batch, data: bytearray) -> None:
     if core.write_error is not None:
         core.write_recovered()
     rewrite_buf = core.rewrite_buf
+    if batch.bodies:
+        writer = core.writer
+        if writer is not None:
+            core.bodies_written(batch, writer.good_size - len(data))
+        if rewrite_buf is not None:
+            streamed = core.rewrite_streamed
+            for job_id, body, at, size, crc in batch.bodies:
+                core.rewrite_bodies.append((job_id, body, streamed + at, size, crc))
     if rewrite_buf is not None:
         rewrite_buf.extend(data)
+        core.rewrite_streamed += len(data)
     core.batch_records.observe(len(batch.entries))
     core.batch_bytes.observe(len(data))
     finish(core, batch, None)

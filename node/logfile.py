@@ -24,6 +24,7 @@ from broker.aof import (
     Loadable,
     LogCorrupt,
     LogTruncated,
+    Pack,
     ReadEnd,
     Record,
     Validator,
@@ -50,6 +51,7 @@ def scan(path: str, validate: Validator | None = None) -> ReadEnd:
 def load_into(
     path: str, broker: Loadable, now_ms: int, *, load_truncated: bool = True,
     warn: Callable[[str], None] = lambda msg: None,
+    stored: Callable[[Record, int], None] | None = None,
 ) -> ReadEnd:
     """Replay ``path`` into ``broker``. Cuts a torn tail (if allowed) and warns; raises
     ``LogCorrupt`` for damage in the middle and ``LogTruncated`` for a torn tail when
@@ -58,6 +60,8 @@ def load_into(
     load = broker.load_record
     for rec in read_log(path, end, broker.validate_record):
         load(rec, now_ms)
+        if stored is not None:
+            stored(rec, end.frame)  # a body past body-memory-max stays in the file
     if end.state == "corrupt":
         raise LogCorrupt(path, end.offset, end.reason)
     if end.tail:
@@ -323,17 +327,19 @@ def remove_stale_temps(directory: str) -> list[str]:
 
 
 def write_snapshot(path: str, records: Iterable[Record], flags: int = 0,
-                   step: Callable[[str], None] = lambda name: None) -> int:
-    """A complete rewrite in one go (SHUTDOWN REWRITE-AOF, tests); returns the new size."""
+                   step: Callable[[str], None] = lambda name: None, *,
+                   pack: Pack | None = None) -> int:
+    """A complete rewrite in one go (SHUTDOWN REWRITE-AOF, tests); returns the new size.
+    ``pack``: a packer of the caller's own (one that reads back bodies the log holds)."""
     rw = Rewrite(path, flags, step)
     try:
         batch: list[Record] = []
         for rec in records:
             batch.append(rec)
             if len(batch) >= 4096:
-                rw.write(encode_records(batch))
+                rw.write(encode_records(batch, pack))
                 batch.clear()
-        rw.write(encode_records(batch))
+        rw.write(encode_records(batch, pack))
         rw.commit()
     except BaseException:
         rw.abort()

@@ -72,7 +72,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any, Protocol
 
@@ -80,8 +81,10 @@ import trio
 
 from broker import aof
 from broker.effects import LogRecord
+from broker.job import REC_BODY, REC_ID, BodyRef
 from node import log_core, logfile
-from node.log_core import Batch, LogCore, LogSettings
+from node.bodies import BodyFiles
+from node.log_core import Batch, BodyNote, LogCore, LogSettings
 
 REWRITE_SLICE = 200  # jobs taken from the snapshot between two checkpoints (well under 1 ms)
 REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per thread call
@@ -140,6 +143,13 @@ class LogBroker(Protocol):
 
     def take_effects(self) -> list[Any]: ...
 
+    def body_stored(self, job: Any, ref: BodyRef) -> None: ...
+
+    log_size: Callable[[], int]
+
+    @property
+    def jobs(self) -> dict[bytes, Any]: ...
+
 
 class Persistence(LogCore):
     """The append log: ``LogCore`` (node/log_core.py, compiled) holds the open batch, the
@@ -177,7 +187,9 @@ class Persistence(LogCore):
         self.last_bgrewrite_ok = True
         self.rewrites = 0
         self.loading = False
+        self.bodies = BodyFiles(self.log)  # bodies the log holds (body-memory-max)
         broker.info_sources.setdefault("persistence", self.info)
+        broker.log_size = self.log_size  # maxdisk
 
     # Read at each use: CONFIG SET changes them at run time.
     @property
@@ -196,6 +208,12 @@ class Persistence(LogCore):
         exists = os.path.exists(self.path)
         flagged = exists and self._header_flag_set()
         version = aof.FORMAT_VERSION
+        if self.enabled:
+            self.body_max = int(getattr(self.config, "body_memory_max", 0) or 0)
+        if self.body_max:
+            self.pack = aof.new_packer(self.bodies.for_record)
+            if exists:
+                self.bodies.gen = self.bodies.open(self.path)
         if self.enabled or self.enqueue_jobs_once or flagged:
             if exists:
                 header = self._replay(now_ms, flagged).header
@@ -210,18 +228,73 @@ class Persistence(LogCore):
             # A file holds frames of one version, and the writer appends version-2 frames: an
             # older log is rewritten first (as BGREWRITEAOF would; it already holds the
             # records above).
-            logfile.write_snapshot(self.path, list(self.broker.snapshot()))
+            logfile.write_snapshot(self.path, list(self.broker.snapshot()), pack=self._thread_pack())
             records = []
             self.log.info("Append only file rewritten from format version %d to %d",
                           version, aof.FORMAT_VERSION)
         if not os.path.exists(self.path):
             logfile.create_log(self.path)
         self.writer = aof.LogWriter(self._open_file(self.path))
+        if self.body_max and (not self.bodies.gen or version < aof.FORMAT_VERSION):
+            # A new log, or the version-1 one rewritten above (references into the old file
+            # stay valid: its descriptor keeps the inode).
+            self.bodies.gen = self.bodies.open(self.path)
         self._follow_policy()
         self.base_size = self.synced_size = self.writer.good_size
         if records:
             self.writer.write(aof.encode_records(records))
             self.writer.sync()
+
+    def _body_loaded(self, record: tuple[Any, ...], frame: int) -> None:
+        """Replay applied ``record`` from the frame at ``frame``: a body past body-memory-max
+        stays in the file, the job keeps a reference to it."""
+        if record[0] != "job":
+            return
+        payload = record[1]
+        body = payload[REC_BODY]
+        size = len(body)
+        if size <= self.body_max:
+            return
+        job = self.broker.jobs.get(payload[REC_ID])
+        if job is None or job.ref is not None or len(job.body) != size:
+            return
+        at = frame + aof.FRAME_HEADER_SIZE + log_core.body_offset(payload, size)
+        self.broker.body_stored(job, BodyRef(self.bodies.gen, at, size, zlib.crc32(body)))
+
+    def bodies_written(self, batch: Batch, offset: int) -> None:
+        jobs = self.broker.jobs
+        gen = self.bodies.gen
+        for job_id, _body, at, size, crc in batch.bodies:
+            job = jobs.get(job_id)
+            # A job's body never changes, so any record of it carries the same bytes.
+            if job is not None and job.ref is None and len(job.body) == size:
+                self.broker.body_stored(job, BodyRef(gen, offset + at, size, crc))
+
+    def unencodable(self, records: Sequence[Any]) -> None:
+        now_ms = int(self._clock() * 1000)
+        for entry in reversed(records):
+            if entry[0] not in _ADVISORY:
+                self.broker.undo_entry(entry, now_ms)
+
+    def _move_bodies(self, gen: int, notes: list[BodyNote], base: int) -> None:
+        """Point the references at the copies a rewrite made in the file of generation
+        ``gen``, at ``base`` + each note's offset (bodies never change: any copy will do)."""
+        jobs = self.broker.jobs
+        for job_id, _body, at, size, crc in notes:
+            job = jobs.get(job_id)
+            if job is not None and job.ref is not None:
+                job.ref = BodyRef(gen, base + at, size, crc)
+
+    def _thread_pack(self) -> aof.Pack | None:
+        """A packer for a snapshot encoded outside the loop (bodies read back), or None."""
+        return aof.new_packer(self.bodies.for_record) if self.body_max else None
+
+    def log_size(self) -> int:
+        """The log's size with the records not yet written (``maxdisk``); 0 with the log off."""
+        writer = self.writer
+        if writer is None or not self.enabled:
+            return 0
+        return writer.good_size + len(self.open_batch.data)
 
     def _header_flag_set(self) -> bool:
         try:
@@ -236,7 +309,8 @@ class Persistence(LogCore):
         t0 = time.perf_counter()
         try:
             end = logfile.load_into(self.path, self.broker, now_ms,
-                                load_truncated=self.load_truncated, warn=self.log.warning)
+                                    load_truncated=self.load_truncated, warn=self.log.warning,
+                                    stored=self._body_loaded if self.body_max else None)
         except aof.LogError as exc:
             raise StartupError(str(exc)) from exc
         except OSError as exc:
@@ -424,6 +498,10 @@ class Persistence(LogCore):
         self._rewrite_started = time.monotonic()
         self._rewrite_cancel = False
         self.rewrite_buf = bytearray()
+        self.rewrite_streamed = 0
+        self.rewrite_bodies = []
+        moved: list[BodyNote] = []  # bodies in the snapshot, by offset in the new file
+        new_gen = 0
         # What is in memory now is in the snapshot; batches written from now on also go to the
         # buffer (records are never pending in the broker: see the module docstring).
         rw: logfile.Rewrite | None = None
@@ -438,7 +516,15 @@ class Persistence(LogCore):
                 # Encoded as they come: each record is freed at once, so a rewrite of a big
                 # table does not promote garbage into the old GC generation (whose collection
                 # would stall the loop for as long as a full pass over every job takes).
-                data = aof.encode_records(islice(snapshot, REWRITE_SLICE))
+                if self.body_max:
+                    out = bytearray()
+                    notes: list[BodyNote] = []
+                    log_core.append_noting_bodies(out, list(islice(snapshot, REWRITE_SLICE)),
+                                                  self.pack, self.body_max, notes)
+                    moved.extend((i, b, rw.size + at, n, c) for i, b, at, n, c in notes)
+                    data = bytes(out)
+                else:
+                    data = aof.encode_records(islice(snapshot, REWRITE_SLICE))
                 if not data:
                     break
                 await trio.to_thread.run_sync(rw.write, data)
@@ -446,6 +532,7 @@ class Persistence(LogCore):
                 if incremental and rw.size - synced_at >= REWRITE_FSYNC_EVERY:
                     await trio.to_thread.run_sync(rw.sync)
                     synced_at = rw.size
+            snapshot_end = rw.size  # the rewrite buffer follows the snapshot
             while len(self.rewrite_buf) > REWRITE_BUFFER_CHUNK:
                 await self._drain_rewrite_buffer(rw)
             await trio.to_thread.run_sync(rw.sync)  # the bulk fsync, clients still served
@@ -455,6 +542,8 @@ class Persistence(LogCore):
                 await self._drain_rewrite_buffer(rw)
                 if self.enabled:  # opened before the rename: the fd follows the inode
                     new_file = await trio.to_thread.run_sync(self._open_file, rw.temp)
+                    if self.body_max:
+                        new_gen = self.bodies.open(rw.temp)
                 try:
                     await trio.to_thread.run_sync(rw.commit)
                 finally:
@@ -467,6 +556,12 @@ class Persistence(LogCore):
                         if old is not None:
                             old.close()
                         self.base_size = self.synced_size = self.writer.good_size
+                        if new_gen:
+                            # In the same loop turn as the switch: no reply is built between.
+                            self._move_bodies(new_gen, moved, 0)
+                            self._move_bodies(new_gen, self.rewrite_bodies, snapshot_end)
+                            old_gen, self.bodies.gen, new_gen = self.bodies.gen, new_gen, 0
+                            self.bodies.close(old_gen)
                 self.rewrite_buf = None
             ok = True
             self.rewrites += 1
@@ -475,6 +570,9 @@ class Persistence(LogCore):
             # RuntimeError: the job table changed under an unsafe snapshot iterator.
             self.log.warning("Background AOF rewrite failed: %s", exc)
         finally:
+            self.rewrite_bodies = []
+            if new_gen:
+                self.bodies.close(new_gen)  # the switch did not happen: references stay
             if not ok:
                 if new_file is not None:
                     new_file.close()
@@ -524,7 +622,8 @@ class Persistence(LogCore):
                 self.enabled = True
                 try:
                     records = list(self.broker.snapshot())  # consistent: one loop turn
-                    await trio.to_thread.run_sync(lambda: logfile.write_snapshot(self.path, records))
+                    await trio.to_thread.run_sync(lambda: logfile.write_snapshot(
+                        self.path, records, pack=self._thread_pack()))
                     f = await trio.to_thread.run_sync(self._open_file, self.path)
                 except Exception as exc:  # noqa: BLE001 - any failure leaves the log off
                     error = _os_error_text(exc) if isinstance(exc, OSError) else repr(exc)
@@ -537,6 +636,9 @@ class Persistence(LogCore):
                 self.writer = aof.LogWriter(f)
                 self._follow_policy()
                 self.base_size = self.synced_size = self.writer.good_size
+                if self.body_max:
+                    # A new file: new references name it (older ones keep the old inode open).
+                    self.bodies.gen = self.bodies.open(self.path)
                 self._wakeup.set()
             else:
                 if self.writer is not None:
@@ -585,6 +687,11 @@ class Persistence(LogCore):
             ("aof_current_size", size),
             ("aof_base_size", self.base_size),
             ("aof_preallocated_size", file_size() - size if file_size is not None else 0),
+            ("body_memory_max", self.body_max),
+            ("jobs_bodies_on_disk", getattr(self.broker, "disk_bodies", 0)),
+            ("log_bytes", size),
+            ("log_live_bytes", getattr(self.broker, "disk_body_bytes", 0)),
+            ("bodies_unreadable", self.bodies.failures),
         ]
 
     async def shutdown(self, rewrite: bool) -> None:
@@ -603,7 +710,8 @@ class Persistence(LogCore):
             if rewrite:
                 records = list(self.broker.snapshot())  # consistent: taken in one loop turn
                 await trio.to_thread.run_sync(
-                    lambda: logfile.write_snapshot(self.path, records, aof.FLAG_ENQUEUE_ONCE))
+                    lambda: logfile.write_snapshot(self.path, records, aof.FLAG_ENQUEUE_ONCE,
+                                                   pack=self._thread_pack()))
                 self.log.info("Append only file rewritten for a restart with the same queues "
                               "(%d jobs)", len(records))
             if self.writer is not None:

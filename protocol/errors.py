@@ -43,6 +43,8 @@ NO_PASSWORD_SET: Final = Error("ERR Client sent AUTH, but no password is set")
 WRONGPASS: Final = Error("WRONGPASS invalid username-password pair or user is disabled.")
 NOPROTO: Final = Error("NOPROTO unsupported protocol version")
 OOM: Final = Error("OOM command not allowed when used memory > 'maxmemory'.")
+DISK_FULL: Final = Error("ERR append log is at 'maxdisk': command refused until a rewrite or "
+                         "acknowledgements free space")
 MAX_CLIENTS: Final = Error("ERR max number of clients reached")
 LOADING: Final = Error("LOADING Disque is loading the dataset in memory")
 

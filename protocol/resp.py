@@ -24,6 +24,7 @@ Replies are plain Python values: ``bytes`` (bulk), ``int``, ``None`` (null), ``l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 import hiredis
@@ -492,6 +493,19 @@ def _one_line(text: str) -> bytes:
     return data
 
 
+# Types whose value is only known when the reply is encoded (a body the append log holds: the
+# broker replies with its reference, node/bodies.py reads it): type -> the function giving the
+# value to encode in its place. Looked up after every ordinary type, so other replies pay
+# nothing.
+_LAZY: Final[dict[type, Callable[[Any], Any]]] = {}
+
+
+def register_lazy(t: type, resolve: Callable[[Any], Any]) -> None:
+    """Encode a value of type ``t`` as ``resolve(value)`` (``resolve`` replaces any previous
+    one for ``t``)."""
+    _LAZY[t] = resolve
+
+
 def encode(value: Any, protover: int = 2) -> bytes:
     out: list[bytes] = []
     _encode_into(value, out, protover)
@@ -548,7 +562,10 @@ def _encode_into(value: Any, out: list[bytes], protover: int) -> None:
     elif t is float:
         _encode_into(repr(value).encode(), out, protover)
     else:
-        raise TypeError(f"cannot encode {t.__name__} as RESP")
+        resolve = _LAZY.get(t)
+        if resolve is None:
+            raise TypeError(f"cannot encode {t.__name__} as RESP")
+        _encode_into(resolve(value), out, protover)
 
 
 def encode_command(*args: bytes | str | int) -> bytes:

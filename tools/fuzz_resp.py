@@ -201,8 +201,13 @@ def call(port: int, *args: Any) -> Any:
     return send_command(port, *args, timeout=10)
 
 
+def sentinel_body(i: int) -> bytes:
+    """Past the default body-memory-max: with the log on, the node keeps these in its log."""
+    return f"sentinel-{i}-".encode().ljust(600, b"s")
+
+
 def add_sentinels(port: int) -> list[bytes]:
-    ids = [call(port, "ADDJOB", SENTINEL_QUEUE, f"sentinel-{i}", 0, "RETRY", 3600)
+    ids = [call(port, "ADDJOB", SENTINEL_QUEUE, sentinel_body(i), 0, "RETRY", 3600)
            for i in range(SENTINELS)]
     assert all(isinstance(i, bytes) for i in ids), ids
     return ids
@@ -222,9 +227,14 @@ def check_whole(port: int, sentinels: list[bytes]) -> list[str]:
         return [f"the node is unreachable: {exc}"]
     if call(port, "PING") != b"PONG":
         problems.append("no PONG on a fresh connection")
-    missing = [i for i in sentinels if call(port, "SHOW", i) is None]
+    shown = [call(port, "SHOW", i) for i in sentinels]
+    missing = [i for i, s in zip(sentinels, shown, strict=True) if s is None]
     if missing:
         problems.append(f"{len(missing)} sentinel jobs lost, e.g. {missing[0]!r}")
+    wrong = [i for k, (i, s) in enumerate(zip(sentinels, shown, strict=True))
+             if s is not None and s[s.index(b"body") + 1] != sentinel_body(k)]
+    if wrong:
+        problems.append(f"{len(wrong)} sentinel jobs with a wrong body, e.g. {wrong[0]!r}")
     return problems
 
 

@@ -131,3 +131,18 @@ async def test_rewrite_of_the_real_broker_under_churn(tmp_path):
             n.cancel_scope.cancel()
     again, _ = _node(str(tmp_path))
     assert set(again.jobs) == set(broker.jobs)
+
+
+async def test_a_replay_keeps_no_object_of_an_acknowledged_job(tmp_path):
+    """Acknowledged jobs of the replayed history leave the scan list at load (it compacts by
+    itself only once holes outnumber live jobs: here they are exactly half)."""
+    broker, p = _node(str(tmp_path))
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            await n.start(p.run)
+            ids = [await _cmd(broker, p, "ADDJOB", "q", f"body{i}", 0) for i in range(300)]
+            await _cmd(broker, p, "ACKJOB", *ids[:150])
+            n.cancel_scope.cancel()
+    again, _ = _node(str(tmp_path))
+    assert len(again.jobs) == 150
+    assert len(again.job_scan._items) == 150

@@ -40,9 +40,12 @@ def spark() -> object:
     session.stop()  # type: ignore[attr-defined]
 
 
-@pytest.fixture
-def node():
-    with ServerProcess() as server:
+@pytest.fixture(params=["memory", "bodies-on-disk"])
+def node(request: pytest.FixtureRequest):
+    """The bulk writer and the stream reader must work unchanged on a node that keeps bodies
+    in its append log (body-memory-max 0: the smallest body past it)."""
+    directives = {"appendonly": "yes", "body_memory_max": 1} if request.param != "memory" else {}
+    with ServerProcess(**directives) as server:
         yield server
 
 

@@ -1,0 +1,58 @@
+"""Bodies kept in the append log on a cluster: a replica stores its copy's body in its own
+log, and a body read back from the log travels in REPLJOB and in federation's YOURJOBS."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.support.cluster import LocalCluster, wait_until
+from tests.system.test_replicated_jobs import JOIN_WITHIN_S, joined, show
+
+pytestmark = pytest.mark.cluster_processes
+
+Factory = Callable[..., LocalCluster]
+
+
+def _on_disk(c: LocalCluster, i: int) -> int:
+    text = c.call(i, "INFO", "persistence").decode()
+    return int(text.split("jobs_bodies_on_disk:")[1].split("\r\n")[0])
+
+
+def test_replicas_keep_bodies_in_their_own_logs_and_federation_carries_them(
+        local_cluster: Factory) -> None:
+    c, _ids = joined(local_cluster, 3, directives=[{"appendonly": "yes"}] * 3)
+    bodies = [os.urandom(900 + k) for k in range(20)]
+    added: list[Any] = [c.call(0, "ADDJOB", "rq", body, 0, "REPLICATE", 3) for body in bodies]
+    assert all(isinstance(a, bytes) for a in added), added
+    wait_until(lambda: all(_on_disk(c, i) == 20 for i in range(3)), JOIN_WITHIN_S,
+               "every copy's body in its node's log")
+    for i in range(3):
+        for job_id, body in zip(added, bodies, strict=True):
+            info = show(c, i, job_id.decode())
+            assert info is not None and info["body"] == body
+    # Node 0 read its bodies from its log to send them; a replica restarted with kill -9
+    # reads its own log back.
+    c.kill(2)
+    c.restart(2)
+    assert _on_disk(c, 2) == 20
+    assert [show(c, 2, j.decode())["body"] for j in added] == bodies  # type: ignore[index]
+
+    # Federation: a consumer on node 1 of a queue only node 0 holds gets the bodies that node
+    # 0 keeps in its log (YOURJOBS carries them).
+    fed = [os.urandom(700) for _ in range(5)]
+    for body in fed:
+        assert isinstance(c.call(0, "ADDJOB", "fq", body, 0, "REPLICATE", 1), bytes)
+    assert _on_disk(c, 0) == 25
+    got: list[bytes] = []
+
+    def pulled() -> bool:
+        reply = c.call(1, "GETJOB", "NOHANG", "COUNT", 10, "FROM", "fq")
+        got.extend(entry[2] for entry in reply or [])
+        return len(got) >= 5
+
+    wait_until(pulled, JOIN_WITHIN_S, "the jobs of fq federated to node 1")
+    assert sorted(got) == sorted(fed)
