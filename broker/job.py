@@ -467,7 +467,7 @@ class Job(Timed):
         keeps the 16 fields nodes wrote before them. A body held by the log is its
         ``BodyRef``, which the node's packers read."""
         ref = self.ref
-        rec = [
+        rec: list[Any] = [
             self.id, self.queue, self.body if ref is None else ref, state_name(self.state),
             self.repl, self.ttl, self.retry,
             self.delay, self.ctime, self.qtime, self.nacks, self.deliveries,
@@ -485,8 +485,8 @@ class Job(Timed):
         (job_id, queue, body, state, repl, ttl, retry, delay, ctime, qtime, nacks,
          deliveries, delivered, confirmed, flags) = rec[:OLD_RECORD_FIELDS]
         ref = body if type(body) is BodyRef else None  # an undo of a job whose body is on disk
-        job = cls(bytes(job_id), bytes(queue), b"" if ref is not None else bytes(body), repl=repl, ttl=ttl, retry=retry,
-                  delay=delay, ctime=ctime, delivered=tuple(delivered),
+        job = cls(bytes(job_id), bytes(queue), b"" if ref is not None else bytes(body),
+                  repl=repl, ttl=ttl, retry=retry, delay=delay, ctime=ctime, delivered=tuple(delivered),
                   state=STATE_BY_NAME[state])
         job.ref = ref
         job.qtime = qtime
