@@ -281,8 +281,8 @@ def _shared(limits: int) -> int:
 class Job(Timed):
     # Memory per job is the reason for the layout (docs/benchmarks.md, "Memory"): small
     # integers share one word (``bits``: state, flags, priority, repl, dtime; ``limits``: TTL
-    # and retry), and the fields most jobs never set live in ``extra``. Compiled, a 128-byte
-    # object (192 with every field a word of its own). The properties keep each field's name.
+    # and retry), and the fields most jobs never set live in ``extra``. Compiled, a 144-byte
+    # object (208 with every field a word of its own). The properties keep each field's name.
     __slots__ = (
         "id", "queue", "body", "bits", "limits", "ctime", "qtime", "awake", "delivered",
         "extra", "ref",
