@@ -281,11 +281,11 @@ def _shared(limits: int) -> int:
 class Job(Timed):
     # Memory per job is the reason for the layout (docs/benchmarks.md, "Memory"): small
     # integers share one word (``bits``: state, flags, priority, repl, dtime; ``limits``: TTL
-    # and retry), and the fields most jobs never set live in ``extra``. Compiled, a 144-byte
+    # and retry), and the fields most jobs never set live in ``extra``. Compiled, a 128-byte
     # object (208 with every field a word of its own). The properties keep each field's name.
     __slots__ = (
-        "id", "queue", "body", "bits", "limits", "ctime", "qtime", "awake", "delivered",
-        "extra", "ref",
+        "id", "queue", "content", "bits", "limits", "ctime", "qtime", "awake", "delivered",
+        "extra",
     )
 
     def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
@@ -293,7 +293,9 @@ class Job(Timed):
                  state: JobState = JobState.ACTIVE) -> None:
         self.id = job_id
         self.queue = queue
-        self.body = body
+        # The body's bytes, or once the append log holds it instead of memory
+        # (``body-memory-max``) where it lies there: one word for both (``body``, ``ref``).
+        self.content: bytes | BodyRef = body
         self.bits = ((repl - 1) & _REPL_MASK) << _REPL_SHIFT | _state_index(state)
         limits = ttl << 32 | retry
         if _BOXED:
@@ -304,8 +306,6 @@ class Job(Timed):
         self.awake = 0
         self.delivered = delivered  # nodes that may hold a copy
         self.extra: JobExtra | None = None
-        # Set when the body is in the append log instead of memory (``body`` is then b"").
-        self.ref: BodyRef | None = None
         self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)
         if delay:
             self.delay = delay
@@ -448,15 +448,35 @@ class Job(Timed):
         return at
 
     @property
-    def content(self) -> bytes | BodyRef:
-        """The body for a reply or a record: the bytes, or where the log holds them."""
-        ref = self.ref
-        return self.body if ref is None else ref
+    def body(self) -> bytes:
+        """The body's bytes in memory; b"" while the log holds it (``ref``)."""
+        content = self.content
+        return content if isinstance(content, bytes) else b""
+
+    @body.setter
+    def body(self, value: bytes) -> None:
+        # Emptying the body of a job whose body the log holds keeps the reference: only
+        # ``ref = None`` drops it (the order BrokerState.unregister relies on).
+        if value or not isinstance(self.content, BodyRef):
+            self.content = value
+
+    @property
+    def ref(self) -> BodyRef | None:
+        """Where the append log holds the body, or None while it is in memory."""
+        content = self.content
+        return content if isinstance(content, BodyRef) else None
+
+    @ref.setter
+    def ref(self, value: BodyRef | None) -> None:
+        if value is not None:
+            self.content = value
+        elif isinstance(self.content, BodyRef):
+            self.content = b""
 
     @property
     def body_size(self) -> int:
-        ref = self.ref
-        return len(self.body) if ref is None else ref.length
+        content = self.content
+        return len(content) if isinstance(content, bytes) else content.length
 
     # -- persistence ---------------------------------------------------------------------------
 
@@ -466,9 +486,8 @@ class Job(Timed):
         ``after`` follows it, ``after`` (the parents) while there are any. A job using neither
         keeps the 16 fields nodes wrote before them. A body held by the log is its
         ``BodyRef``, which the node's packers read."""
-        ref = self.ref
         rec: list[Any] = [
-            self.id, self.queue, self.body if ref is None else ref, state_name(self.state),
+            self.id, self.queue, self.content, state_name(self.state),
             self.repl, self.ttl, self.retry,
             self.delay, self.ctime, self.qtime, self.nacks, self.deliveries,
             list(self.delivered), list(self.confirmed), self.flags, self.dtime,

@@ -800,9 +800,9 @@ class BrokerState:
     @staticmethod
     def _job_entry(job: Job, withcounters: bool) -> list[Any]:
         if withcounters:
-            return [job.queue, job.id, job.body if job.ref is None else job.ref, b"nacks",
+            return [job.queue, job.id, job.content, b"nacks",
                     job.nacks, b"additional-deliveries", job.deliveries]
-        return [job.queue, job.id, job.body if job.ref is None else job.ref]
+        return [job.queue, job.id, job.content]
 
     def serve_waiters(self, q: Queue, now_ms: int) -> None:
         """Hand jobs of ``q`` to its blocked clients, first come first served, one each."""
