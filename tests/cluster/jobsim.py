@@ -11,9 +11,11 @@ frames are routed to it, and it is ticked at its own ``next_deadline``.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from broker.clients import BLOCKED, Client
+from broker.config import Config
 from broker.core import Broker
 from broker.effects import LogRecord, Reply
 from broker.job import Job
@@ -25,6 +27,14 @@ from cluster.results import RESULT_TYPES, ResultCore
 from cluster.sim import Sim, SimNode
 from cluster.wire import Frame, MessageType
 from cluster.wiring import attach
+
+
+def lone_broker(now_ms: int) -> tuple[Broker, Client]:
+    """One broker outside any cluster, seeded, and an authenticated client of it."""
+    b = Broker(Config(), "a" * 40, b"seed", now_ms=now_ms, rng=random.Random(0))
+    c = Client(1)
+    c.authenticated = True
+    return b, c
 
 
 class SimJobNode:

@@ -3,22 +3,13 @@ parent and the child on different nodes, a partition, a failover and restarts.""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from broker.clients import Client
-from broker.config import Config
 from broker.core import Broker
-from tests.cluster.jobsim import JobCluster
+from tests.cluster.jobsim import JobCluster, lone_broker
 
 T0 = 1_795_315_000_000
-
-
-def _broker() -> tuple[Broker, Client]:
-    b = Broker(Config(), "a" * 40, b"seed", now_ms=T0, rng=random.Random(0))
-    c = Client(1)
-    c.authenticated = True
-    return b, c
 
 
 def _add(b: Broker, c: Client, queue: bytes, *opts: bytes) -> bytes:
@@ -33,7 +24,7 @@ def _show(reply: Any) -> dict[str, Any]:
 
 
 def test_a_child_waits_for_every_parent() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     p1, p2 = _add(b, c, b"q"), _add(b, c, b"q")
     child = _add(b, c, b"next", b"AFTER", p1, b"AFTER", p2)
     shown = _show(b.execute([b"SHOW", child], c, T0))
@@ -48,14 +39,14 @@ def test_a_child_waits_for_every_parent() -> None:
 
 
 def test_a_plain_show_is_unchanged() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     job = _add(b, c, b"q")
     shown = b.execute([b"SHOW", job], c, T0)
     assert shown[-2:] == [b"body", b"body"] and len(shown) == 30
 
 
 def test_a_failed_parent_dead_letters_or_deletes_the_child() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     b.execute([b"QPOLICY", b"CREATE", b"dlq"], c, T0)
     b.execute([b"QPOLICY", b"CREATE", b"next", b"REDRIVE", b"5", b"dlq"], c, T0)
     parent = _add(b, c, b"q", b"TTL", b"1")
@@ -70,7 +61,7 @@ def test_a_failed_parent_dead_letters_or_deletes_the_child() -> None:
 
 
 def test_a_parent_done_before_the_child_counts_as_done_an_unknown_one_fails() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     b.execute([b"QPOLICY", b"CREATE", b"dlq"], c, T0)
     b.execute([b"QPOLICY", b"CREATE", b"next", b"REDRIVE", b"5", b"dlq"], c, T0)
     parent = _add(b, c, b"q")
@@ -92,11 +83,11 @@ def test_a_parent_done_before_the_child_counts_as_done_an_unknown_one_fails() ->
 
 
 def test_a_waiting_child_survives_a_restart() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     parent = _add(b, c, b"q")
     child = _add(b, c, b"next", b"AFTER", parent)
     records = [(r[0], r[1]) for r in b.snapshot()]
-    fresh, _ = _broker()
+    fresh, _ = lone_broker(T0)
     for kind, payload in records:
         fresh.load_record((kind, payload), T0)
     fresh.finish_load(T0 + 1000, False)
@@ -108,7 +99,7 @@ def test_a_waiting_child_survives_a_restart() -> None:
 
 
 def test_bad_after_options() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     assert str(b.execute([b"ADDJOB", b"q", b"x", b"0", b"AFTER", b"nope"], c, T0)).startswith(
         "BADID")
     assert str(b.execute([b"ADDJOB", b"q", b"x", b"0", b"AFTER"], c, T0)).startswith("ERR syntax")
@@ -189,7 +180,7 @@ def test_chains_survive_a_restart_of_every_node() -> None:
 
 
 def test_a_failed_child_is_no_longer_watched_for_its_other_parents() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     failing, other = _add(b, c, b"q"), _add(b, c, b"q")
     child = _add(b, c, b"next", b"AFTER", failing, b"AFTER", other)
     b.execute([b"DELJOB", failing], c, T0)

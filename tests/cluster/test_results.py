@@ -4,26 +4,17 @@ restarts."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from broker.clients import BLOCKED, Client
-from broker.config import Config
 from broker.core import Broker
 from broker.effects import Reply
 from cluster.sim import Faults
 from cluster.wire import MessageType
 from protocol.resp import Error
-from tests.cluster.jobsim import JobCluster
+from tests.cluster.jobsim import JobCluster, lone_broker
 
 T0 = 1_795_315_000_000
-
-
-def _broker() -> tuple[Broker, Client]:
-    b = Broker(Config(), "a" * 40, b"seed", now_ms=T0, rng=random.Random(0))
-    c = Client(1)
-    c.authenticated = True
-    return b, c
 
 
 def _add(b: Broker, c: Client, *opts: bytes) -> bytes:
@@ -36,7 +27,7 @@ def _replies(b: Broker) -> list[Any]:
 
 
 def test_resolve_answers_a_blocked_waitjob_and_later_ones() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     job = _add(b, c)
     waiter = Client(2)
     assert b.execute([b"WAITJOB", job], waiter, T0) is BLOCKED
@@ -49,7 +40,7 @@ def test_resolve_answers_a_blocked_waitjob_and_later_ones() -> None:
 
 
 def test_each_end_of_a_watched_job_has_its_answer() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     acked, deleted, expiring = _add(b, c), _add(b, c), _add(b, c, b"TTL", b"1")
     for job in (acked, deleted, expiring):
         assert b.execute([b"WAITJOB", job], Client(9), T0) is BLOCKED
@@ -68,7 +59,7 @@ def test_each_end_of_a_watched_job_has_its_answer() -> None:
 
 
 def test_a_dead_lettered_job_says_so() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     b.execute([b"QPOLICY", b"CREATE", b"dlq"], c, T0)
     b.execute([b"QPOLICY", b"CREATE", b"q", b"REDRIVE", b"1", b"dlq"], c, T0)
     job = _add(b, c)
@@ -80,7 +71,7 @@ def test_a_dead_lettered_job_says_so() -> None:
 
 
 def test_waitjob_times_out_with_a_null_and_unknown_ids_are_errors() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     job = _add(b, c)
     assert b.execute([b"WAITJOB", job, b"TIMEOUT", b"100"], c, T0) is BLOCKED
     b.tick(T0 + 200)
@@ -93,7 +84,7 @@ def test_waitjob_times_out_with_a_null_and_unknown_ids_are_errors() -> None:
 
 
 def test_result_max_size_is_enforced_and_the_result_is_logged() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     b.config.set("result-max-size", ["4"])
     job = _add(b, c)
     assert str(b.execute([b"RESOLVE", job, b"12345"], c, T0)).startswith("ERR result of 5")
@@ -102,7 +93,7 @@ def test_result_max_size_is_enforced_and_the_result_is_logged() -> None:
     records = [(r[0], r[1]) for r in b.snapshot()]
     assert ("result", [job, "resolved", b"1234", T0 + 3600_000]) in records
     # Replayed into a fresh broker, the result is there.
-    fresh, _ = _broker()
+    fresh, _ = lone_broker(T0)
     for kind, payload in records:
         fresh.load_record((kind, payload), T0)
     fresh.finish_load(T0, False)
@@ -110,7 +101,7 @@ def test_result_max_size_is_enforced_and_the_result_is_logged() -> None:
 
 
 def test_client_gone_forgets_its_waitjob() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     job = _add(b, c)
     waiter = Client(2)
     b.execute([b"WAITJOB", job], waiter, T0)
@@ -216,7 +207,7 @@ def test_a_result_survives_its_holders_restart() -> None:
 
 
 def test_results_count_in_used_memory_until_they_expire() -> None:
-    b, c = _broker()
+    b, c = lone_broker(T0)
     job = _add(b, c)
     before = b.used_memory
     b.execute([b"RESOLVE", job, b"x" * 10_000], c, T0)
