@@ -18,10 +18,19 @@ under a millisecond on a LAN) until it is acked, deleted or expires. Two ADDJOBs
 on two nodes closer together than that, or on two sides of a partition, make two jobs; when
 the partition heals both stay (jobs are never merged) and the newer entry wins. Entries are
 in memory only: a node that restarts gets the index again from the first peer it links to.
+
+A ``gone`` entry is a tombstone: it outlives its job only so that an older live entry held by
+a node that missed the end cannot come back. It is needed until every node has it, so
+``drop_tombstones`` forgets the tombstones that arrived or were made here before a time the
+replication core chooses (cluster/dedup_sync.py: once every known node has been linked for
+long enough that each one got them). Kept until the job's TTL instead, they made memory grow
+with every job a deduplicating queue processed. ``tombstones`` lists them oldest first, with
+this node's clock at arrival, so dropping costs only what is dropped.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -38,6 +47,8 @@ class SharedIndex:
     def __init__(self) -> None:
         self.entries: dict[tuple[bytes, bytes], list[Any]] = {}
         self.by_job: dict[bytes, tuple[bytes, bytes]] = {}  # job ID -> its entry's key
+        # (arrival ms here, the gone entry), oldest first; an entry replaced since is skipped.
+        self.tombstones: deque[tuple[int, list[Any]]] = deque()
         # Set by the replication core: each entry made here goes to the other nodes.
         self.on_change: Callable[[list[Any]], None] | None = None
 
@@ -50,7 +61,7 @@ class SharedIndex:
 
     def added(self, queue: bytes, digest: bytes, job_id: bytes, until_ms: int, node: str,
               now_ms: int) -> None:
-        self._made([queue, digest, job_id, until_ms, False, now_ms, node])
+        self._made([queue, digest, job_id, until_ms, False, now_ms, node], now_ms)
 
     def ended(self, job_id: bytes, node: str, now_ms: int) -> None:
         """The job was acked, deleted or dead-lettered here: no longer a duplicate anywhere."""
@@ -61,35 +72,49 @@ class SharedIndex:
         if entry[GONE] or entry[2] != job_id:
             return
         stamp = max(now_ms, entry[5] + 1)
-        self._made([entry[0], entry[1], job_id, entry[_UNTIL], True, stamp, node])
+        self._made([entry[0], entry[1], job_id, entry[_UNTIL], True, stamp, node], now_ms)
 
-    def merge(self, entry: list[Any]) -> bool:
+    def merge(self, entry: list[Any], now_ms: int) -> bool:
         """A peer's entry; True if it won."""
         key = (entry[0], entry[1])
         if not newer(entry, self.entries.get(key)):
             return False
-        self._put(entry)
+        self._put(entry, now_ms)
         return True
 
     def expire(self, now_ms: int) -> None:
         for key, entry in list(self.entries.items()):
             if entry[_UNTIL] <= now_ms:
-                del self.entries[key]
-                if self.by_job.get(entry[2]) == key:
-                    del self.by_job[entry[2]]
+                self._remove(key, entry)
 
-    def _made(self, entry: list[Any]) -> None:
-        self._put(entry)
+    def drop_tombstones(self, before_ms: int) -> None:
+        """Forget the gone entries that arrived or were made here at or before ``before_ms``."""
+        tombstones = self.tombstones
+        while tombstones and tombstones[0][0] <= before_ms:
+            entry = tombstones.popleft()[1]
+            key = (entry[0], entry[1])
+            if self.entries.get(key) is entry:
+                self._remove(key, entry)
+
+    def _remove(self, key: tuple[bytes, bytes], entry: list[Any]) -> None:
+        del self.entries[key]
+        if self.by_job.get(entry[2]) == key:
+            del self.by_job[entry[2]]
+
+    def _made(self, entry: list[Any], now_ms: int) -> None:
+        self._put(entry, now_ms)
         if self.on_change is not None:
             self.on_change(entry)
 
-    def _put(self, entry: list[Any]) -> None:
+    def _put(self, entry: list[Any], now_ms: int) -> None:
         key = (entry[0], entry[1])
         old = self.entries.get(key)
         if old is not None and self.by_job.get(old[2]) == key:
             del self.by_job[old[2]]
         self.entries[key] = entry
         self.by_job[entry[2]] = key
+        if entry[GONE]:
+            self.tombstones.append((now_ms, entry))
 
 
 def valid_entry(entry: Any) -> bool:

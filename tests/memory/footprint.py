@@ -31,16 +31,17 @@ class Footprint:
                 f"{before.blocks:,} -> {self.blocks:,}, jobs {self.jobs}, timers {self.timers}")
 
 
-def footprint(port: int, pid: int, settle_s: float = 0.3) -> Footprint:
+def footprint(port: int, pid: int, settle_s: float = 0.3, *, flush: bool = True) -> Footprint:
     """Read once the node is idle (a round's garbage collected, timers run). With no job
     held, the bounded leftovers of the jobs that went are dropped with DEBUG FLUSHALL before
     the blocks are counted (thousands of blocks of noise otherwise): the job scan list keeps
     up to a thousand or so finished jobs' objects for JSCAN's cursors until it compacts, the
     HTTP Content-Types as many, federation the last 10 s of imported IDs. The jobs and timer
-    entries are read before it."""
+    entries are read before it. ``flush=False`` skips it, for what FLUSHALL would reset along
+    with the leftovers (the results table: outcomes, blocked WAITJOBs, chained children)."""
     time.sleep(settle_s)
     alloc = info_fields(port, "allocations")
-    if alloc["registered_jobs"] == 0:
+    if flush and alloc["registered_jobs"] == 0:
         assert send_command(port, "DEBUG", "FLUSHALL") == b"OK"
         time.sleep(0.05)
     blocks = info_fields(port, "allocations")["allocated_blocks"]

@@ -72,3 +72,46 @@ def test_a_restarted_node_learns_the_index_again() -> None:
     assert c.run_until(c.meshed, 30_000)
     c.run_for(300)
     assert c.addjob(2, "orders", "kept", "0") == first
+
+
+def _entries(c: AllCoresCluster, i: int) -> int:
+    return len(c.broker(i).policies.shared.entries)
+
+
+def test_tombstones_go_once_every_node_has_them() -> None:
+    """An ended job's entry (a tombstone) is dropped on every node once all of them have been
+    linked for twice the node timeout (here 4 s, looked at every 5 s), not at its TTL."""
+    c = _cluster()
+    first = c.addjob(0, "orders", "order-9", "0", "REPLICATE", "2")
+    c.run_for(50)
+    c.cmd(0, "ACKJOB", first)
+    c.run_for(500)
+    assert [_entries(c, i) for i in range(3)] == [1, 1, 1]  # the tombstone, everywhere
+    c.run_for(10_000)
+    assert [_entries(c, i) for i in range(3)] == [0, 0, 0]
+    assert c.addjob(1, "orders", "order-9", "0") != first
+
+
+def test_tombstones_stay_while_a_node_is_cut_off_and_reach_it_on_healing() -> None:
+    """Node 2 holds the live entry and is cut off when the job ends: the others keep the
+    tombstone as long as it is away (the live entry would come back otherwise), send it
+    when the link returns, and only then, after the window, drop it."""
+    c = _cluster()
+    first = c.addjob(0, "orders", "order-5", "0", "REPLICATE", "1")
+    c.run_for(100)
+    c.sim.partition([0, 1], [2])
+    c.run_for(100)
+    c.cmd(0, "ACKJOB", first)
+    c.run_for(20_000)
+    assert _entries(c, 0) == 1 and _entries(c, 1) == 1  # kept: node 2 never got it
+    assert c.addjob(2, "orders", "order-5", "0") == first  # its side still sees the job
+    c.sim.heal()
+    assert c.run_until(c.meshed, 30_000)
+    c.run_for(500)
+    again = c.addjob(2, "orders", "order-5", "0", "REPLICATE", "1")
+    assert again != first  # the tombstone reached node 2, and was not undone by its entry
+    c.run_for(50)
+    assert c.addjob(0, "orders", "order-5", "0") == again
+    c.cmd(2, "ACKJOB", again)
+    c.run_for(12_000)
+    assert [_entries(c, i) for i in range(3)] == [0, 0, 0]
