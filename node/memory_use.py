@@ -8,6 +8,8 @@ INFO and before a body of 1 MB or more is judged, never per request.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -19,6 +21,26 @@ if TYPE_CHECKING:
     from node.log_core import LogCore
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _malloc_trim() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to call
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def release_free_heap() -> None:
+    """Give the heap's free pages back to the kernel (glibc's ``malloc_trim``). Big buffers
+    freed by a log rewrite otherwise stay in RSS: once a large block has been freed, glibc
+    serves the next ones from the heap instead of separate mappings, and a freed block in the
+    middle of the heap is not returned. Costs a walk of the heap: called after rare events."""
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 def read_rss() -> int:

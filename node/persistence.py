@@ -82,7 +82,7 @@ import trio
 from broker import aof
 from broker.effects import LogRecord
 from broker.job import REC_BODY, REC_ID, BodyRef
-from node import log_core, logfile
+from node import log_core, logfile, memory_use
 from node.bodies import BodyFiles
 from node.log_core import Batch, BodyNote, LogCore, LogSettings
 
@@ -581,6 +581,7 @@ class Persistence(LogCore):
             self.last_bgrewrite_ok = ok
             self.last_rewrite_time = int(time.monotonic() - self._rewrite_started)
             self.rewrite_buf = None
+            memory_use.release_free_heap()
 
     async def _drain_rewrite_buffer(self, rw: logfile.Rewrite) -> None:
         assert self.rewrite_buf is not None

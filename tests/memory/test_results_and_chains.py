@@ -13,7 +13,9 @@ How many outcomes are alive at once depends on the run's speed, and RSS follows 
 not a leak. So the warm-up runs the same jobs with ``result-ttl 3600``, which holds every
 outcome at once (the highest peak the run can reach), FLUSHALL drops them, and a second
 warm-up with ``result-ttl 1`` leaves the allocator as a run leaves it; the measured run
-then stays under that peak whatever its speed.
+then stays under that peak whatever its speed. The log's automatic rewrites still move RSS
+by up to 3 MiB from run to run (their buffers; the node gives the freed heap back after
+each), so RSS is held to 4 MiB here, 80 bytes per job, and the blocks judge a leak.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tests.support.server import ServerProcess
 JOBS = 50_000 if core_build.kind() == "compiled" else 15_000
 BATCH = 250
 OUTCOMES_GONE_S = 2.5  # result-ttl 1 s, pruned once a second, plus margin
+RSS_SLACK = 4 << 20
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,7 @@ def _flat(node: ServerProcess, run: Callable[[churn.Pipe, int], None], jobs: int
         before = footprint(node.port, node.proc.pid, settle_s, flush=False)
         run(pipe, jobs)
         after = footprint(node.port, node.proc.pid, settle_s, flush=False)
-    assert_flat(before, after, jobs)
+    assert_flat(before, after, jobs, rss_slack=RSS_SLACK)
 
 
 def _batches(jobs: int) -> Iterator[int]:
@@ -112,7 +115,7 @@ def test_blocked_waitjob_then_resolve(node: ServerProcess) -> None:
         before = footprint(node.port, node.proc.pid, OUTCOMES_GONE_S, flush=False)
         rounds(5_000)
         after = footprint(node.port, node.proc.pid, OUTCOMES_GONE_S, flush=False)
-    assert_flat(before, after, 5_000)
+    assert_flat(before, after, 5_000, rss_slack=RSS_SLACK)
 
 
 def test_waitjob_timing_out(node: ServerProcess) -> None:
