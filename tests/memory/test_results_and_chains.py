@@ -130,7 +130,7 @@ def test_waitjob_timing_out(node: ServerProcess) -> None:
         def rounds(n: int) -> None:
             for _ in range(n):
                 ids = churn.add(pipes[0], "waited", len(pipes))
-                for pipe, job_id in zip(pipes, ids):
+                for pipe, job_id in zip(pipes, ids, strict=True):
                     pipe.send([("WAITJOB", job_id, "TIMEOUT", 1)])
                 assert [pipe.read(1)[0] for pipe in pipes] == [None] * len(pipes)
                 assert pipes[0].run([("DELJOB", i) for i in ids]) == [1] * len(ids)
