@@ -48,6 +48,10 @@ class BrokerCore(Protocol):
     @property
     def used_memory(self) -> int: ...
 
+    def disk_full(self, adding: int) -> bool:
+        """Whether ``adding`` more body bytes would take the append log past ``maxdisk``."""
+        ...
+
     def new_ctime(self, now_ms: int) -> int:
         """A creation time unique on this node (ms * 1e6 + a sequence number)."""
         ...

@@ -106,6 +106,8 @@ def export_jobs(b: BrokerCore, q: Queue, count: int, to_node: str, now_ms: int,
 def import_job(b: BrokerCore, job: Job, myself: str, now_ms: int) -> bool:
     """A job received in YOURJOBS: queue it here. Returns whether it was queued (Disque
     counts only those towards the import rate and the sources of the queue)."""
+    if b.disk_full(job.body_size):
+        return False  # past maxdisk: its source keeps it and requeues it in time
     existing = b.jobs.get(job.id)
     if existing is not None:
         job = existing

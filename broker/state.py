@@ -649,6 +649,16 @@ class BrokerState:
     # =========================================================================================
     # Commands: jobs
 
+    def disk_full(self, adding: int) -> bool:
+        """Whether ``adding`` more body bytes would take the append log past ``maxdisk``
+        (a copy from another node is refused then, as an ADDJOB is)."""
+        maxdisk = self.config.maxdisk
+        if maxdisk and self.log_size() + adding > maxdisk:
+            self.warn("maxdisk", "A copy of a job from another node refused: the append log "
+                      "is at 'maxdisk'")
+            return True
+        return False
+
     def memory_level(self, adding: int = 0) -> int:
         """Disque's memory warning level (broker/memory.py), counting ``adding`` more bytes
         (the job about to be created)."""

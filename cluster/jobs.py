@@ -228,6 +228,8 @@ class JobCore:
             # Step 2: a duplicate (or a refresh every 50 ms): learn the other holders.
             if existing.state is not _ACKED:
                 cluster_jobs.merge_delivered(existing, job.delivered)
+        elif b.disk_full(job.body_size):
+            return  # past maxdisk: no copy, no GOTJOB, as short of memory
         else:
             cluster_jobs.add_replica(b, job, now_ms)
         if not msg.noreply:
