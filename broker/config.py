@@ -65,7 +65,7 @@ DIRECTIVES: dict[str, Directive] = {
         _D("appendfilename", "string", "trisque.aof", False, "Name of the append log in dir."),
         _D("appendfsync", "enum:always,everysec,no", "everysec", True, "When the log is fsynced: always (group commit), everysec, no."),
         _D("body-memory-max", "memory", 256, False, "With appendonly, bodies longer than this are kept in the log, not in memory (0: all in memory)."),
-        _D("maxdisk", "memory", 0, True, "Refuse ADDJOB once the append log is this big (0: no limit)."),
+        _D("maxdisk", "memory", 0, True, "Refuse ADDJOB and copies from other nodes once the append log is this big (0: no limit)."),
         _D("no-appendfsync-on-rewrite", "bool", False, True, "Skip fsync while a rewrite runs."),
         _D("auto-aof-rewrite-percentage", "int", 100, True, "Rewrite the log when it grew by this percentage (0: never)."),
         _D("auto-aof-rewrite-min-size", "memory", 67108864, True, "Do not rewrite automatically below this size."),
