@@ -528,6 +528,18 @@ class BrokerState:
         if prev is not None:
             self._restore(Job.from_record(prev), now_ms)
 
+    def undo_unencodable(self, entry: tuple[str, Any, Any], now_ms: int) -> None:
+        """``undo_entry`` for a record that could not be encoded (a body the log holds could
+        not be read back): a requeue due now waits one more retry period, or the job's timer
+        would fire, and fail, at every tick."""
+        self.undo_entry(entry, now_ms)
+        if entry[0] != "job":
+            return
+        job = self.jobs.get(entry[1][0])
+        if job is not None and job.qtime and job.qtime <= now_ms:
+            job.qtime = now_ms + max(1, job.retry) * 1000
+            self.reschedule(job)
+
     def _restore(self, job: Job, now_ms: int) -> None:
         """Register a job again exactly as recorded (undo of a failed log write)."""
         queued = job.state is _QUEUED

@@ -130,8 +130,7 @@ class BodyFiles:
         try:
             return self.read(value)
         except BodyError as exc:
-            self._failed(value, exc)
-            raise
+            raise BodyError(self._failed(value, exc)) from exc
 
 
 def body_of(value: Any) -> bytes:

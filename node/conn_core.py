@@ -313,7 +313,12 @@ class ConnCore:
         """Route a command's effects, then queue its reply (or note that it blocked)."""
         host = self.host
         broker = host.broker
-        ticket = host.route(broker.take_effects(), others) if broker.outbox else 0
+        ticket = 0
+        if broker.outbox:
+            try:
+                ticket = host.route(broker.take_effects(), others)
+            except OSError as unencodable:
+                reply = undone(reply, unencodable)
         # REPLJOB, SETACK, PAUSE ..., CLUSTER MEET: after the broker's effects, as always.
         host.bus.flush()
         if self.client.reply_flags and not reply_wanted(self.client) and reply is not BLOCKED:
@@ -613,6 +618,15 @@ def make_room(conn: ConnCore) -> None:
         transition(conn, to_replicating(state))
 
 
+def undone(reply: Any, exc: OSError) -> Any:
+    """The reply of a command whose log records could not be encoded (a body the log holds
+    could not be read back, node/bodies.py): the log core undid its changes, so it reports an
+    error and the connection goes on (a blocked command keeps waiting: it changed nothing)."""
+    if reply is BLOCKED:
+        return reply
+    return errors.err(f"{exc}; the command was undone")
+
+
 def patch_failures(conn: ConnCore, failures: dict[int, str]) -> None:
     """The log write of these tickets failed and the broker undid those changes: the
     commands that made them must not report success."""
@@ -706,7 +720,12 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
                 break
             ran += 1
             reply = command_path.run(client, parsed, now)
-            ticket = route(broker.take_effects(), others) if broker.outbox else 0
+            ticket = 0
+            if broker.outbox:
+                try:
+                    ticket = route(broker.take_effects(), others)
+                except OSError as unencodable:
+                    reply = undone(reply, unencodable)
             if reply is BLOCKED:
                 waiting.append(None)
                 conn.awaited += 1
@@ -732,11 +751,18 @@ def execute_commands(conn: ConnCore, budget: int, now: int,
         if client.reply_flags and not reply_wanted(client) and reply is not BLOCKED:
             # CLIENT REPLY OFF or SKIP: effects routed, no reply.
             if broker.outbox:
-                route(broker.take_effects(), others)
+                try:
+                    route(broker.take_effects(), others)
+                except OSError:
+                    pass  # undone, and logged by the packer; nobody to tell
             continue
         # As _after, inline (the bus aside): the path every command takes.
         if broker.outbox:
-            ticket = route(broker.take_effects(), others)
+            try:
+                ticket = route(broker.take_effects(), others)
+            except OSError as unencodable:
+                ticket = 0
+                reply = undone(reply, unencodable)
             if reply is BLOCKED:
                 if _replicating(conn, client):
                     continue

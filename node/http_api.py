@@ -45,6 +45,7 @@ from broker.clients import BLOCKED, Client
 from broker.intents import Intent
 from broker.job import JobState
 from node.bodies import BodyError, body_of
+from node.conn_core import undone
 from node.http_openapi import MAX_COUNT, MAX_PRIORITY, MAX_WAIT_S, OPENAPI, QUEUE_FIELDS
 from protocol.jobid import is_valid
 from protocol.resp import NEED_DATA, Error, ReplyReader
@@ -179,7 +180,12 @@ class Bridge:
         if after is not None:
             after(reply)
         others: list[Any] = []
-        ticket = server.route(broker.take_effects(), others) if broker.outbox else 0
+        ticket = 0
+        if broker.outbox:
+            try:
+                ticket = server.route(broker.take_effects(), others)
+            except OSError as exc:  # a body the log holds could not be read back: undone
+                reply = undone(reply, exc)
         # REPLJOB, SETACK, QPOLICY ...: after the broker's effects, as a connection does.
         server.bus.flush()
         if others:

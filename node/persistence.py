@@ -141,6 +141,8 @@ class LogBroker(Protocol):
 
     def undo_entry(self, entry: Any, now_ms: int) -> None: ...
 
+    def undo_unencodable(self, entry: Any, now_ms: int) -> None: ...
+
     def take_effects(self) -> list[Any]: ...
 
     def body_stored(self, job: Any, ref: BodyRef) -> None: ...
@@ -274,7 +276,7 @@ class Persistence(LogCore):
         now_ms = int(self._clock() * 1000)
         for entry in reversed(records):
             if entry[0] not in _ADVISORY:
-                self.broker.undo_entry(entry, now_ms)
+                self.broker.undo_unencodable(entry, now_ms)
 
     def _move_bodies(self, gen: int, notes: list[BodyNote], base: int) -> None:
         """Point the references at the copies a rewrite made in the file of generation

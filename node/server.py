@@ -358,7 +358,13 @@ class Server:
         bus frame, a tick, before a flush): records to the log now, replies once durable."""
         if self.broker.outbox:
             replies: list[Reply] = []
-            ticket = self.route(self.broker.take_effects(), replies)
+            try:
+                ticket = self.route(self.broker.take_effects(), replies)
+            except OSError:
+                # A body the log holds could not be read back into a record (a timer's
+                # requeue of a damaged body): the log core undid the change and the packer
+                # logged it; the node goes on.
+                return
             if replies:
                 self.dispatch(replies, ticket)
 

@@ -13,7 +13,7 @@ import pytest
 
 from node.log_core import body_offset
 from protocol.resp import Error
-from tests.support.server import ServerProcess, send_command
+from tests.support.server import ServerProcess, pipelined, send_command
 
 
 def _info(port: int) -> dict[str, str]:
@@ -110,26 +110,51 @@ def test_a_damaged_body_is_an_error_for_its_job_only():
         srv.kill()
 
 
-def test_a_command_that_must_log_a_damaged_body_is_undone():
+def _damage(srv: ServerProcess, body: bytes, at: int = 5) -> None:
+    with open(os.path.join(srv.dir, "trisque.aof"), "r+b") as f:
+        data = f.read()
+        where = data.index(body) + at
+        f.seek(where)
+        f.write(bytes([data[where] ^ 1]))
+
+
+def test_a_command_that_must_log_a_damaged_body_is_undone_with_an_error_reply():
     """A NACK writes the job's whole record, body included: with the body damaged it cannot,
-    so the NACK is undone (memory stays what the log says) and its connection closed."""
+    so the NACK is undone (memory stays what the log says) and answered with an error; the
+    connection goes on, and the failure is logged once."""
     with ServerProcess(appendonly="yes", appendfsync="always") as srv:
         body = os.urandom(800)
         job_id = _add(srv.port, [body])[0]
-        path = os.path.join(srv.dir, "trisque.aof")
-        with open(path, "r+b") as f:
-            data = f.read()
-            at = data.index(body)
-            f.seek(at + 5)
-            f.write(bytes([data[at + 5] ^ 1]))
+        _damage(srv, body)
         assert send_command(srv.port, "GETJOB", "FROM", "q")[0][1] == job_id
-        with pytest.raises(ConnectionError):
-            send_command(srv.port, "NACK", job_id)
+        before = srv.log().count("checksum mismatch")
+        refused, pong = pipelined(srv.port, [("NACK", job_id), ("PING",)])
+        assert isinstance(refused, Error) and "checksum mismatch" in refused, refused
+        assert "undone" in refused
+        assert pong == b"PONG"  # on the same connection
+        log = srv.log()
+        assert log.count("checksum mismatch") == before + 1, log  # the NACK's, once
+        assert "Unexpected error" not in log
         shown = send_command(srv.port, "SHOW", job_id)
         fields = dict(zip(shown[::2], shown[1::2], strict=True))
         assert fields[b"state"] == b"active" and fields[b"nacks"] == 0  # not requeued
         assert send_command(srv.port, "QLEN", "q") == 0
+        srv.kill()
+
+
+def test_a_timed_requeue_of_a_damaged_body_is_undone_and_tried_again_a_retry_later():
+    """The requeue's record cannot carry the body either: the node goes on, the job stays
+    active, and the next attempt waits its RETRY (not every tick of the timer wheel)."""
+    with ServerProcess(appendonly="yes", appendfsync="always") as srv:
+        body = os.urandom(800)
+        job_id = send_command(srv.port, "ADDJOB", "q", body, 0, "RETRY", 1)
+        _damage(srv, body)
+        assert send_command(srv.port, "GETJOB", "FROM", "q")[0][1] == job_id
+        time.sleep(2.6)  # requeues due at about 1 s and 2 s
         assert send_command(srv.port, "PING") == b"PONG"
+        assert 2 <= int(_info(srv.port)["bodies_unreadable"]) <= 5  # the GETJOB's, and each try
+        assert send_command(srv.port, "QLEN", "q") == 0
+        assert "Unexpected error" not in srv.log() and "Traceback" not in srv.log()
         srv.kill()
 
 
