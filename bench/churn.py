@@ -89,8 +89,9 @@ def _taken(replies: list[Any], want: int) -> list[bytes]:
     return [entry[1] for entry in reply]
 
 
-def add(pipe: Pipe, queue: str, n: int, *options: bytes | str | int) -> list[bytes]:
-    return _ids(pipe.run([("ADDJOB", queue, BODY, 0, *options)] * n), "ADDJOB")
+def add(pipe: Pipe, queue: str, n: int, *options: bytes | str | int,
+        body: bytes = BODY) -> list[bytes]:
+    return _ids(pipe.run([("ADDJOB", queue, body, 0, *options)] * n), "ADDJOB")
 
 
 def add_delete(pipe: Pipe, jobs: int, *, retry0: bool = False, queue: str = "churn",
@@ -103,12 +104,12 @@ def add_delete(pipe: Pipe, jobs: int, *, retry0: bool = False, queue: str = "chu
 
 
 def consume(pipe: Pipe, jobs: int, *, ack: str = "ACKJOB", nack_first: bool = False,
-            queue: str = "churn", batch: int = BATCH) -> None:
+            queue: str = "churn", batch: int = BATCH, body: bytes = BODY) -> None:
     """ADDJOB, GETJOB, then ACKJOB or FASTACK of what was taken; with ``nack_first`` each job
     is NACKed once and taken again before it is acknowledged."""
     getjob = ("GETJOB", "NOHANG", "COUNT", batch, "FROM", queue)
     for n in _batches(jobs, batch):
-        add(pipe, queue, n)
+        add(pipe, queue, n, body=body)
         ids = _taken(pipe.run([getjob]), n)
         if nack_first:
             _all_ones(pipe.run([("NACK", i) for i in ids]), "NACK")
