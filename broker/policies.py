@@ -200,6 +200,13 @@ def redrive_dead_letters(b: PolicyBroker, dlq: bytes, count: int | None, client:
         if (origin is None or b.jobs.get(job.id) is not job or job.state is not JobState.QUEUED
                 or job.queue != dlq):
             continue
+        if job.ref is not None:
+            # Its body is in the append log (its queue got a policy after the body went
+            # there): the broker cannot copy it into a new job, so the dead letter stays.
+            b.warn("redrive-body-on-disk", f"QPOLICY REDRIVE left dead letter "
+                   f"{job.id.decode(errors='replace')} in {dlq.decode(errors='replace')}: "
+                   "its body is in the append log (body-memory-max)")
+            continue
         # On a cluster the new job is replicated in the background (ASYNC): the command must
         # not block, and the dead letter is acknowledged only after its copy exists here.
         add = AddJob(origin[1], job.body, 0, None, 0, None, None, None,

@@ -273,7 +273,8 @@ class PolicyTable:
             found = self.shared.find(queue, hashlib.sha1(body).digest(), now_ms)
             if found is not None:
                 job = b.jobs.get(found)
-                if job is None or (job.state is not JobState.ACKED and job.body == body):
+                if job is None or (job.state is not JobState.ACKED and job.ref is None
+                                   and job.body == body):
                     return found
         return self._find_local(b, queue, body)
 
@@ -286,14 +287,14 @@ class PolicyTable:
             mine = b"D-" + b.node_id[:8].encode()
             for job in b.jobs.values():
                 if (job.queue == queue and job.state is not JobState.ACKED
-                        and job.id.startswith(mine)):
+                        and job.id.startswith(mine) and job.ref is None):
                     self._dedup[(queue, hashlib.sha1(job.body).digest())] = job.id
         job_id = self._dedup.get((queue, hashlib.sha1(body).digest()))
         if job_id is None:
             return None
         found = b.jobs.get(job_id)
         if (found is None or found.queue != queue or found.body != body
-                or found.state is JobState.ACKED):
+                or found.ref is not None or found.state is JobState.ACKED):
             return None
         return job_id
 
@@ -379,3 +380,4 @@ class PolicyBroker(BrokerCore, Protocol):
     """The broker core with its policy table (``Broker.policies``)."""
 
     policies: PolicyTable
+    warn: Callable[[str, str], None]

@@ -284,3 +284,23 @@ def test_maxdisk_refuses_addjob_past_it_and_qstat_shows_the_bytes_a_queue_holds(
             time.sleep(0.05)
         assert int(_info(srv.port)["log_bytes"]) < limit - 20_000
         assert isinstance(send_command(srv.port, "ADDJOB", "q", os.urandom(1000), 0), bytes)
+
+
+def test_redrive_leaves_a_dead_letter_whose_body_is_in_the_log_where_it_is():
+    """A queue that gets a policy after its bodies went to the log: its dead letter shares the
+    reference, which the broker cannot copy into a new job; REDRIVE leaves it (and says so)
+    rather than move it back with an empty body."""
+    with ServerProcess(appendonly="yes") as srv:
+        body = os.urandom(1000)
+        job_id = _add(srv.port, [body])[0]
+        assert _info(srv.port)["jobs_bodies_on_disk"] == "1"
+        send_command(srv.port, "QPOLICY", "CREATE", "dlq")
+        send_command(srv.port, "QPOLICY", "CREATE", "q", "REDRIVE", "1", "dlq")
+        assert send_command(srv.port, "GETJOB", "FROM", "q")[0][2] == body
+        send_command(srv.port, "NACK", job_id)  # a second receive: dead-lettered
+        assert send_command(srv.port, "QLEN", "dlq") == 1
+        assert send_command(srv.port, "QPEEK", "dlq", 1)[0][2] == body
+        assert send_command(srv.port, "QPOLICY", "REDRIVE", "dlq") == 0
+        assert send_command(srv.port, "QLEN", "q") == 0
+        assert send_command(srv.port, "QPEEK", "dlq", 1)[0][2] == body
+        assert "its body is in the append log" in srv.log()
