@@ -288,6 +288,7 @@ def compare(directory: str, n: int, size: int, fsync: str, runs: int, deadline: 
     the rates and of the CPU times (the latter less sensitive to a busy machine)."""
     rates: dict[str, list[Rates]] = {"memory": [], "warm": [], "cold": []}
     refused: str | None = None
+    load_before = os.getloadavg()[0]
     for _ in range(runs):
         rates["memory"].append(_throughput(directory, n, size, "0", fsync, False, deadline)[0])
         rates["warm"].append(_throughput(directory, n, size, "256", fsync, False, deadline)[0])
@@ -299,7 +300,8 @@ def compare(directory: str, n: int, size: int, fsync: str, runs: int, deadline: 
         return values[len(values) // 2]
 
     result: dict[str, float] = {}
-    out(f"{n:,} jobs of {size} bytes, appendfsync {fsync}, medians of {runs} run(s), jobs/s:")
+    out(f"{n:,} jobs of {size} bytes, appendfsync {fsync}, medians of {runs} interleaved "
+        f"run(s), load {load_before:.2f}-{os.getloadavg()[0]:.2f}, jobs/s:")
     for mode in ("memory", "warm", "cold"):
         for k, op in enumerate(("add", "take", "add_cpu", "take_cpu")):
             result[f"{mode}_{op}"] = median(mode, k)
