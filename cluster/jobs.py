@@ -146,6 +146,7 @@ class JobCore:
         # A big job is sent again to a node already asked only once its copy had time to
         # arrive (cluster_jobs.resend_period), even when a new holder was added.
         sent_at = None
+        bodies: dict[bool, dict[str, Any] | None] = {False: None, True: None}
         if job.body_size >= BIG_JOB_BYTES:
             sent_at = self.big_sent.setdefault(job.id, {})
             resend_ms = cluster_jobs.resend_period(job)
@@ -160,7 +161,13 @@ class JobCore:
                 if last is not None and now_ms - last < resend_ms:
                     continue  # its copy may still be on the way
                 sent_at[node_id] = now_ms
-            self._send(node_id, ReplJob(record, noreply or confirmed))
+            # One body per noreply value, shared by the replicas: the bus encodes a body it
+            # has just encoded for another link only once (``node/bus_core.py``).
+            quiet = noreply or confirmed
+            body = bodies[quiet]
+            if body is None:
+                body = bodies[quiet] = ReplJob(record, quiet).body()
+            self._send_body(node_id, MessageType.REPLJOB, body)
         return added
 
     def enqueue_elsewhere(self, job: Job, delay: int) -> None:
@@ -351,6 +358,15 @@ class JobCore:
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
         self.outbox.append(Send(node_id, msg.type, msg.body()))
+
+    def _send_body(self, node_id: str, mtype: MessageType, body: dict[str, Any]) -> None:
+        """Queue a message already made into its body (not one of ``BATCH_OF``'s types)."""
+        runs = self._runs
+        if runs:
+            runs.pop(node_id, None)
+        self.stats["sent"] += 1
+        self.membership.messages_sent += 1
+        self.outbox.append(Send(node_id, mtype, body))
 
     def _to_delivered(self, job: Job, msg: JobMessage) -> None:
         me = self.membership.myself_id
