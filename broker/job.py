@@ -501,19 +501,23 @@ class Job(Timed):
 
     @classmethod
     def from_record(cls, rec: list[Any]) -> Job:
-        (job_id, queue, body, state, repl, ttl, retry, delay, ctime, qtime, nacks,
-         deliveries, delivered, confirmed, flags) = rec[:OLD_RECORD_FIELDS]
+        # Fields by index and ``Job`` itself, not ``cls``: compiled, a direct call with no
+        # slice of the record and no keyword matching (every REPLJOB a replica takes).
+        body = rec[REC_BODY]
         ref = body if type(body) is BodyRef else None  # an undo of a job whose body is on disk
-        job = cls(bytes(job_id), bytes(queue), b"" if ref is not None else bytes(body),
-                  repl=repl, ttl=ttl, retry=retry, delay=delay, ctime=ctime, delivered=tuple(delivered),
-                  state=STATE_BY_NAME[state])
-        job.ref = ref
-        job.qtime = qtime
-        job.nacks = nacks
-        job.deliveries = deliveries
-        job.confirmed = tuple(confirmed)
-        job.flags = flags
-        job.dtime = rec[REC_DTIME] if len(rec) > OLD_RECORD_FIELDS else 0
+        job = Job(bytes(rec[REC_ID]), bytes(rec[REC_QUEUE]), b"" if ref is not None else bytes(body),
+                  repl=rec[REC_REPL], ttl=rec[REC_TTL], retry=rec[REC_RETRY],
+                  delay=rec[REC_DELAY], ctime=rec[REC_CTIME],
+                  delivered=tuple(rec[REC_DELIVERED]), state=STATE_BY_NAME[rec[REC_STATE]])
+        if ref is not None:
+            job.ref = ref
+        job.qtime = rec[REC_QTIME]
+        job.nacks = rec[REC_NACKS]
+        job.deliveries = rec[REC_DELIVERIES]
+        job.confirmed = tuple(rec[REC_CONFIRMED])
+        job.flags = rec[REC_FLAGS]
+        if len(rec) > OLD_RECORD_FIELDS:
+            job.dtime = rec[REC_DTIME]
         if len(rec) > RECORD_FIELDS:
             job.priority = rec[REC_PRIORITY]
             if len(rec) > PRIORITY_RECORD_FIELDS:

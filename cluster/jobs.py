@@ -64,8 +64,9 @@ from cluster.job_messages import (
     parse,
 )
 from cluster.membership import Membership
-from cluster.peer_frames import accept
-from cluster.wire import Frame, MessageType
+from cluster.peer_frames import accept, member
+from cluster.wire import Frame, MessageType, received_body
+from protocol.jobid import is_valid
 
 _WAIT_REPL: Final = JobState.WAIT_REPL
 _ACTIVE: Final = JobState.ACTIVE
@@ -105,6 +106,18 @@ class JobCore:
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:
+        if frame.type is MessageType.GOTJOB:
+            # The most frequent job message (one per replica of every replicated ADDJOB):
+            # its one field read here, no message object; anything odd takes ``accept``.
+            sender_id = member(self.membership, frame)
+            body = received_body(frame)
+            if sender_id is not None and type(body) is dict:
+                job_id = body.get("id")
+                if type(job_id) is bytes and is_valid(job_id):
+                    self.membership.messages_received += 1
+                    self.stats["received"] += 1
+                    self._got_job(job_id, sender_id, now_ms)
+                    return
         accepted = accept(self.membership, frame, peer_ip, parse, self.stats, self.outbox, "job")
         if accepted is not None:
             msg, sender_id = accepted
@@ -146,6 +159,7 @@ class JobCore:
         # A big job is sent again to a node already asked only once its copy had time to
         # arrive (cluster_jobs.resend_period), even when a new holder was added.
         sent_at = None
+        bodies: dict[bool, dict[str, Any] | None] = {False: None, True: None}
         if job.body_size >= BIG_JOB_BYTES:
             sent_at = self.big_sent.setdefault(job.id, {})
             resend_ms = cluster_jobs.resend_period(job)
@@ -160,7 +174,13 @@ class JobCore:
                 if last is not None and now_ms - last < resend_ms:
                     continue  # its copy may still be on the way
                 sent_at[node_id] = now_ms
-            self._send(node_id, ReplJob(record, noreply or confirmed))
+            # One body per noreply value, shared by the replicas: the bus encodes a body it
+            # has just encoded for another link only once (``node/bus_core.py``).
+            quiet = noreply or confirmed
+            body = bodies[quiet]
+            if body is None:
+                body = bodies[quiet] = ReplJob(record, quiet).body()
+            self._send_body(node_id, MessageType.REPLJOB, body)
         return added
 
     def enqueue_elsewhere(self, job: Job, delay: int) -> None:
@@ -236,8 +256,11 @@ class JobCore:
             self._send(sender, JobRef(MessageType.GOTJOB, job.id))
 
     def _on_gotjob(self, msg: JobRef, sender: str, now_ms: int) -> None:
-        if not cluster_jobs.got_job(self.broker, msg.job_id, sender, now_ms):
-            job = self.broker.jobs.get(msg.job_id)
+        self._got_job(msg.job_id, sender, now_ms)
+
+    def _got_job(self, job_id: bytes, sender: str, now_ms: int) -> None:
+        if not cluster_jobs.got_job(self.broker, job_id, sender, now_ms):
+            job = self.broker.jobs.get(job_id)
             if job is not None and job.state is _WAIT_REPL:
                 self._log("debug", f"GOTJOB from {sender[:8]}, a node not asked",
                           f"gotjob-not-asked:{sender}")
@@ -353,6 +376,15 @@ class JobCore:
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
         self.outbox.append(Send(node_id, msg.type, msg.body()))
+
+    def _send_body(self, node_id: str, mtype: MessageType, body: dict[str, Any]) -> None:
+        """Queue a message already made into its body (not one of ``BATCH_OF``'s types)."""
+        runs = self._runs
+        if runs:
+            runs.pop(node_id, None)
+        self.stats["sent"] += 1
+        self.membership.messages_sent += 1
+        self.outbox.append(Send(node_id, mtype, body))
 
     def _to_delivered(self, job: Job, msg: JobMessage) -> None:
         me = self.membership.myself_id

@@ -30,8 +30,8 @@ def accept(membership: Membership, frame: Frame, peer_ip: str, parse: Callable[[
     ``malformed-<kind>:<ip>``), so the runtime rate-limits each core's lines per peer;
     ``stats`` gains ``malformed`` and ``received``."""
     membership.messages_received += 1
-    sender = membership.nodes.get(frame.sender)
-    if sender is None or "handshake" in sender.flags or sender is membership.myself:
+    sender = member(membership, frame)
+    if sender is None:
         outbox.append(LogLine("debug", f"{frame.type.name} from unknown node {frame.sender[:8]}",
                               f"unknown-{kind}-sender:{peer_ip}"))
         return None
@@ -44,4 +44,12 @@ def accept(membership: Membership, frame: Frame, peer_ip: str, parse: Callable[[
                               f"malformed-{kind}:{peer_ip}"))
         return None
     stats["received"] += 1
-    return msg, sender.node_id
+    return msg, sender
+
+
+def member(membership: Membership, frame: Frame) -> str | None:
+    """The ID of the frame's sender if it is a member a core listens to, else None."""
+    sender = membership.nodes.get(frame.sender)
+    if sender is None or "handshake" in sender.flags or sender is membership.myself:
+        return None
+    return sender.node_id

@@ -164,6 +164,11 @@ class BusCore:
         # Sends waiting for a log batch to be durable (GOTJOB, YOURJOBS), by its ticket: one
         # task per batch sends them all, in one flush (``send_when_durable``).
         self.held: dict[int, list[Send]] = {}
+        # The last batch ``close_batch`` encoded in this write, and its frame: the next link
+        # whose batch holds the same bodies (a REPLJOB's two replicas) takes the same bytes.
+        self.shared_batch: list[dict[str, Any]] = []
+        self.shared_type = MessageType.GOTJOB
+        self.shared_frame = b""
 
     @property
     def max_body(self) -> int:
@@ -319,6 +324,7 @@ def write_pending(bus: BusCore) -> None:
                 write_now(link)
             except Exception:  # the reactor calls this: one link's bug must not stop it
                 bus.core_error(write_now)
+        bus.shared_batch = []  # nor its bodies kept alive
 
 
 def route(bus: BusCore, effect: ClusterEffect) -> None:
@@ -384,19 +390,41 @@ def small(mtype: MessageType, body: dict[str, Any]) -> bool:
 
 
 def close_batch(bus: BusCore, link: LinkCore) -> None:
-    """Encode the link's pending messages: one alone as itself, several as a BATCH frame."""
+    """Encode the link's pending messages: one alone as itself, several as a BATCH frame. The
+    same bodies as the last batch encoded (the same objects, still held, so unchanged: the
+    cores build each body once and send it to every replica) take its frame as it is."""
     batch = link.batch
     link.batch = []
+    mtype = link.batch_type
+    if mtype is bus.shared_type and same_bodies(batch, bus.shared_batch):
+        if not enqueue(link, [bus.shared_frame]):
+            bus.counters["sends_dropped"] += 1
+        return
     if len(batch) == 1:
-        encode_frame(bus, link, link.batch_type, batch[0], counted=True)
+        parts = encode_frame(bus, link, mtype, batch[0], counted=True)
     else:
-        encode_frame(bus, link, MessageType.BATCH, batch_body(link.batch_type, batch),
-                     counted=True)
+        parts = encode_frame(bus, link, MessageType.BATCH, batch_body(mtype, batch),
+                             counted=True)
+    if len(parts) == 1:  # whole, its MAC included
+        bus.shared_batch = batch
+        bus.shared_type = mtype
+        bus.shared_frame = parts[0]
+
+
+def same_bodies(batch: list[dict[str, Any]], shared: list[dict[str, Any]]) -> bool:
+    n = len(batch)
+    if n != len(shared):
+        return False
+    for i in range(n):
+        if batch[i] is not shared[i]:
+            return False
+    return True
 
 
 def encode_frame(bus: BusCore, link: LinkCore, mtype: MessageType, body: dict[str, Any],
-                 counted: bool = False) -> None:
-    """One frame into the link's queue (``counted``: its messages were counted as sent)."""
+                 counted: bool = False) -> list[bytes]:
+    """One frame into the link's queue (``counted``: its messages were counted as sent): its
+    buffers, or none if it could not be sent."""
     secret = bus.secret
     try:
         parts = encode_parts(mtype, bus.node_id, body, secret, bus.max_body,
@@ -409,20 +437,21 @@ def encode_frame(bus: BusCore, link: LinkCore, mtype: MessageType, body: dict[st
         bus.log_warning(f"oversized:{mtype.name}",
                         f"Cluster bus: not sending a {mtype.name} message to "
                         f"{link.peer_ip}: its {exc}, over what job-max-body-len allows")
-        return
+        return []
     except (WireError, ValueError, TypeError) as exc:
         bus.counters["sends_dropped"] += 1
         bus.log_warning(f"encode:{mtype.name}",
                         f"Cluster bus: cannot encode a {mtype.name} message: {exc}")
-        return
+        return []
     # A small frame comes whole, MAC included; a big one without it (see MacLater).
     if enqueue(link, parts, secret is not None and len(parts) > 1):
         if not counted:
             bus.counters["frames_sent"] += 1
             sent = bus.sent_by_type
             sent[mtype] = sent.get(mtype, 0) + 1
-    else:
-        bus.counters["sends_dropped"] += 1
+        return parts
+    bus.counters["sends_dropped"] += 1
+    return []
 
 
 def enqueue(link: LinkCore, parts: list[bytes], mac_later: bool = False) -> bool:

@@ -61,6 +61,26 @@ def test_gotjob_from_a_node_not_asked_does_not_count() -> None:
     assert c.reply_to(0, client) == job_id.decode()
 
 
+def test_a_gotjob_from_a_stranger_or_malformed_is_counted_and_never_confirms() -> None:
+    c = JobCluster(3)
+    for j in (1, 2):
+        c.sim.faults[(j, 0)] = Faults(drop=1.0)
+    client = c.client()
+    assert c.cmd(0, "ADDJOB", "q", "x", "0", "REPLICATE", "2", client=client) is BLOCKED
+    job_id = next(iter(c.broker(0).jobs))
+    asked = next(i for i in (1, 2) if c.node_id(i) in c.job(0, job_id).delivered)
+    stats = c.jn(0).core.stats
+    malformed, received = stats["malformed"], stats["received"]
+    for body in ({"id": job_id.decode()}, {"id": job_id[:-1]}, {"ID": job_id}):
+        c.deliver(0, asked, M.GOTJOB, body)
+    c.deliver(0, "e" * 40, M.GOTJOB, {"id": job_id})  # not a member
+    assert c.reply_to(0, client) is None
+    assert (stats["malformed"], stats["received"]) == (malformed + 3, received)
+    c.deliver(0, asked, M.GOTJOB, {"id": job_id})
+    assert stats["received"] == received + 1
+    assert c.reply_to(0, client) == job_id.decode()
+
+
 def test_a_node_dying_between_repljob_and_gotjob_is_replaced_by_another() -> None:
     c = JobCluster(4, seed=5)
     for j in (1, 2, 3):
