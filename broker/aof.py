@@ -442,7 +442,13 @@ def read_records(f: BinaryIO, path: str, end: ReadEnd | None = None,
                         and type(data[REC_BODY]) is list):
                     spec = data[REC_BODY]
                     at = base + after  # the body's offset in the file
-                    if (len(spec) != 2 or type(spec[0]) is not int or type(spec[1]) is not int
+                    if validate is not None:  # the record's shape first, the body aside
+                        data[REC_BODY] = b""
+                        reason = validate(kind, data) or ""
+                        data[REC_BODY] = spec
+                    if reason:
+                        pass
+                    elif (len(spec) != 2 or type(spec[0]) is not int or type(spec[1]) is not int
                             or spec[0] < 0):
                         reason = "bad body reference"
                     elif at + spec[0] > file_size:
