@@ -103,7 +103,7 @@ _MASK: Final = 0xFFFFFFFF
 KINDS: Final = ("job", "ack", "del", "flushall", "dlv", "qpolicy", "timer", "result")
 # Records that describe, not decide: see the module docstring. The runtime neither waits for
 # them nor undoes them (node/persistence.py).
-ADVISORY_KINDS: Final = frozenset({"dlv"})
+ADVISORY_KINDS: Final[frozenset[str]] = frozenset({"dlv"})
 
 # How much of the file the reader holds at once: big enough that the per-read cost is lost in
 # the noise, small enough that a multi-gigabyte log does not need as much memory. Not Final:
