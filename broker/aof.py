@@ -22,6 +22,17 @@ zero for any record under 16 MiB, so zeros after the last frame are a torn tail 
 file holds frames of its header's version only: a node that loaded a version-1 log rewrites it
 (as BGREWRITEAOF does) before appending.
 
+Version 3 adds the *split* job record, so that a replay need not read the bodies: the frame
+is as above, but the body slot of its job record holds ``[length, crc32(body)]`` and the body's
+``length`` bytes follow the frame, outside its checksum. The frame's checksum covers the
+metadata, the body's own CRC-32 (the one a ``BodyRef`` keeps) covers the body, and the next
+frame starts after the body. A reader that keeps the body where it is seeks past it; a body cut
+by the end of the file is a torn tail; a body whose CRC does not match is damage at its
+record's frame (checked where the body is read: by a reader that reads bodies, in the log's
+last ``VERIFY_TAIL`` bytes at every replay, and by node/bodies.py when the job is served).
+The writer splits a record whose body is longer than ``body-memory-max``; other records are
+byte for byte as in version 2.
+
 A payload is ``[kind, data]``: ``["job", job_record]`` (the full state of a job, the last one per
 ID wins at replay), ``["ack", job_id]``, ``["del", job_id]``, ``["flushall", None]`` (DEBUG
 FLUSHALL: forget everything before) or ``["dlv", [job_id, dtime_ms]]`` (a job's first delivery).
@@ -73,10 +84,13 @@ from typing import Any, BinaryIO, Final, Protocol
 
 import msgpack
 
+from broker.job import REC_BODY, REC_ID
+
 MAGIC: Final = b"TRISQLOG"
-# 2: the file may end in a zero-filled tail (its writer preallocates). Version 1 logs are read
-# too; the node rewrites their header to 2 in place before it appends to them.
-FORMAT_VERSION: Final = 2
+# 2: the file may end in a zero-filled tail (its writer preallocates). 3: a job record's body
+# may follow its frame (a split record, see the module docstring). Older logs are read too;
+# the node rewrites them as version 3 before it appends.
+FORMAT_VERSION: Final = 3
 FLAG_ENQUEUE_ONCE: Final = 0x0001
 
 _HEADER = struct.Struct(">8sHHI")
@@ -89,13 +103,18 @@ _MASK: Final = 0xFFFFFFFF
 KINDS: Final = ("job", "ack", "del", "flushall", "dlv", "qpolicy", "timer", "result")
 # Records that describe, not decide: see the module docstring. The runtime neither waits for
 # them nor undoes them (node/persistence.py).
-ADVISORY_KINDS: Final = frozenset({"dlv"})
+ADVISORY_KINDS: Final[frozenset[str]] = frozenset({"dlv"})
 
 # How much of the file the reader holds at once: big enough that the per-read cost is lost in
 # the noise, small enough that a multi-gigabyte log does not need as much memory. Not Final:
 # compiled with mypyc, a Final is inlined where it is used, and a test sets a small chunk to
 # make records span reads.
 READ_CHUNK = 8 * 1024 * 1024
+# The bodies of split records in this many bytes at the end of the log are read and checked
+# at replay even when the replay keeps only references: a crash can leave the last records'
+# metadata on disk without their bodies (written after the last fdatasync). Not Final: tests
+# set it.
+VERIFY_TAIL = 16 * 1024 * 1024
 
 Record = tuple[Any, ...]
 
@@ -170,40 +189,83 @@ def new_packer(default: Callable[[Any], Any] | None = None) -> Pack:
     return pack
 
 
-def encode_records(records: Iterable[Record], pack: Pack | None = None) -> bytes:
+def encode_records(records: Iterable[Record], pack: Pack | None = None, body_max: int = 0,
+                   body_of: Callable[[Any], bytes] | None = None) -> bytes:
     """Frames for records shaped like the broker's: ``(kind, data, ...)``; extra items (the undo
-    state of a ``LogRecord``) are not written. ``pack``: a packer of the caller's own."""
+    state of a ``LogRecord``) are not written. ``pack``: a packer of the caller's own;
+    ``body_max``, ``body_of``: as ``append_records``."""
     if pack is not None:
         out = bytearray()
-        append_records(out, records, pack)
+        append_records(out, records, pack, body_max, body_of)
         return bytes(out)
     try:
         packer = _FREE_PACKERS.pop()
     except IndexError:
         packer = _PACKER(use_bin_type=True)
     buf = bytearray()
-    append_records(buf, records, packer.pack)
+    append_records(buf, records, packer.pack, body_max, body_of)
     # Only after a success: a Packer whose pack raised is not put back.
     if len(_FREE_PACKERS) < _MAX_FREE_PACKERS:
         _FREE_PACKERS.append(packer)
     return bytes(buf)
 
 
-def append_records(buf: bytearray, records: Iterable[Record], pack: Pack) -> None:
+# (job ID, body bytes or reference, offset of the body in the buffer, length, CRC-32)
+BodyNote = tuple[bytes, Any, int, int, int]
+
+
+def append_records(buf: bytearray, records: Iterable[Record], pack: Pack, body_max: int = 0,
+                   body_of: Callable[[Any], bytes] | None = None,
+                   notes: list[BodyNote] | None = None) -> None:
     """``encode_records`` appended to ``buf`` (the open batch of node/persistence.py), with
-    ``pack`` (``new_packer()``), without a separate result to copy. All or nothing: if a
-    record cannot be encoded, ``buf`` is cut back to its size before the call and msgpack's
-    error raised."""
+    ``pack`` (``new_packer()``), without a separate result to copy. With ``body_max``, a job
+    record whose body is longer (or is a reference, whose bytes ``body_of`` reads back) is
+    split: its body follows its frame, and ``notes`` gets where. All or nothing: if a record
+    cannot be encoded, ``buf`` (and ``notes``) are cut back to their size before the call and
+    the error raised."""
     start = len(buf)
+    first_note = len(notes) if notes is not None else 0
     try:
         for rec in records:
-            payload = pack((rec[0], rec[1]))
+            data = rec[1]
+            if body_max and rec[0] == "job":
+                body = data[REC_BODY]
+                if type(body) is not bytes or len(body) > body_max:
+                    _append_split(buf, data, body, pack, body_of, notes)
+                    continue
+            payload = pack((rec[0], data))
             n = len(payload)
             buf += _PACK_FRAME(n ^ _MASK, n, _CRC32(payload))
             buf += payload
     except BaseException:
         del buf[start:]
+        if notes is not None:
+            del notes[first_note:]
         raise
+
+
+def _append_split(buf: bytearray, data: list[Any], body: Any, pack: Pack,
+                  body_of: Callable[[Any], bytes] | None, notes: list[BodyNote] | None) -> None:
+    """A split job record: its frame, whose body slot holds ``[length, crc32]``, then the
+    body's bytes."""
+    if type(body) is bytes:
+        raw: bytes = body
+        crc = _CRC32(raw)
+    else:  # a reference (broker.job.BodyRef): read back and checked by ``body_of``
+        if body_of is None:
+            raise TypeError("a body the log holds needs body_of to be written again")
+        raw = body_of(body)
+        crc = body.crc
+    size = len(raw)
+    meta = list(data)
+    meta[REC_BODY] = [size, crc]
+    payload = pack(("job", meta))
+    n = len(payload)
+    buf += _PACK_FRAME(n ^ _MASK, n, _CRC32(payload))
+    buf += payload
+    if notes is not None:
+        notes.append((data[REC_ID], body, len(buf), size, crc))
+    buf += raw
 
 
 @dataclass
@@ -283,13 +345,22 @@ def _zero_tail(f: BinaryIO, end: ReadEnd, offset: int) -> bool:
 
 
 Validator = Callable[[str, Any], "str | None"]
+# Called for the body of a split record that replay leaves in the file: (its offset, length,
+# CRC-32) -> what the record's body slot holds instead (node/persistence.py: a BodyRef).
+BodyKeeper = Callable[[int, int, int], Any]
 
 
 def read_records(f: BinaryIO, path: str, end: ReadEnd | None = None,
-                 validate: Validator | None = None) -> Iterator[Record]:
+                 validate: Validator | None = None,
+                 keep: BodyKeeper | None = None) -> Iterator[Record]:
     """Yield ``(kind, data)`` for every whole record of the log open as ``f`` (named ``path``
     in errors); fill ``end`` with how the file ends. The caller opens the file
     (``node/logfile.py``): this module does no I/O of its own.
+
+    The body of a split record (version 3) is read and its CRC-32 checked, unless ``keep`` is
+    given: then it is skipped (a seek, no read) and the record's body slot holds what
+    ``keep(offset, length, crc)`` returns; only the bodies in the last ``VERIFY_TAIL`` bytes
+    are still read and checked (a crash's torn tail).
 
     ``validate(kind, data)`` (the record format's owner, ``broker.job.validate_record``) says
     why a decodable record is still not one a node could have written; such a record is
@@ -307,6 +378,10 @@ def read_records(f: BinaryIO, path: str, end: ReadEnd | None = None,
     end.header = header
     unpackb, unpack_frame, crc32 = msgpack.unpackb, _FRAME.unpack_from, zlib.crc32
     complement_first = header.version >= 2  # the frame layout (module docstring)
+    split = header.version >= 3
+    file_size = f.seek(0, 2)
+    f.seek(HEADER_SIZE)
+    verify_from = file_size - VERIFY_TAIL
     counts = end.counts
     buf = b""
     pos = 0  # next frame in buf
@@ -352,6 +427,7 @@ def read_records(f: BinaryIO, path: str, end: ReadEnd | None = None,
             return
         payload = buf[start : start + n]
         reason = ""
+        after = start + n  # where the next frame starts in buf (past a split record's body)
         if crc32(payload) != crc:
             reason = "checksum mismatch"
         else:
@@ -362,15 +438,53 @@ def read_records(f: BinaryIO, path: str, end: ReadEnd | None = None,
             else:
                 if not isinstance(kind, str) or kind not in counts:
                     reason = f"unknown record kind {kind!r:.60}"
-                elif validate is not None:
+                elif (split and kind == "job" and type(data) is list and len(data) > REC_BODY
+                        and type(data[REC_BODY]) is list):
+                    spec = data[REC_BODY]
+                    at = base + after  # the body's offset in the file
+                    if validate is not None:  # the record's shape first, the body aside
+                        data[REC_BODY] = b""
+                        reason = validate(kind, data) or ""
+                        data[REC_BODY] = spec
+                    if reason:
+                        pass
+                    elif (len(spec) != 2 or type(spec[0]) is not int or type(spec[1]) is not int
+                            or spec[0] < 0):
+                        reason = "bad body reference"
+                    elif at + spec[0] > file_size:
+                        end.state, end.offset = "torn", base + pos
+                        end.reason = f"body of {spec[0]} bytes cut by the end of the file"
+                        return
+                    else:
+                        size, body_crc = spec
+                        if keep is None or at + size > verify_from:
+                            if after + size <= len(buf):
+                                body = buf[after : after + size]
+                            else:
+                                f.seek(at)
+                                body = f.read(size)
+                                f.seek(base + len(buf))
+                            if crc32(body) != body_crc:
+                                reason = "body checksum mismatch"
+                            data[REC_BODY] = body if keep is None else keep(at, size, body_crc)
+                        else:
+                            data[REC_BODY] = keep(at, size, body_crc)
+                        after += size
+                if not reason and validate is not None:
                     reason = validate(kind, data) or ""
         if reason:
-            _classify(f, end, base + pos, base + start + n, reason)
+            _classify(f, end, base + pos, base + after, reason)
             return
         counts[kind] += 1
         end.frame = base + pos
         yield kind, data
-        pos = start + n
+        if after <= len(buf):
+            pos = after
+        else:
+            # The body runs past what is in memory: skip it with a seek, not a read.
+            base += after
+            f.seek(base)
+            buf, pos, eof = b"", 0, False
 
 
 def _classify(f: BinaryIO, end: ReadEnd, offset: int, frame_end: int | None, reason: str) -> None:

@@ -578,6 +578,10 @@ class BrokerState:
             self.jobs[job.id] = job
             self.job_bytes += self._job_cost(job)
             self.job_scan.add(job)
+            ref = job.ref
+            if ref is not None:  # a body the log holds (a split record, broker/aof.py)
+                self.disk_bodies += 1
+                self.disk_body_bytes += ref.length
         elif kind in ("ack", "del"):
             old = self.jobs.get(payload)
             if old is not None:

@@ -29,15 +29,14 @@ after its commit) builds none.
 from __future__ import annotations
 
 import time
-import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
 from broker import aof
 from broker.effects import Effect, LogRecord, Reply
-from broker.job import REC_BODY, REC_ID, REC_QUEUE
+from broker.job import REC_ID, REC_QUEUE
 from broker.stats import LATENCY_BUCKETS, Histogram
 
 _ADVISORY: Final = aof.ADVISORY_KINDS
@@ -84,33 +83,12 @@ def _bin_header(n: int) -> int:
 
 
 def append_noting_bodies(buf: bytearray, records: Sequence[Any], pack: aof.Pack, body_max: int,
-                         notes: list[BodyNote]) -> None:
-    """``aof.append_records`` one record at a time, noting in ``notes`` where each job body
-    longer than ``body_max`` lands in ``buf``. All or nothing, as ``append_records``."""
-    start = len(buf)
-    first_note = len(notes)
-    try:
-        for rec in records:
-            at = len(buf)
-            aof.append_records(buf, (rec,), pack)
-            if rec[0] != "job":
-                continue
-            payload = rec[1]
-            body = payload[REC_BODY]
-            if type(body) is bytes:
-                size = len(body)
-                if size <= body_max:
-                    continue
-                crc = zlib.crc32(body)
-            else:  # a BodyRef, read back by the packer: the log holds it once more here
-                size = body.length
-                crc = body.crc
-            at += aof.FRAME_HEADER_SIZE + body_offset(payload, size)
-            notes.append((payload[REC_ID], body, at, size, crc))
-    except BaseException:
-        del buf[start:]
-        del notes[first_note:]
-        raise
+                         notes: list[BodyNote],
+                         body_of: Callable[[Any], bytes] | None = None) -> None:
+    """``aof.append_records`` splitting each job record whose body is longer than
+    ``body_max`` (or is a reference, read back by ``body_of``), noting in ``notes`` where
+    each such body lands in ``buf``. All or nothing, as ``append_records``."""
+    aof.append_records(buf, records, pack, body_max, body_of, notes)
 
 
 class Batch:
@@ -167,6 +145,8 @@ class LogCore:
         self.inline_commits = 0  # batches written by commit_now (the rest: the writer task)
         # body-memory-max while bodies may go to the log (0: every body stays in memory).
         self.body_max = 0
+        # Reads back a body the log holds, for a record that carries it again (node/bodies.py).
+        self.body_of: Callable[[Any], bytes] | None = None
         # While a rewrite runs: the bytes appended to ``rewrite_buf`` since it started, and
         # where the bodies in them are (offsets in that stream), for the new references.
         self.rewrite_streamed = 0
@@ -243,7 +223,8 @@ def submit(core: LogCore, records: Sequence[Any]) -> int:
     batch = core.open_batch
     if core.body_max:
         try:
-            append_noting_bodies(batch.data, records, core.pack, core.body_max, batch.bodies)
+            append_noting_bodies(batch.data, records, core.pack, core.body_max, batch.bodies,
+                                 core.body_of)
         except OSError:  # node/bodies.BodyError: a damaged body, nothing was added
             core.unencodable(records)
             raise

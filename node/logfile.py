@@ -17,10 +17,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Final
+from typing import Any, Final
 
 from broker.aof import (
     HEADER_SIZE,
+    BodyKeeper,
     Loadable,
     LogCorrupt,
     LogTruncated,
@@ -34,11 +35,11 @@ from broker.aof import (
 )
 
 
-def read_log(path: str, end: ReadEnd | None = None,
-             validate: Validator | None = None) -> Iterator[Record]:
+def read_log(path: str, end: ReadEnd | None = None, validate: Validator | None = None,
+             keep: BodyKeeper | None = None) -> Iterator[Record]:
     """``broker.aof.read_records`` on the file at ``path``."""
     with open(path, "rb") as f:
-        yield from read_records(f, path, end, validate)
+        yield from read_records(f, path, end, validate, keep)
 
 
 def scan(path: str, validate: Validator | None = None) -> ReadEnd:
@@ -52,13 +53,15 @@ def load_into(
     path: str, broker: Loadable, now_ms: int, *, load_truncated: bool = True,
     warn: Callable[[str], None] = lambda msg: None,
     stored: Callable[[Record, int], None] | None = None,
+    keep: BodyKeeper | None = None,
 ) -> ReadEnd:
     """Replay ``path`` into ``broker``. Cuts a torn tail (if allowed) and warns; raises
     ``LogCorrupt`` for damage in the middle and ``LogTruncated`` for a torn tail when
-    ``load_truncated`` is off. The caller calls ``broker.finish_load`` afterwards."""
+    ``load_truncated`` is off. ``keep``: the bodies of split records stay in the file
+    (``broker.aof.read_records``). The caller calls ``broker.finish_load`` afterwards."""
     end = ReadEnd()
     load = broker.load_record
-    for rec in read_log(path, end, broker.validate_record):
+    for rec in read_log(path, end, broker.validate_record, keep):
         load(rec, now_ms)
         if stored is not None:
             stored(rec, end.frame)  # a body past body-memory-max stays in the file
@@ -328,18 +331,21 @@ def remove_stale_temps(directory: str) -> list[str]:
 
 def write_snapshot(path: str, records: Iterable[Record], flags: int = 0,
                    step: Callable[[str], None] = lambda name: None, *,
-                   pack: Pack | None = None) -> int:
+                   pack: Pack | None = None, body_max: int = 0,
+                   body_of: Callable[[Any], bytes] | None = None) -> int:
     """A complete rewrite in one go (SHUTDOWN REWRITE-AOF, tests); returns the new size.
-    ``pack``: a packer of the caller's own (one that reads back bodies the log holds)."""
+    ``pack``: a packer of the caller's own (one that reads back bodies the log holds);
+    ``body_max``, ``body_of``: split records (``broker.aof.append_records``). References to
+    bodies in the old file stay valid: their descriptor keeps its inode."""
     rw = Rewrite(path, flags, step)
     try:
         batch: list[Record] = []
         for rec in records:
             batch.append(rec)
             if len(batch) >= 4096:
-                rw.write(encode_records(batch, pack))
+                rw.write(encode_records(batch, pack, body_max, body_of))
                 batch.clear()
-        rw.write(encode_records(batch, pack))
+        rw.write(encode_records(batch, pack, body_max, body_of))
         rw.commit()
     except BaseException:
         rw.abort()

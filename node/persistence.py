@@ -214,6 +214,7 @@ class Persistence(LogCore):
             self.body_max = int(getattr(self.config, "body_memory_max", 0) or 0)
         if self.body_max:
             self.pack = aof.new_packer(self.bodies.for_record)
+            self.body_of = self.bodies.for_record
             if exists:
                 self.bodies.gen = self.bodies.open(self.path)
         if self.enabled or self.enqueue_jobs_once or flagged:
@@ -230,7 +231,8 @@ class Persistence(LogCore):
             # A file holds frames of one version, and the writer appends version-2 frames: an
             # older log is rewritten first (as BGREWRITEAOF would; it already holds the
             # records above).
-            logfile.write_snapshot(self.path, list(self.broker.snapshot()), pack=self._thread_pack())
+            logfile.write_snapshot(self.path, list(self.broker.snapshot()),
+                                   **self._snapshot_encoding())
             records = []
             self.log.info("Append only file rewritten from format version %d to %d",
                           version, aof.FORMAT_VERSION)
@@ -254,6 +256,8 @@ class Persistence(LogCore):
             return
         payload = record[1]
         body = payload[REC_BODY]
+        if type(body) is not bytes:
+            return  # a split record's body, left in the file (the job holds its BodyRef)
         size = len(body)
         if size <= self.body_max:
             return
@@ -287,9 +291,17 @@ class Persistence(LogCore):
             if job is not None and job.ref is not None:
                 job.ref = BodyRef(gen, base + at, size, crc)
 
-    def _thread_pack(self) -> aof.Pack | None:
-        """A packer for a snapshot encoded outside the loop (bodies read back), or None."""
-        return aof.new_packer(self.bodies.for_record) if self.body_max else None
+    def _keep_body(self, offset: int, length: int, crc: int) -> BodyRef:
+        """Replay: a split record's body stays in the log; its job holds this."""
+        return BodyRef(self.bodies.gen, offset, length, crc)
+
+    def _snapshot_encoding(self) -> dict[str, Any]:
+        """How a snapshot written outside the loop encodes: bodies read back, records split
+        as the writer does (``logfile.write_snapshot``)."""
+        if not self.body_max:
+            return {}
+        return {"pack": aof.new_packer(self.bodies.for_record), "body_max": self.body_max,
+                "body_of": self.bodies.for_record}
 
     def log_size(self) -> int:
         """The log's size with the records not yet written (``maxdisk``); 0 with the log off."""
@@ -312,7 +324,8 @@ class Persistence(LogCore):
         try:
             end = logfile.load_into(self.path, self.broker, now_ms,
                                     load_truncated=self.load_truncated, warn=self.log.warning,
-                                    stored=self._body_loaded if self.body_max else None)
+                                    stored=self._body_loaded if self.body_max else None,
+                                    keep=self._keep_body if self.body_max else None)
         except aof.LogError as exc:
             raise StartupError(str(exc)) from exc
         except OSError as exc:
@@ -522,7 +535,8 @@ class Persistence(LogCore):
                     out = bytearray()
                     notes: list[BodyNote] = []
                     log_core.append_noting_bodies(out, list(islice(snapshot, REWRITE_SLICE)),
-                                                  self.pack, self.body_max, notes)
+                                                  self.pack, self.body_max, notes,
+                                                  self.body_of)
                     moved.extend((i, b, rw.size + at, n, c) for i, b, at, n, c in notes)
                     data = bytes(out)
                 else:
@@ -626,7 +640,7 @@ class Persistence(LogCore):
                 try:
                     records = list(self.broker.snapshot())  # consistent: one loop turn
                     await trio.to_thread.run_sync(lambda: logfile.write_snapshot(
-                        self.path, records, pack=self._thread_pack()))
+                        self.path, records, **self._snapshot_encoding()))
                     f = await trio.to_thread.run_sync(self._open_file, self.path)
                 except Exception as exc:  # noqa: BLE001 - any failure leaves the log off
                     error = _os_error_text(exc) if isinstance(exc, OSError) else repr(exc)
@@ -714,7 +728,7 @@ class Persistence(LogCore):
                 records = list(self.broker.snapshot())  # consistent: taken in one loop turn
                 await trio.to_thread.run_sync(
                     lambda: logfile.write_snapshot(self.path, records, aof.FLAG_ENQUEUE_ONCE,
-                                                   pack=self._thread_pack()))
+                                                   **self._snapshot_encoding()))
                 self.log.info("Append only file rewritten for a restart with the same queues "
                               "(%d jobs)", len(records))
             if self.writer is not None:

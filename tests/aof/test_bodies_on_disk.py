@@ -4,6 +4,7 @@ and a rewrite and a restart keep every reference right."""
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from broker import aof
 from node.log_core import body_offset
 from protocol.resp import Error
 from tests.support.server import ServerProcess, pipelined, send_command
@@ -234,9 +236,11 @@ def test_a_torn_tail_after_bodies_on_disk_loads_and_keeps_the_whole_records(cut)
             if cut == "inside-last-body":
                 f.truncate(data.index(bodies[-1]) + 500)
             elif cut == "inside-last-frame-header":
-                # The frame's 12-byte header, then 56 bytes of record before the body.
-                frame = data.index(bodies[-1]) - 12 - body_offset(
-                    [b"x" * 40, b"q", bodies[-1], *range(13)], 2000)
+                # The last record's frame (its metadata, then its body).
+                read = aof.ReadEnd()
+                list(aof.read_records(io.BytesIO(data), path, read))
+                frame = read.frame
+                assert frame < data.index(bodies[-1]) < frame + 200
                 check, length = (int.from_bytes(data[frame + k:frame + k + 4], "big")
                                  for k in (0, 4))
                 assert check ^ length == 0xFFFFFFFF  # ~length | length: a frame starts here
@@ -304,3 +308,28 @@ def test_redrive_leaves_a_dead_letter_whose_body_is_in_the_log_where_it_is():
         assert send_command(srv.port, "QLEN", "q") == 0
         assert send_command(srv.port, "QPEEK", "dlq", 1)[0][2] == body
         assert "its body is in the append log" in srv.log()
+
+
+def test_a_version_2_log_is_rewritten_as_version_3_with_its_bodies_split():
+    with ServerProcess(appendonly="yes", appendfsync="always") as srv:
+        bodies = [os.urandom(2000) for _ in range(5)]
+        ids = _add(srv.port, bodies)
+        srv.kill()
+        path = os.path.join(srv.dir, "trisque.aof")
+        with open(path, "rb") as f:
+            records = list(aof.read_records(f, path))  # bodies read back into the records
+        with open(path, "wb") as f:  # the same jobs as a node of format version 2 wrote them
+            f.write(aof.encode_header(version=2))
+            f.write(b"".join(aof.encode_frame(kind, data, version=2) for kind, data in records))
+        srv.start()
+        assert "rewritten from format version 2 to 3" in srv.log()
+        assert [_show_body(srv.port, i) for i in ids] == bodies
+        with open(path, "rb") as f:
+            data = f.read()
+        end = aof.ReadEnd()
+        list(aof.read_records(io.BytesIO(data), path, end, keep=lambda at, n, crc: (at, n)))
+        assert end.header is not None and end.header.version == 3 and end.state == "clean"
+        srv.kill()
+        srv.start()  # the bodies now replayed from split records, left in the file
+        assert _info(srv.port)["jobs_bodies_on_disk"] == "5"
+        assert [_show_body(srv.port, i) for i in ids] == bodies

@@ -215,7 +215,7 @@ def test_newer_format_version_is_refused(tmp_path):
     with open(path, "wb") as f:
         f.write(aof.encode_header(version=aof.FORMAT_VERSION + 1))
         f.write(aof.encode_frame("ack", b"D-1"))
-    with pytest.raises(aof.LogVersionError, match="version 3.*upgrade trisque"):
+    with pytest.raises(aof.LogVersionError, match="version 4.*upgrade trisque"):
         logfile.load_into(path, FakeBroker(), 0)
 
 
