@@ -333,6 +333,19 @@ class BrokerState:
         job.ref = ref
         self.job_bytes += self._job_cost(job)
 
+    def body_loaded(self, job: Job, body: bytes) -> None:
+        """``job``'s body, read back from the log by the runtime, kept in memory again (after
+        a replay, for a queue with a policy): the inverse of ``body_stored``."""
+        ref = job.ref
+        if ref is None:
+            return
+        self.job_bytes -= self._job_cost(job)
+        self.disk_bodies -= 1
+        self.disk_body_bytes -= ref.length
+        job.ref = None
+        job.body = body
+        self.job_bytes += self._job_cost(job)
+
     def job_ended(self, job: Job, now_ms: int) -> None:
         table = self.results
         if (table.waiters or table.watchers or table.children) and table.watched(job.id):

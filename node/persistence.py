@@ -83,7 +83,7 @@ from broker import aof
 from broker.effects import LogRecord
 from broker.job import REC_BODY, REC_ID, BodyRef
 from node import log_core, logfile, memory_use
-from node.bodies import BodyFiles
+from node.bodies import BodyError, BodyFiles
 from node.log_core import Batch, BodyNote, LogCore, LogSettings
 
 REWRITE_SLICE = 200  # jobs taken from the snapshot between two checkpoints (well under 1 ms)
@@ -146,6 +146,8 @@ class LogBroker(Protocol):
     def take_effects(self) -> list[Any]: ...
 
     def body_stored(self, job: Any, ref: BodyRef) -> None: ...
+
+    def body_loaded(self, job: Any, body: bytes) -> None: ...
 
     log_size: Callable[[], int]
 
@@ -291,6 +293,24 @@ class Persistence(LogCore):
             if job is not None and job.ref is not None:
                 job.ref = BodyRef(gen, base + at, size, crc)
 
+    def _policy_bodies_to_memory(self) -> None:
+        """Replay left every split record's body in the file, but a queue with a policy keeps
+        its jobs' bodies in memory (deduplication and redrive compare and copy them, and the
+        broker cannot read the log): read those back, as ``body_stored`` would have kept them."""
+        broker = self.broker
+        policies = broker.policies
+        if not policies.live:
+            return
+        for job in list(broker.jobs.values()):
+            ref = job.ref
+            if ref is None or policies.get(job.queue) is None:
+                continue
+            try:
+                broker.body_loaded(job, self.bodies.read(ref))
+            except BodyError as exc:
+                self.log.warning("Job %s: body left in the append log, unreadable: %s",
+                                 job.id.decode(errors="replace"), exc)
+
     def _keep_body(self, offset: int, length: int, crc: int) -> BodyRef:
         """Replay: a split record's body stays in the log; its job holds this."""
         return BodyRef(self.bodies.gen, offset, length, crc)
@@ -332,6 +352,8 @@ class Persistence(LogCore):
             raise StartupError(f"Cannot read the append only file {self.path}: {exc}") from exc
         finally:
             self.loading = False
+        if self.body_max:
+            self._policy_bodies_to_memory()
         enqueue = self.enqueue_jobs_once or flagged
         self.broker.finish_load(now_ms, enqueue)
         if flagged and end.header is not None:

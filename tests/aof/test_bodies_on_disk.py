@@ -333,3 +333,28 @@ def test_a_version_2_log_is_rewritten_as_version_3_with_its_bodies_split():
         srv.start()  # the bodies now replayed from split records, left in the file
         assert _info(srv.port)["jobs_bodies_on_disk"] == "5"
         assert [_show_body(srv.port, i) for i in ids] == bodies
+
+
+def test_a_queue_with_a_policy_has_its_bodies_in_memory_again_after_a_restart():
+    """Replay leaves split bodies in the file, but a queue with a policy keeps its bodies in
+    memory: after a kill -9 and restart, deduplication still finds the job, and the dead
+    letter's body is in memory again for REDRIVE to copy."""
+    with ServerProcess(appendonly="yes", appendfsync="always") as srv:
+        send_command(srv.port, "QPOLICY", "CREATE", "dlq")
+        send_command(srv.port, "QPOLICY", "CREATE", "q", "REDRIVE", "1", "dlq")
+        send_command(srv.port, "QPOLICY", "CREATE", "d", "DEDUP", "yes")
+        body, other = os.urandom(1000), os.urandom(1000)
+        job_id = _add(srv.port, [body])[0]
+        assert send_command(srv.port, "GETJOB", "FROM", "q")[0][2] == body
+        send_command(srv.port, "NACK", job_id)  # a second receive: dead-lettered
+        assert send_command(srv.port, "QLEN", "dlq") == 1
+        deduped = _add(srv.port, [other], queue="d")[0]
+        plain = _add(srv.port, [os.urandom(1000)], queue="plain")[0]
+        assert _info(srv.port)["jobs_bodies_on_disk"] == "1"  # only the plain queue's
+        srv.kill()
+        srv.start()
+        assert _info(srv.port)["jobs_bodies_on_disk"] == "1"
+        assert len(_show_body(srv.port, plain)) == 1000
+        assert _add(srv.port, [other], queue="d") == [deduped]
+        dead = send_command(srv.port, "JSCAN", "QUEUE", "dlq", "REPLY", "all")[1]
+        assert [dict(zip(j[::2], j[1::2], strict=True))[b"body"] for j in dead] == [body]
