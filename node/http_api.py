@@ -150,7 +150,8 @@ class Bridge:
     def _client(self, peer: str) -> Client:
         server = self.server
         server.next_client_id += 1
-        client = Client(server.next_client_id, peer, server.clock.now_ms(), _Handle())
+        client = Client(server.next_client_id, peer, server.clock.now_ms(), _Handle(),
+                        server.broker.acl.default)
         client.authenticated = True  # the HTTP layer checked the password (requirepass)
         return client
 
