@@ -126,7 +126,7 @@ def glob_regex(pattern: bytes) -> re.Pattern[bytes]:
 class User:
     __slots__ = ("name", "enabled", "nopass", "passwords", "allowed", "allowed_subs",
                  "denied_subs", "command_rules", "all_commands", "patterns", "regexes",
-                 "all_queues", "restricted", "stamp", "deleted")
+                 "all_queues", "restricted", "deleted")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -143,7 +143,6 @@ class User:
         self.regexes: list[re.Pattern[bytes]] = []
         self.all_queues = False
         self.restricted = True
-        self.stamp = 0  # when it last changed (ms): the cluster's last writer wins
         self.deleted = False  # ACL DELUSER: its connected clients may run nothing
 
     def copy(self) -> User:
@@ -152,9 +151,19 @@ class User:
         u.allowed, u.allowed_subs = set(self.allowed), set(self.allowed_subs)
         u.denied_subs, u.command_rules = set(self.denied_subs), list(self.command_rules)
         u.all_commands, u.patterns = self.all_commands, list(self.patterns)
-        u.regexes, u.all_queues, u.stamp = list(self.regexes), self.all_queues, self.stamp
+        u.regexes, u.all_queues = list(self.regexes), self.all_queues
         u.refresh()
         return u
+
+    def take(self, other: User) -> None:
+        """Become ``other`` (ACL SETUSER on a user whose clients hold this object)."""
+        self.enabled, self.nopass, self.passwords = other.enabled, other.nopass, other.passwords
+        self.allowed, self.allowed_subs = other.allowed, other.allowed_subs
+        self.denied_subs, self.command_rules = other.denied_subs, other.command_rules
+        self.all_commands, self.patterns = other.all_commands, other.patterns
+        self.regexes, self.all_queues = other.regexes, other.all_queues
+        self.deleted = False
+        self.refresh()
 
     def refresh(self) -> None:
         self.restricted = (self.deleted or not self.all_queues or self.bool_denied())

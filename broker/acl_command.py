@@ -82,7 +82,7 @@ def subcommand(b: AclBroker, cmd: Generic, client: Client, now_ms: int) -> Any:
         names = [_text(a) for a in args]
         if "default" in names:
             return DEFAULT_USER_NOT_REMOVABLE
-        return sum(users.delete(name) for name in names)
+        return sum(users.delete(name, now_ms) for name in names)
     if sub == b"list" and not args:
         return [describe_line(u).encode() for u in _sorted(users)]
     if sub == b"users" and not args:

@@ -52,9 +52,13 @@ class Users:
         self.log: list[dict[str, Any]] = []  # newest first
         self.next_entry_id = 0
         self.auth_required = False
-        # Called with each user changed or deleted here (the cluster's table sync and the
-        # aclfile listen); the name and the user, None once deleted.
+        # Called with each user changed or deleted (the cluster's table sync and the aclfile
+        # listen): the name, and the user or None once deleted.
         self.changed: list[Any] = []
+        # Every name's last version, ``(ms, node ID)``, deleted ones included (tombstones):
+        # across the cluster the greater stamp wins (cluster/user_sync.py).
+        self.stamps: dict[str, tuple[int, str]] = {}
+        self.node_id = ""
 
     @property
     def default(self) -> User:
@@ -80,20 +84,21 @@ class Users:
         failed = acl.apply_all(user, rules)
         if failed is not None:
             return failed
-        user.stamp = max(now_ms, (current.stamp + 1) if current is not None else 0)
+        self.stamp(name, now_ms)
         self.put(user)
         return None
+
+    def stamp(self, name: str, now_ms: int) -> None:
+        """A new version of ``name`` made here: later than any it had."""
+        before = self.stamps.get(name, (0, ""))[0]
+        self.stamps[name] = (max(now_ms, before + 1), self.node_id)
 
     def put(self, user: User) -> None:
         """``user`` in place of the one of its name: connected clients keep the object they
         authenticated with, so the old one takes the new rules."""
         current = self.users.get(user.name)
         if current is not None:
-            for slot in User.__slots__:
-                if slot != "deleted":
-                    setattr(current, slot, getattr(user, slot))
-            current.deleted = False
-            current.refresh()
+            current.take(user)
             user = current
         else:
             self.users[user.name] = user
@@ -101,7 +106,13 @@ class Users:
         for listener in self.changed:
             listener(user.name, user)
 
-    def delete(self, name: str) -> bool:
+    def delete(self, name: str, now_ms: int = 0) -> bool:
+        if name in self.users:
+            self.stamp(name, now_ms)
+        return self.drop(name)
+
+    def drop(self, name: str) -> bool:
+        """Remove ``name`` (its stamp stays, as a tombstone)."""
         user = self.users.pop(name, None)
         if user is None:
             return False
@@ -111,12 +122,18 @@ class Users:
             listener(name, None)
         return True
 
-    def replace_all(self, users: list[User]) -> None:
-        """ACL LOAD: these users and no others (``default`` as it was, unless given)."""
+    def replace_all(self, users: list[User], now_ms: int | None) -> None:
+        """ACL LOAD: these users and no others (``default`` as it was, unless given), each a
+        new version at ``now_ms``; None: versions older than any the cluster made (a node
+        starting with its aclfile)."""
         given = {u.name for u in users}
         for name in [n for n in self.users if n not in given and n != "default"]:
-            self.delete(name)
+            if now_ms is not None:
+                self.stamp(name, now_ms)
+            self.drop(name)
         for user in users:
+            if now_ms is not None:
+                self.stamp(user.name, now_ms)
             self.put(user)
 
     def lines(self) -> list[str]:

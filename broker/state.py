@@ -198,6 +198,7 @@ class BrokerState:
         self.results = results.ResultTable()
         # ACL users and ACL LOG (broker/acl_users.py); requirepass is the default user's.
         self.acl = Users()
+        self.acl.node_id = node_id
         self.acl.set_requirepass(config.requirepass)
 
     # =========================================================================================

@@ -97,6 +97,7 @@ from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
 from cluster.results import ResultCore
+from cluster.user_sync import UserSync
 from cluster.wiring import attach
 from node import acl_file, bus_core, client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
@@ -179,7 +180,7 @@ class Server:
         if config.aclfile:  # the users survive a restart in the aclfile (node/acl_file.py)
             self.aclfile = acl_file.path_of(config.dir, config.aclfile)
             try:
-                self.broker.acl.replace_all(acl_file.read(self.aclfile))
+                self.broker.acl.replace_all(acl_file.read(self.aclfile), None)
             except acl_file.AclFileError as exc:
                 raise ServerError(str(exc)) from None
             acl_file.keep_saved(self.aclfile, self.broker.acl)
@@ -225,13 +226,17 @@ class Server:
         self.periodic_sync = PeriodicSync(self.broker, self.cluster,
                                           random.Random(os.urandom(16)), now_ms)
         self.bus.add_core(self.periodic_sync)
+        # ACL users, replicated to every node (cluster/user_sync.py).
+        self.user_sync = UserSync(self.broker, self.cluster, random.Random(os.urandom(16)),
+                                  now_ms)
+        self.bus.add_core(self.user_sync)
         # The deduplication index of every node (DEDUP queues), replicated.
         self.dedup_sync = DedupSync(self.broker, self.cluster, random.Random(os.urandom(16)),
                                     now_ms)
         self.bus.add_core(self.dedup_sync)
         attach(self.broker, membership=self.cluster, jobs=self.job_core,
                federation=self.federation, policies=self.policy_sync, timers=self.periodic_sync,
-               results=self.result_core, dedup=self.dedup_sync)
+               results=self.result_core, dedup=self.dedup_sync, users=self.user_sync)
         self.core_alarms = [CoreAlarm(self, self.federation), CoreAlarm(self, self.periodic_sync)]
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
@@ -848,7 +853,7 @@ def _acl_load(server: Server, conn: Connection, intent: AclLoad) -> Any:
         users = acl_file.read(server.aclfile)
     except acl_file.AclFileError as exc:
         return errors.err(str(exc))
-    server.broker.acl.replace_all(users)
+    server.broker.acl.replace_all(users, server.clock.now_ms())
     return OK
 
 
