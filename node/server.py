@@ -481,10 +481,10 @@ class Server:
         return len(victims)
 
     def feed_monitors(self, client: Client, argv: list[bytes]) -> None:
-        """Redis's MONITOR line for a command about to run. AUTH and HELLO are not shown: they
-        may carry the password."""
+        """Redis's MONITOR line for a command about to run. AUTH, HELLO and ACL are not shown:
+        they may carry a password (ACL SETUSER >password)."""
         name = argv[0].lower()
-        if name in (b"auth", b"hello"):
+        if name in (b"auth", b"hello", b"acl"):
             return
         now = self.clock.now_ms() / 1000
         line = (f"+{now:.6f} [0 {client.addr}] ".encode()

@@ -117,3 +117,16 @@ def test_redis_cli_with_user_and_aclfile_across_restart() -> None:
         r.execute_command("ACL", "DELUSER", "w")
         assert r.execute_command("ACL", "LOAD") == b"OK"
         assert r.execute_command("ACL", "USERS") == [b"default"]
+
+
+def test_monitor_never_shows_a_password_given_to_acl() -> None:
+    with ServerProcess() as node:
+        mon = redis.Redis(port=node.port).monitor()
+        with mon:
+            r = redis.Redis(port=node.port)
+            r.execute_command("ACL", "SETUSER", "x", "on", ">hunter2")
+            r.execute_command("ECHO", "after")
+            seen = []
+            while not seen or "after" not in seen[-1]:
+                seen.append(mon.next_command()["command"])
+        assert not any("hunter2" in line for line in seen), seen
