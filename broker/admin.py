@@ -1,4 +1,4 @@
-"""Administrative commands: HELLO, PING, TIME, INFO, CLUSTER, CONFIG, DEBUG, AUTH, CLIENT,
+"""Administrative commands: HELLO, PING, TIME, INFO, CLUSTER, CONFIG, DEBUG, CLIENT,
 SELECT, ECHO, and the ones the runtime finishes (QUIT, SHUTDOWN, BGREWRITEAOF, MONITOR, CONFIG
 REWRITE/RESETSTAT/SET of appendonly or maxclients, CLIENT KILL and PAUSE).
 
@@ -6,21 +6,22 @@ They read and set node-level state (configuration, the leaving flag, client attr
 leave jobs and queues to ``broker/state.py``. Each is a handler that a row of
 ``broker/command_table.py`` names: it takes the broker, the parsed command, the client and the
 time, and returns the reply, like the job commands do, or an intent (``broker/intents.py``)
-for the runtime to carry out.
+for the runtime to carry out. AUTH and ACL are ``broker/acl_command.py``'s.
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from broker import intents
+from broker import acl_command, intents
+from broker.acl_users import Users
 from broker.clients import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, Client
 from broker.cluster_view import ClusterView
 from broker.config import Config
 from broker.federation import Federation
 from broker.info import render
+from broker.protected import MEET_REFUSED, bus_open_to
 from broker.version import VERSION
 from protocol import errors
 from protocol.commands import Generic, parse_int
@@ -32,6 +33,7 @@ class Broker(Protocol):
     (``broker.state.BrokerState``): no more than this."""
 
     config: Config
+    acl: Users
     node_id: str
     leaving: bool
 
@@ -61,7 +63,7 @@ _RUNTIME_DIRECTIVES = frozenset(("appendonly", "maxclients"))
 
 def hello(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     if not cmd.args:
-        if b.config.requirepass and not client.authenticated:
+        if b.acl.auth_required and not client.authenticated:
             return errors.NOAUTH
         return [1, b.node_id.encode(), *b.hello_nodes()]
     # Redis 6 handshake: HELLO protover [AUTH user pass] [SETNAME name]
@@ -75,17 +77,16 @@ def hello(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     while j < len(args):
         opt = args[j].lower()
         if opt == b"auth" and j + 2 < len(args):
-            if not b.config.requirepass or not hmac.compare_digest(
-                    args[j + 2], b.config.requirepass.encode()):
+            name = args[j + 1].decode("utf-8", "surrogateescape")
+            if not acl_command.authenticate(b, client, name, args[j + 2], now_ms, "HELLO"):
                 return errors.WRONGPASS
-            client.authenticated = True
             j += 3
         elif opt == b"setname" and j + 1 < len(args):
             client.name = args[j + 1]
             j += 2
         else:
             return errors.hello_syntax(args[j].decode("utf-8", "replace"))
-    if b.config.requirepass and not client.authenticated:
+    if b.acl.auth_required and not client.authenticated:
         return errors.NOAUTH
     client.protover = ver
     return {
@@ -137,6 +138,10 @@ def cluster(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         b.set_leaving(flag == b"yes")
         b.cluster.set_leaving(flag == b"yes", now_ms)
         return OK
+    if (sub == b"meet" and rest
+            and not bus_open_to(rest[0].decode("utf-8", "replace"), b.config.protected_mode,
+                                b.config.cluster_secret)):
+        return MEET_REFUSED
     reply = b.cluster.command(sub, rest, now_ms)
     if sub == b"reset" and reply is OK:
         # Disque's CLUSTER RESET (soft or hard) also drops every job: their replicas
@@ -157,6 +162,8 @@ def config(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         error = b.config.config_set(name, cmd.args[2].decode("utf-8", "replace"))
         if error:
             return errors.err(error)
+        if name == "requirepass":
+            b.acl.set_requirepass(b.config.requirepass)
         return intents.ConfigApplied(name, previous) if name in _RUNTIME_DIRECTIVES else OK
     if sub == b"resetstat" and len(cmd.args) == 1:
         return intents.ResetStats()
@@ -170,20 +177,6 @@ def debug(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         b.flushall()
         return OK
     return errors.debug_unknown(cmd.args[0].decode("utf-8", "replace"))
-
-def auth(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
-    # AUTH password (Disque), or AUTH default password (Redis 6 clients).
-    if len(cmd.args) > 2:
-        return errors.SYNTAX
-    if not b.config.requirepass:
-        return errors.NO_PASSWORD_SET
-    password = cmd.args[-1]
-    user_ok = len(cmd.args) == 1 or cmd.args[0] == b"default"
-    if user_ok and hmac.compare_digest(password, b.config.requirepass.encode()):
-        client.authenticated = True
-        return OK
-    client.authenticated = False
-    return errors.WRONGPASS if len(cmd.args) == 2 else errors.INVALID_PASSWORD
 
 def client_command(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
     sub = cmd.args[0].lower()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from broker.acl import User
 from broker.timers import NOT_SCHEDULED, Timed
 
 
@@ -32,12 +33,28 @@ REPLY_SKIP_NEXT: Final = 2
 REPLY_SKIP: Final = 4
 
 
+def _anyone() -> User:
+    user = User("default")
+    user.enabled = user.nopass = user.all_commands = user.all_queues = True
+    user.restricted = False
+    return user
+
+
+#: The user of a client whose driver names none (the broker's own clients, tests): the
+#: default user as a node starts, never changed by ACL SETUSER.
+ANYONE: Final = _anyone()
+
+
 class Client:
     __slots__ = ("id", "addr", "name", "authenticated", "protover", "waiter", "lib_name",
-                 "lib_ver", "ctime_ms", "handle", "last_cmd", "reply_flags", "repl_waits")
+                 "lib_ver", "ctime_ms", "handle", "last_cmd", "reply_flags", "repl_waits",
+                 "user")
 
-    def __init__(self, client_id: int, addr: str = "", now_ms: int = 0, handle: Any = None) -> None:
+    def __init__(self, client_id: int, addr: str = "", now_ms: int = 0, handle: Any = None,
+                 user: User | None = None) -> None:
         self.id = client_id
+        # The ACL user it runs as (broker/acl.py): the node's default user until AUTH.
+        self.user: User = user if user is not None else ANYONE
         self.addr = addr
         self.name = b""
         self.authenticated = False

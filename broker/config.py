@@ -57,6 +57,8 @@ DIRECTIVES: dict[str, Directive] = {
         _D("databases", "int", 16, False, "Accepted for compatibility; jobs have no databases."),
         _D("dir", "string", ".", False, "Working directory: the append log and cluster file live here."),
         _D("requirepass", "string", "", True, "Password clients must give with AUTH (empty: none)."),
+        _D("aclfile", "string", "", False, "File of ACL users (docs/security.md), one 'user <name> <rules>' per line, read at start and by ACL LOAD, rewritten by ACL SAVE and whenever users change (empty: users live in memory and the cluster only)."),
+        _D("protected-mode", "bool", True, True, "With no password for the default user and no ACL user with a password, answer clients from non-loopback addresses with DENIED, and let the cluster bus accept only loopback peers unless cluster-secret is set (docs/security.md)."),
         _D("maxclients", "int", 10000, True, "Maximum number of connected clients."),
         _D("maxmemory", "memory", 1073741824, True, "Memory limit in bytes (units: kb mb gb)."),
         _D("maxmemory-policy", "enum:acks,noeviction", "acks", True, "Disque's values: acks (acknowledged jobs are collected first under memory pressure) or noeviction."),

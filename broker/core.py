@@ -6,7 +6,8 @@ Theory of operation
 when the client must wait (GETJOB with nothing to deliver), or an intent
 (``broker/intents.py``) for the runtime to finish. It looks the command up in the command table
 (``broker/command_table.py``: unknown command and arity), answers NOAUTH to a client that must
-authenticate first unless the row says ``no-auth``, parses argv with the row's parser (the
+authenticate first unless the row says ``no-auth``, sends a client whose ACL user is
+restricted through ``execute_restricted`` (broker/acl_users.py's checks), parses argv with the row's parser (the
 command's own argument checks) and calls the row's handler: Disque's order. The state and the
 handlers are ``BrokerState``'s (``broker/state.py``: timers, the outbox of effects, replay).
 """
@@ -16,9 +17,17 @@ from __future__ import annotations
 from typing import Any, Final
 
 from broker import command_table
+from broker.acl_users import (
+    QUEUE_DENIED,
+    command_denied,
+    command_name,
+    first_arg,
+    queues_allowed,
+    queues_named,
+)
 from broker.clients import BLOCKED as BLOCKED  # re-exported: the node imports it here
 from broker.clients import Client
-from broker.command_table import lookup
+from broker.command_table import Row, lookup
 from broker.state import REQUEUE_JITTER_MS as REQUEUE_JITTER_MS
 from broker.state import BrokerState
 from broker.state import requeue_jitter as requeue_jitter
@@ -40,8 +49,10 @@ class Broker(BrokerState):
         row = lookup(argv)
         if isinstance(row, Error):
             return row
-        if not row.no_auth and self.config.requirepass and not client.authenticated:
+        if not row.no_auth and self.acl.auth_required and not client.authenticated:
             return errors.NOAUTH
+        if client.user.restricted and not row.no_auth:  # the one ACL test of the hot path
+            return self.execute_restricted(row, argv, client, now_ms)
         # The same parser and handler as the row's (tests/broker/test_command_table.py).
         if row is _ADDJOB:
             add = parse_addjob(argv)
@@ -63,6 +74,28 @@ class Broker(BrokerState):
             return cmd
         return row.handler(self, cmd, client, now_ms)
 
+
+    def execute_restricted(self, row: Row[Any], argv: list[bytes], client: Client,
+                           now_ms: int) -> Any:
+        """``execute`` for a user who may not run everything everywhere: the command, then
+        every queue it names (broker/acl_users.py), then the row's parser and handler."""
+        user = client.user
+        name = row.name.decode()
+        if not user.may_run(name, first_arg(argv)):
+            full = command_name(argv, name)
+            self.acl.record("command", full, client, user.name, now_ms)
+            return command_denied(user.name, full)
+        cmd = row.parser(argv)
+        if isinstance(cmd, Error):
+            return cmd
+        named = queues_named(self.jobs, cmd)
+        if named is not None:
+            refused = queues_allowed(user, named)
+            if refused is not None:
+                self.acl.record("key", refused.decode("utf-8", "replace"), client, user.name,
+                                now_ms)
+                return QUEUE_DENIED
+        return row.handler(self, cmd, client, now_ms)
 
     def may_run_ahead(self, argv: list[bytes]) -> bool:
         """Whether ``argv`` may run while its client's earlier ADDJOBs wait for their copies,

@@ -82,3 +82,13 @@ class PauseClients(Intent):
     """CLIENT PAUSE: no client's command runs before ``until_ms`` (a later pause extends it)."""
 
     until_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AclSave(Intent):
+    """ACL SAVE: write every user to the aclfile."""
+
+
+@dataclass(frozen=True, slots=True)
+class AclLoad(Intent):
+    """ACL LOAD: replace the users with the aclfile's (all of them, or none on an error)."""

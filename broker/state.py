@@ -35,6 +35,7 @@ from broker import (
     results,
     throttle,
 )
+from broker.acl_users import Users
 from broker.clients import BLOCKED, Client, Waiter
 from broker.cluster_view import ClusterView, SoloCluster
 from broker.config import Config
@@ -195,6 +196,10 @@ class BrokerState:
         self.periodic = periodic.PeriodicTable()
         # Job outcomes and blocked WAITJOBs (broker/results.py).
         self.results = results.ResultTable()
+        # ACL users and ACL LOG (broker/acl_users.py); requirepass is the default user's.
+        self.acl = Users()
+        self.acl.node_id = node_id
+        self.acl.set_requirepass(config.requirepass)
 
     # =========================================================================================
     # Entry points

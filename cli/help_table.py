@@ -91,7 +91,13 @@ COMMANDS: tuple[CommandHelp, ...] = (
     CommandHelp("PING", "[message]", "Check that the node answers", "server"),
     CommandHelp("CONFIG", "GET pattern | SET name value | REWRITE | RESETSTAT",
                 "Read or change the configuration at run time", "server"),
-    CommandHelp("AUTH", "password", "Authenticate the connection", "server"),
+    CommandHelp("AUTH", "[username] password", "Authenticate the connection (as an ACL user)",
+                "server"),
+    CommandHelp("ACL", "SETUSER name [rule ...] | GETUSER name | DELUSER name [name ...] | LIST | "
+                "USERS | WHOAMI | CAT [category] | LOG [count|RESET] | SAVE | LOAD | "
+                "GENPASS [bits] | DRYRUN name command [arg ...]",
+                "ACL users: who may run which commands on which queues (docs/security.md)",
+                "server"),
     CommandHelp("BGREWRITEAOF", "", "Rewrite the append log in the background", "server"),
     CommandHelp("SHUTDOWN", "[REWRITE-AOF]", "Stop the node (first rewriting the append log)",
                 "server"),

@@ -117,6 +117,7 @@ class MessageType(enum.IntEnum):
     QUEUED_BATCH = 34
     QPOLICY = 40  # queue policies (cluster/policy_sync.py); numbers are never reused
     TIMER = 41  # periodic timers (cluster/periodic_sync.py)
+    USERS = 42  # ACL users (cluster/user_sync.py)
     WAITFOR = 50  # job outcomes (cluster/results.py)
     RESULT = 51
     DEDUP = 52  # the shared deduplication index (cluster/dedup_sync.py)

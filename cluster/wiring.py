@@ -4,7 +4,7 @@ The broker calls the cluster through four seams: ``Broker.cluster`` (the node ta
 ``broker/cluster_view.py``), ``Broker.replication`` (the job core), ``Broker.federation``
 (NEEDJOBS/YOURJOBS) and the change hooks of its policy and timer tables, INFO's ``timers``
 section, ``Broker.results.sync`` (the result core, job outcomes) and the shared
-deduplication index's ``on_change``. The cores do not set these themselves: whoever builds them (the node,
+deduplication index's ``on_change``, and the ACL users' ``changed`` listeners. The cores do not set these themselves: whoever builds them (the node,
 ``node/server.py``; the in-process harnesses of the tests; the benchmarks) calls ``attach``
 once they exist, so what a broker is connected to is read in one call. Each core given
 replaces what the broker had; one not given leaves it as it was (a test harness may attach
@@ -24,12 +24,14 @@ from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
 from cluster.results import ResultCore
+from cluster.user_sync import UserSync
 
 
 def attach(broker: Broker, *, membership: Membership | None = None,
            jobs: JobCore | None = None, federation: FederationCore | None = None,
            policies: PolicySync | None = None, timers: PeriodicSync | None = None,
-           results: ResultCore | None = None, dedup: DedupSync | None = None) -> None:
+           results: ResultCore | None = None, dedup: DedupSync | None = None,
+           users: UserSync | None = None) -> None:
     if membership is not None:
         broker.cluster = membership
     if jobs is not None:
@@ -46,3 +48,5 @@ def attach(broker: Broker, *, membership: Membership | None = None,
         broker.results.sync = results
     if dedup is not None:
         broker.policies.shared.on_change = dedup.changed
+    if users is not None:
+        broker.acl.changed.append(users.changed)

@@ -100,6 +100,7 @@ from typing import Any, Protocol
 import trio
 
 from broker.config import Config
+from broker.protected import bus_open_to
 from cluster.effects import (
     CloseLink,
     ClusterEffect,
@@ -498,6 +499,14 @@ class Bus(BusCore):
                 self.limiter.emit("inbound-limit", logging.WARNING,
                                   f"Cluster bus: refusing a link from {_host(peer)}: "
                                   f"{MAX_INBOUND} inbound links already open")
+                sock.close()
+                continue
+            if not bus_open_to(_host(peer), self.config.protected_mode,
+                               self.config.cluster_secret):  # protected mode
+                self.counters["links_refused"] += 1
+                self.limiter.emit("protected", logging.WARNING,
+                                  f"Cluster bus: refusing a link from {_host(peer)}: protected "
+                                  "mode accepts loopback peers only without cluster-secret")
                 sock.close()
                 continue
             _nodelay(sock)

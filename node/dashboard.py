@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Routes (added to the HTTP API's app by ``node.http_api.make_app``, so they share its port and
-its auth: ``requirepass`` as Basic or Bearer):
+its auth: an ACL user as Basic, the default user as Bearer; docs/security.md):
 
 * ``GET /`` - the overview (node_dashboard_view.overview): this node, the cluster's nodes and
   flags, queues with lengths, rates and pause state, dead-letter queues with a *Redrive*

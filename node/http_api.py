@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hmac
+import contextvars
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -41,6 +41,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from broker.acl import User
+from broker.acl_users import Users
 from broker.clients import BLOCKED, Client
 from broker.intents import Intent
 from broker.job import JobState
@@ -151,8 +153,10 @@ class Bridge:
     def _client(self, peer: str) -> Client:
         server = self.server
         server.next_client_id += 1
-        client = Client(server.next_client_id, peer, server.clock.now_ms(), _Handle())
-        client.authenticated = True  # the HTTP layer checked the password (requirepass)
+        user = REQUEST_USER.get()
+        client = Client(server.next_client_id, peer, server.clock.now_ms(), _Handle(),
+                        user if user is not None else server.broker.acl.default)
+        client.authenticated = True  # the HTTP layer checked the password (request_user)
         return client
 
     async def call(self, *args: str | bytes, peer: str, after: Callable[[Any], None] | None = None,
@@ -278,6 +282,8 @@ def _raise_for(reply: Any) -> None:
             raise HttpError(404, "queue not found")
         if code == "EXISTS":
             raise HttpError(409, "queue already exists")
+        if code == "NOPERM":  # the request's ACL user (docs/security.md)
+            raise HttpError(403, text)
         if code in ("OOM", "NOREPL", "LEAVING", "PAUSED", "LOADING"):
             raise HttpError(503, text, {"Retry-After": RETRY_AFTER_S})
         raise HttpError(400, text)
@@ -669,39 +675,78 @@ def _wrap(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
     return endpoint
 
 
-def authorized(headers: list[tuple[bytes, bytes]], password: str) -> bool:
-    """The same password as RESP's AUTH (compared in constant time), from the request's
-    headers (names in lower case)."""
+def request_user(headers: list[tuple[bytes, bytes]], users: Users) -> User | None:
+    """The ACL user a request runs as (RESP's AUTH, docs/security.md), or None (401): Basic
+    ``user:password`` (a name that is no user: the default user's password, as before ACL
+    users), Bearer the default user's password, nothing the default user when it needs no
+    password. Header names in lower case."""
     for key, value in headers:
         if key != b"authorization":
             continue
         kind, _, cred = value.decode("latin-1").partition(" ")
         if kind.lower() == "bearer":
-            return hmac.compare_digest(cred.strip().encode(), password.encode())
+            return users.login("default", cred.strip().encode())
         if kind.lower() == "basic":
             try:
                 decoded = base64.b64decode(cred.strip(), validate=True).decode("utf-8")
             except (binascii.Error, UnicodeDecodeError):
-                return False
-            return hmac.compare_digest(decoded.partition(":")[2].encode(), password.encode())
-    return False
+                return None
+            name, _, password = decoded.partition(":")
+            return users.login(name if name in users.users else "default", password.encode())
+        return None
+    return None if users.auth_required else users.default
+
+
+def cross_site(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a browser sent this request from another site (the dashboard's buttons are
+    same-origin ``fetch`` calls): ``Sec-Fetch-Site: cross-site``, or an ``Origin`` whose host
+    is not the request's ``Host``. Clients that are not browsers send neither. A page of
+    another site cannot so make a logged-in operator's browser redrive, delete or publish."""
+    origin = host = b""
+    for key, value in headers:
+        if key == b"sec-fetch-site" and value == b"cross-site":
+            return True
+        if key == b"origin":
+            origin = value
+        elif key == b"host":
+            host = value
+    if not origin:
+        return False
+    return origin == b"null" or origin.partition(b"://")[2].rstrip(b"/") != host
+
+
+# The user of the request being served (set by _Auth, read by Bridge._client): each request
+# runs in its own task, and a task has its own context.
+REQUEST_USER: Final[contextvars.ContextVar[User | None]] = contextvars.ContextVar(
+    "request_user", default=None)
 
 
 class _Auth:
-    """``requirepass`` guards every route but /openapi.json: Basic (any user name) or Bearer."""
+    """Every route but /openapi.json runs as the request's ACL user (``request_user``); 401
+    without one."""
 
-    def __init__(self, app: ASGIApp, config: Any) -> None:
-        self.app, self.config = app, config
+    def __init__(self, app: ASGIApp, users: Users) -> None:
+        self.app, self.users = app, users
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        password = self.config.requirepass
-        if (scope["type"] == "http" and password and scope["path"] != "/openapi.json"
-                and not authorized(scope.get("headers", []), password)):
+        if scope["type"] != "http" or scope["path"] == "/openapi.json":
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers", [])
+        if scope.get("method") not in ("GET", "HEAD") and cross_site(headers):
+            await _error(403, "cross-site request refused")(scope, receive, send)
+            return
+        user = request_user(headers, self.users)
+        if user is None:
             response = _error(401, "authentication required", {
                 "WWW-Authenticate": 'Basic realm="trisque", Bearer realm="trisque"'})
             await response(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        token = REQUEST_USER.set(user)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            REQUEST_USER.reset(token)
 
 
 def make_app(server: Server, api: Api | None = None) -> ASGIApp:
@@ -733,4 +778,4 @@ def make_app(server: Server, api: Api | None = None) -> ASGIApp:
         return _error(405, "method not allowed")
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
-    return _Auth(app, server.config)
+    return _Auth(app, server.broker.acl)

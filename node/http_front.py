@@ -16,7 +16,7 @@ status, headers and body either way.
 Only a request that is plainly simple is served here: HTTP/1.1, its head whole in the buffer,
 a ``Host``, no ``Transfer-Encoding``, ``Expect``, ``Upgrade`` or ``Connection`` other than
 keep-alive, a ``Content-Length`` whose body is already read, printable ASCII, credentials
-that pass ``requirepass``. Anything else (another route, a long poll, a body still arriving,
+that an unrestricted ACL user sends (docs/security.md). Anything else (another route, a long poll, a body still arriving,
 an oversized one, a malformed head, a wrong password) hands the connection to hypercorn at
 that request boundary, with the bytes already read: hypercorn then serves it as it always did
 (its 400, 401, 408, 413 and disconnect handling included), until the connection closes.
@@ -42,7 +42,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from starlette.types import ASGIApp
 
-from node.http_api import Answer, Api, Bridge, HttpError, authorized, error_answer, make_app
+from node.http_api import Answer, Api, Bridge, HttpError, error_answer, make_app, request_user
 from node.http_openapi import MAX_WAIT_S
 
 if TYPE_CHECKING:
@@ -281,9 +281,11 @@ class Front:
         used = end + 4 + max(length, 0)
         if not has_host or used > len(buf):
             raise _Handover  # no Host (hypercorn's 400), or a body still arriving
-        password = self.config.requirepass
-        if password and not authorized(headers, password):
-            raise _Handover  # hypercorn's app answers 401
+        if any(name in (b"origin", b"sec-fetch-site") for name, _ in headers):
+            raise _Handover  # a browser's request: the app checks it is not cross-site
+        user = request_user(headers, self.server.broker.acl)
+        if user is None or user.restricted:
+            raise _Handover  # hypercorn's app answers 401, or runs the request as the user
         raw_path, _, raw_query = target.partition(b"?")
         path = unquote(raw_path.decode("ascii"))
         query = (dict(parse_qsl(raw_query.decode("latin-1"), keep_blank_values=True))

@@ -76,6 +76,8 @@ from broker.config import Config
 from broker.core import VERSION, Broker
 from broker.effects import Effect, Reply
 from broker.intents import (
+    AclLoad,
+    AclSave,
     ConfigApplied,
     Intent,
     KillClients,
@@ -87,6 +89,7 @@ from broker.intents import (
     RewriteLog,
     Shutdown,
 )
+from broker.protected import is_loopback
 from cluster.dedup_sync import DedupSync
 from cluster.federation import FederationCore
 from cluster.jobs import JobCore
@@ -94,8 +97,9 @@ from cluster.membership import Membership
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
 from cluster.results import ResultCore
+from cluster.user_sync import UserSync
 from cluster.wiring import attach
-from node import bus_core, client_info, config_file, memory_use, nodes_store
+from node import acl_file, bus_core, client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
 from node.conn_core import (
@@ -172,6 +176,14 @@ class Server:
             raise ServerError(str(exc)) from None
         self.node_id = saved.myself_id if saved is not None else os.urandom(20).hex()
         self.broker = Broker(config, self.node_id, os.urandom(20), now_ms=now_ms)
+        self.aclfile = ""
+        if config.aclfile:  # the users survive a restart in the aclfile (node/acl_file.py)
+            self.aclfile = acl_file.path_of(config.dir, config.aclfile)
+            try:
+                self.broker.acl.replace_all(acl_file.read(self.aclfile), None)
+            except acl_file.AclFileError as exc:
+                raise ServerError(str(exc)) from None
+            acl_file.keep_saved(self.aclfile, self.broker.acl)
         self.cluster = Membership(config, self.node_id, random.Random(os.urandom(16)), now_ms,
                                   saved)
         if self.cluster.leaving:  # CLUSTER LEAVING yes survives a restart, as in Disque
@@ -214,13 +226,17 @@ class Server:
         self.periodic_sync = PeriodicSync(self.broker, self.cluster,
                                           random.Random(os.urandom(16)), now_ms)
         self.bus.add_core(self.periodic_sync)
+        # ACL users, replicated to every node (cluster/user_sync.py).
+        self.user_sync = UserSync(self.broker, self.cluster, random.Random(os.urandom(16)),
+                                  now_ms)
+        self.bus.add_core(self.user_sync)
         # The deduplication index of every node (DEDUP queues), replicated.
         self.dedup_sync = DedupSync(self.broker, self.cluster, random.Random(os.urandom(16)),
                                     now_ms)
         self.bus.add_core(self.dedup_sync)
         attach(self.broker, membership=self.cluster, jobs=self.job_core,
                federation=self.federation, policies=self.policy_sync, timers=self.periodic_sync,
-               results=self.result_core, dedup=self.dedup_sync)
+               results=self.result_core, dedup=self.dedup_sync, users=self.user_sync)
         self.core_alarms = [CoreAlarm(self, self.federation), CoreAlarm(self, self.periodic_sync)]
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
@@ -471,10 +487,10 @@ class Server:
         return len(victims)
 
     def feed_monitors(self, client: Client, argv: list[bytes]) -> None:
-        """Redis's MONITOR line for a command about to run. AUTH and HELLO are not shown: they
-        may carry the password."""
+        """Redis's MONITOR line for a command about to run. AUTH, HELLO and ACL are not shown:
+        they may carry a password (ACL SETUSER >password)."""
         name = argv[0].lower()
-        if name in (b"auth", b"hello"):
+        if name in (b"auth", b"hello", b"acl"):
             return
         now = self.clock.now_ms() / 1000
         line = (f"+{now:.6f} [0 {client.addr}] ".encode()
@@ -597,6 +613,15 @@ class Server:
                 pass
             sock.close()
             return
+        if (self.config.protected_mode and isinstance(peer, tuple)
+                and not is_loopback(peer[0]) and not self.broker.acl.has_password()):
+            self.rejected += 1
+            try:
+                sock.send(b"-" + errors.DENIED.encode() + b"\r\n")
+            except OSError:
+                pass
+            sock.close()
+            return
         if self.config.tcp_keepalive:
             set_keepalive(sock, self.config.tcp_keepalive)
         self.next_client_id += 1
@@ -604,7 +629,8 @@ class Server:
         if host.startswith("::ffff:"):  # an IPv4 client of the dual-stack listener
             host = host[7:]
         addr = f"{host}:{peer[1]}" if isinstance(peer, tuple) else host
-        client = Client(self.next_client_id, addr, self.clock.now_ms())
+        client = Client(self.next_client_id, addr, self.clock.now_ms(), None,
+                        self.broker.acl.default)
         conn = Connection(self, sock, client)
         client.handle = conn
         self.connections.add(conn)
@@ -820,7 +846,26 @@ async def _config_applied(server: Server, conn: Connection, intent: ConfigApplie
     return await server.config_applied(intent)
 
 
+def _acl_save(server: Server, conn: Connection, intent: AclSave) -> Any:
+    try:
+        acl_file.write(server.aclfile, server.broker.acl)
+    except acl_file.AclFileError as exc:
+        return errors.err(str(exc))
+    return OK
+
+
+def _acl_load(server: Server, conn: Connection, intent: AclLoad) -> Any:
+    try:
+        users = acl_file.read(server.aclfile)
+    except acl_file.AclFileError as exc:
+        return errors.err(str(exc))
+    server.broker.acl.replace_all(users, server.clock.now_ms())
+    return OK
+
+
 INTENTS: dict[type[Intent], Callable[[Server, Connection, Any], Any]] = {
+    AclSave: _acl_save,
+    AclLoad: _acl_load,
     Quit: _quit,
     RewriteLog: _rewrite_log,
     RewriteConfig: _rewrite_config,

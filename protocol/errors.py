@@ -46,6 +46,15 @@ OOM: Final = Error("OOM command not allowed when used memory > 'maxmemory'.")
 DISK_FULL: Final = Error("ERR append log is at 'maxdisk': command refused until a rewrite or "
                          "acknowledgements free space")
 MAX_CLIENTS: Final = Error("ERR max number of clients reached")
+# Protected mode (Redis's DENIED reply, in trisque's words; docs/security.md).
+DENIED: Final = Error(
+    "DENIED trisque is running in protected mode: no user has a password, so only clients on "
+    "the loopback interface are answered. To accept this host, do one of these: 1) set a "
+    "password for the default user (requirepass, or ACL SETUSER default >password) or create "
+    "an ACL user with a password; 2) run 'CONFIG SET protected-mode no' from the loopback "
+    "interface (then CONFIG REWRITE to keep it), making sure the node is not reachable from "
+    "the internet; 3) set 'protected-mode no' in the configuration file and restart; 4) "
+    "start the node with '--protected-mode no'.")
 LOADING: Final = Error("LOADING Disque is loading the dataset in memory")
 
 

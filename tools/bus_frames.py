@@ -60,7 +60,7 @@ STRS = ("", "active", "queued", "acked", "wait-repl", "leaving", "pfail", "fail"
         "noaddr", "queue", "x" * 300, "\u00e9\u4e2d\U0001f600", "0" * 40, "g" * 40)
 KEYS = ("id", "job", "jobs", "noreply", "kind", "value", "until", "entries", "delay", "nack", "deliv", "mayhave", "known", "queue",
         "flags", "count", "port", "gossip", "node", "ip", "ping_sent", "pong_received",
-        "policies", "timers", "full", "answer", "", "extra")
+        "policies", "timers", "users", "full", "answer", "", "extra")
 SAFE_IPS = ("", "127.0.0.1")
 
 
@@ -144,7 +144,12 @@ def sample_bodies(node_ids: list[str], ports: list[int],
             (MessageType.QPOLICY, {"policies": policies}),
             (MessageType.QPOLICY, {"policies": policies[:1], "full": True}),
             (MessageType.TIMER, {"timers": timers}),
-            (MessageType.TIMER, {"timers": timers[-1:], "full": True, "answer": True})]
+            (MessageType.TIMER, {"timers": timers[-1:], "full": True, "answer": True}),
+            (MessageType.USERS, {"users": [["user", "fuzzu", ["on", "#" + "ab" * 32, "~q*",
+                                                               "-@all", "+@jobs"],
+                                            now, node_ids[0]]]}),
+            (MessageType.USERS, {"users": [["user", "gone", None, now, node_ids[0]]],
+                                 "full": True})]
     # What a round sends one node, joined (REPLJOBs, GOTJOBs): BATCH frames.
     for kind in (MessageType.REPLJOB, MessageType.GOTJOB):
         bodies = [body for t, body in out if t is kind]

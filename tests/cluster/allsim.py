@@ -11,6 +11,7 @@ from cluster.dedup_sync import DedupSync
 from cluster.periodic_sync import PeriodicSync
 from cluster.policy_sync import PolicySync
 from cluster.sim import Sim, SimNode, _Link
+from cluster.user_sync import UserSync
 from cluster.wire import MessageType
 from cluster.wiring import attach
 from tests.cluster.jobsim import JobCluster, SimJobNode
@@ -60,8 +61,14 @@ class AllCoresCluster(JobCluster):
             attach(made[node.index].broker, dedup=sync)
             return sync
 
+        def user_core(node: SimNode, now: int) -> Any:
+            sync = UserSync(made[node.index].broker, node.membership, node.rng, now)
+            attach(made[node.index].broker, users=sync)
+            return sync
+
         self.sim = RecordingSim(seed, tick_ms=tick_ms,
-                                core_factories=(job_core, policy_core, timer_core, dedup_core))
+                                core_factories=(job_core, policy_core, timer_core, dedup_core,
+                                                user_core))
         for _ in range(n):
             self.sim.add_node(node_timeout=node_timeout, secret=secret)
         self.sim.meet_all()

@@ -213,3 +213,32 @@ def test_a_worker_running_a_shell_script_streams_live(browser: object, node: tup
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait(5)
+
+
+def test_another_sites_page_cannot_change_the_nodes_state(browser: object, node: tuple,
+                                                          tmp_path: Path) -> None:
+    # A page served from another origin posts a message and deletes a queue through the
+    # HTTP API, as a cross-site attack on a logged-in operator's browser would: the node
+    # refuses both (docs/security.md).
+    import http.server
+    import threading
+
+    srv, base = node
+    srv.call("QPOLICY", "CREATE", "target")
+    (tmp_path / "evil.html").write_text(
+        "<script>Promise.allSettled(["
+        "fetch('" + base + "/messages/target', {method: 'POST', mode: 'no-cors', body: 'x'}),"
+        "fetch('" + base + "/queues/target', {method: 'DELETE', mode: 'no-cors'})"
+        "]).then(() => { document.title = 'sent'; });</script>")
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(  # noqa: E731
+        *a, directory=str(tmp_path))
+    evil = http.server.ThreadingHTTPServer(("127.0.0.2", 0), handler)
+    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    try:
+        browser.get(f"http://127.0.0.2:{evil.server_address[1]}/evil.html")  # type: ignore[attr-defined]
+        wait(browser, lambda d: d.title == "sent", "the cross-site requests")
+        assert srv.call("QLEN", "target") == 0
+        assert srv.call("QPOLICY", "GET", "target") is not None  # not deleted
+    finally:
+        evil.shutdown()
+        evil.server_close()

@@ -43,6 +43,7 @@ def workload(c: AllCoresCluster) -> list[bytes]:
     c.cmd(0, "QPOLICY", "SET", "fuzzq", "VISIBILITY", "30")
     c.cmd(0, "TIMER", "ADD", "t", "1000", "fuzzq2", "tick")
     c.cmd(0, "QPOLICY", "CREATE", "dedupq", "DEDUP", "yes")
+    c.cmd(0, "ACL", "SETUSER", "fuzzu", "on", ">pw", "~fuzz*", "+@jobs")  # USERS
     c.run_for(100)
     c.addjob(1, "dedupq", "once", "0")  # DEDUP
     c.addjob(0, "fedq", "far", "0", "REPLICATE", "1")
