@@ -338,6 +338,15 @@ class BrokerState:
         job.ref = ref
         self.job_bytes += self._job_cost(job)
 
+    def bodies_wanted_in_memory(self) -> list[Job]:
+        """The jobs whose body the log holds but memory should: those of a queue with a
+        policy (a replay gives every long body a reference)."""
+        policies = self.policies
+        if not policies.live:
+            return []
+        return [job for job in self.jobs.values()
+                if job.ref is not None and policies.get(job.queue) is not None]
+
     def body_loaded(self, job: Job, body: bytes) -> None:
         """``job``'s body, read back from the log by the runtime, kept in memory again (after
         a replay, for a queue with a policy): the inverse of ``body_stored``."""

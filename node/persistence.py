@@ -149,6 +149,8 @@ class LogBroker(Protocol):
 
     def body_loaded(self, job: Any, body: bytes) -> None: ...
 
+    def bodies_wanted_in_memory(self) -> list[Any]: ...
+
     log_size: Callable[[], int]
 
     @property
@@ -297,16 +299,9 @@ class Persistence(LogCore):
         """Replay left every split record's body in the file, but a queue with a policy keeps
         its jobs' bodies in memory (deduplication and redrive compare and copy them, and the
         broker cannot read the log): read those back, as ``body_stored`` would have kept them."""
-        broker = self.broker
-        policies = broker.policies
-        if not policies.live:
-            return
-        for job in list(broker.jobs.values()):
-            ref = job.ref
-            if ref is None or policies.get(job.queue) is None:
-                continue
+        for job in self.broker.bodies_wanted_in_memory():
             try:
-                broker.body_loaded(job, self.bodies.read(ref))
+                self.broker.body_loaded(job, self.bodies.read(job.ref))
             except BodyError as exc:
                 self.log.warning("Job %s: body left in the append log, unreadable: %s",
                                  job.id.decode(errors="replace"), exc)
