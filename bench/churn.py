@@ -98,7 +98,7 @@ def add_delete(pipe: Pipe, jobs: int, *, retry0: bool = False, queue: str = "chu
                batch: int = BATCH) -> None:
     """ADDJOB then DELJOB of each job at once: the queue holds at most ``batch`` jobs."""
     options = ("RETRY", 0) if retry0 else ()
-    for n in _batches(jobs, batch):
+    for n in batches(jobs, batch):
         ids = add(pipe, queue, n, *options)
         _all_ones(pipe.run([("DELJOB", i) for i in ids]), "DELJOB")
 
@@ -108,7 +108,7 @@ def consume(pipe: Pipe, jobs: int, *, ack: str = "ACKJOB", nack_first: bool = Fa
     """ADDJOB, GETJOB, then ACKJOB or FASTACK of what was taken; with ``nack_first`` each job
     is NACKed once and taken again before it is acknowledged."""
     getjob = ("GETJOB", "NOHANG", "COUNT", batch, "FROM", queue)
-    for n in _batches(jobs, batch):
+    for n in batches(jobs, batch):
         add(pipe, queue, n, body=body)
         ids = _taken(pipe.run([getjob]), n)
         if nack_first:
@@ -121,7 +121,7 @@ def expire(pipe: Pipe, jobs: int, *, queue: str = "churn-ttl", batch: int = BATC
            timeout: float = 30.0) -> None:
     """ADDJOB ... TTL 1 RETRY 0, never taken: every job must expire by itself. Returns once
     the queue is empty again (raises after ``timeout`` s)."""
-    for n in _batches(jobs, batch):
+    for n in batches(jobs, batch):
         add(pipe, queue, n, "TTL", 1, "RETRY", 0)
     deadline = time.monotonic() + timeout
     while pipe.call("QLEN", queue):
@@ -130,7 +130,7 @@ def expire(pipe: Pipe, jobs: int, *, queue: str = "churn-ttl", batch: int = BATC
         time.sleep(0.1)
 
 
-def _batches(jobs: int, batch: int) -> list[int]:
+def batches(jobs: int, batch: int) -> list[int]:
     full, rest = divmod(jobs, batch)
     return [batch] * full + ([rest] if rest else [])
 

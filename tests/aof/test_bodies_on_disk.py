@@ -15,7 +15,7 @@ import pytest
 from broker import aof
 from node.log_core import body_offset
 from protocol.resp import Error
-from tests.support.server import ServerProcess, pipelined, send_command
+from tests.support.server import ServerProcess, pipelined, send_command, wait_rewrite
 
 
 def _info(port: int) -> dict[str, str]:
@@ -100,11 +100,7 @@ def test_a_damaged_body_is_an_error_for_its_job_only():
                 assert g[2] == body
         # A rewrite cannot copy the damaged body: it fails and the log stays as it was.
         send_command(srv.port, "BGREWRITEAOF")
-        for _ in range(100):
-            info = _info(srv.port)
-            if info["aof_rewrite_in_progress"] == "0":
-                break
-            time.sleep(0.05)
+        info = wait_rewrite(srv.port)
         assert info["aof_last_bgrewrite_status"] == "err"
         assert int(info["bodies_unreadable"]) >= 2
         assert send_command(srv.port, "PING") == b"PONG"
@@ -169,11 +165,7 @@ def test_rewrite_moves_the_bodies_and_a_kill_9_restart_finds_them():
         size_before = int(_info(srv.port)["log_bytes"])
         send_command(srv.port, "BGREWRITEAOF")
         later = _add(srv.port, [os.urandom(700) for _ in range(20)], "r")  # during the rewrite
-        for _ in range(200):
-            info = _info(srv.port)
-            if info["aof_rewrite_in_progress"] == "0":
-                break
-            time.sleep(0.05)
+        info = wait_rewrite(srv.port)
         assert info["aof_last_bgrewrite_status"] == "ok"
         assert int(info["log_bytes"]) < size_before
         assert all(_show_body(srv.port, i) == b for i, b in zip(ids[100:], bodies[100:], strict=True))
@@ -185,15 +177,6 @@ def test_rewrite_moves_the_bodies_and_a_kill_9_restart_finds_them():
         assert all(_show_body(srv.port, i) == b for i, b in zip(ids[100:], bodies[100:], strict=True))
         assert [_show_body(srv.port, i) for i in later] == later_bodies
         assert all(send_command(srv.port, "SHOW", i) is None for i in ids[:100])
-
-
-def _wait_rewrite(port: int) -> dict[str, str]:
-    for _ in range(400):
-        info = _info(port)
-        if info["aof_rewrite_in_progress"] == "0":
-            return info
-        time.sleep(0.025)
-    raise AssertionError("the rewrite did not finish")
 
 
 @pytest.mark.parametrize("kill_after", [0.0, 0.02, 0.08, 0.3, None])
@@ -282,11 +265,7 @@ def test_maxdisk_refuses_addjob_past_it_and_qstat_shows_the_bytes_a_queue_holds(
         for job_id in ids:
             send_command(srv.port, "ACKJOB", job_id)
         send_command(srv.port, "BGREWRITEAOF")
-        for _ in range(200):
-            if _info(srv.port)["aof_rewrite_in_progress"] == "0":
-                break
-            time.sleep(0.05)
-        assert int(_info(srv.port)["log_bytes"]) < limit - 20_000
+        assert int(wait_rewrite(srv.port)["log_bytes"]) < limit - 20_000
         assert isinstance(send_command(srv.port, "ADDJOB", "q", os.urandom(1000), 0), bytes)
 
 

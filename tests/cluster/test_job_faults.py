@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from broker.clients import BLOCKED
+from broker.clients import BLOCKED, Client
 from cluster.sim import Faults
 from cluster.wire import MessageType as M
 from tests.cluster.jobsim import JobCluster
@@ -46,13 +46,18 @@ def test_every_job_message_about_an_unknown_job_is_harmless() -> None:
         (M.GOTACK, {"id": UNKNOWN, "known": False})]
 
 
-def test_gotjob_from_a_node_not_asked_does_not_count() -> None:
+def _waiting_for_copies() -> tuple[JobCluster, Client, bytes]:
+    """Node 0 blocked on an ADDJOB REPLICATE 2 whose GOTJOBs never come back by themselves."""
     c = JobCluster(3)
     for j in (1, 2):
         c.sim.faults[(j, 0)] = Faults(drop=1.0)
     client = c.client()
     assert c.cmd(0, "ADDJOB", "q", "x", "0", "REPLICATE", "2", client=client) is BLOCKED
-    job_id = next(iter(c.broker(0).jobs))
+    return c, client, next(iter(c.broker(0).jobs))
+
+
+def test_gotjob_from_a_node_not_asked_does_not_count() -> None:
+    c, client, job_id = _waiting_for_copies()
     asked = [i for i in (1, 2) if c.node_id(i) in c.job(0, job_id).delivered]
     other = next(i for i in (1, 2) if i not in asked)
     c.deliver(0, other, M.GOTJOB, {"id": job_id})
@@ -62,12 +67,7 @@ def test_gotjob_from_a_node_not_asked_does_not_count() -> None:
 
 
 def test_a_gotjob_from_a_stranger_or_malformed_is_counted_and_never_confirms() -> None:
-    c = JobCluster(3)
-    for j in (1, 2):
-        c.sim.faults[(j, 0)] = Faults(drop=1.0)
-    client = c.client()
-    assert c.cmd(0, "ADDJOB", "q", "x", "0", "REPLICATE", "2", client=client) is BLOCKED
-    job_id = next(iter(c.broker(0).jobs))
+    c, client, job_id = _waiting_for_copies()
     asked = next(i for i in (1, 2) if c.node_id(i) in c.job(0, job_id).delivered)
     stats = c.jn(0).core.stats
     malformed, received = stats["malformed"], stats["received"]

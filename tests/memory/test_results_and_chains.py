@@ -60,11 +60,6 @@ def _flat(node: ServerProcess, run: Callable[[churn.Pipe, int], None], jobs: int
     assert_flat(before, after, jobs, rss_slack=RSS_SLACK)
 
 
-def _batches(jobs: int) -> Iterator[int]:
-    full, rest = divmod(jobs, BATCH)
-    yield from [BATCH] * full + ([rest] if rest else [])
-
-
 def _taken(pipe: churn.Pipe, queue: str, n: int) -> list[bytes]:
     """GETJOB NOHANG COUNT n until n jobs came (a throttled queue gives what its rate's
     tokens allow, possibly none until the next millisecond)."""
@@ -83,7 +78,7 @@ def _taken(pipe: churn.Pipe, queue: str, n: int) -> list[bytes]:
 
 def resolve_then_wait(pipe: churn.Pipe, jobs: int) -> None:
     """ADDJOB, GETJOB, RESOLVE with a result, then WAITJOB answers it from the outcome."""
-    for n in _batches(jobs):
+    for n in churn.batches(jobs, BATCH):
         churn.add(pipe, "results", n)
         ids = _taken(pipe, "results", n)
         assert pipe.run([("RESOLVE", i, b"result-" + i[-6:]) for i in ids]) == [1] * n
@@ -147,7 +142,7 @@ def test_waitjob_timing_out(node: ServerProcess) -> None:
 def chains(pipe: churn.Pipe, jobs: int) -> None:
     """A parent and a child ADDJOB ... AFTER parent; the parent taken and resolved queues the
     child, which is taken and acknowledged. ``jobs`` counts the pairs."""
-    for n in _batches(jobs):
+    for n in churn.batches(jobs, BATCH):
         parents = churn.add(pipe, "parents", n)
         children = [i for i in pipe.run([("ADDJOB", "children", churn.BODY, 0, "AFTER", p)
                                          for p in parents])]
@@ -166,7 +161,7 @@ def test_chained_jobs(node: ServerProcess) -> None:
 def _distinct(pipe: churn.Pipe, queue: str, jobs: int, first: int) -> int:
     """ADDJOB of distinct bodies (a dedup queue would answer a repeated one with the first
     job's ID), GETJOB, ACKJOB; returns the next body number."""
-    for n in _batches(jobs):
+    for n in churn.batches(jobs, BATCH):
         ids = pipe.run([("ADDJOB", queue, b"body-%d" % (first + k), 0) for k in range(n)])
         assert len(set(ids)) == n and all(isinstance(i, bytes) for i in ids), ids[:3]
         first += n

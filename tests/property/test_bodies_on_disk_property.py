@@ -4,14 +4,13 @@ came in between."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.server import ServerProcess, send_command
+from tests.support.server import ServerProcess, send_command, wait_rewrite
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("add"), st.integers(0, 4000), st.integers(0, 255)),
@@ -26,14 +25,6 @@ OPS = st.lists(st.one_of(
 def node() -> Iterator[ServerProcess]:
     with ServerProcess(appendonly="yes", appendfsync="everysec", body_memory_max=100) as srv:
         yield srv
-
-
-def _wait_rewrite(port: int) -> None:
-    for _ in range(400):
-        if b"aof_rewrite_in_progress:0" in send_command(port, "INFO", "persistence"):
-            return
-        time.sleep(0.01)
-    raise AssertionError("the rewrite did not finish")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -55,7 +46,7 @@ def test_every_body_read_back_equals_the_body_added(node: ServerProcess, ops) ->
             assert send_command(port, "NACK", out.pop()) == 1
         elif op == "rewrite":
             send_command(port, "BGREWRITEAOF")
-            _wait_rewrite(port)
+            wait_rewrite(port)
         elif op == "restart":
             node.stop()  # SIGTERM: the exact snapshot, bodies read back into it
             node.start()

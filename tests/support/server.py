@@ -111,6 +111,20 @@ def send_command(port: int, *args: bytes | str | int, timeout: float = 5.0) -> A
     return pipelined(port, [args], timeout)[0]
 
 
+def wait_rewrite(port: int, timeout: float = 10.0) -> dict[str, str]:
+    """INFO persistence's fields once no log rewrite is in progress on the node at ``port``
+    (AssertionError after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = send_command(port, "INFO", "persistence").decode()
+        info = dict(line.split(":", 1) for line in text.split("\r\n") if ":" in line)
+        if info["aof_rewrite_in_progress"] == "0":
+            return info
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the rewrite did not finish in {timeout:.0f} s")
+        time.sleep(0.01)
+
+
 class ServerProcess:
     def __init__(self, *, port: int | None = None, directory: str | None = None,
                  config_file: str | None = None, open_files: int | None = None,

@@ -24,6 +24,19 @@ def _on_disk(c: LocalCluster, i: int) -> int:
     return int(text.split("jobs_bodies_on_disk:")[1].split("\r\n")[0])
 
 
+def _pull(c: LocalCluster, node: int, count: int, what: str) -> list[list[bytes]]:
+    """GETJOB NOHANG from queue fq on ``node`` until ``count`` jobs came (federation brings
+    them): the GETJOB entries, [queue, id, body]."""
+    got: list[list[bytes]] = []
+
+    def pulled() -> bool:
+        got.extend(c.call(node, "GETJOB", "NOHANG", "COUNT", 10, "FROM", "fq") or [])
+        return len(got) >= count
+
+    wait_until(pulled, JOIN_WITHIN_S, what)
+    return got
+
+
 def test_replicas_keep_bodies_in_their_own_logs_and_federation_carries_them(
         local_cluster: Factory) -> None:
     c, _ids = joined(local_cluster, 3, directives=[{"appendonly": "yes"}] * 3)
@@ -49,15 +62,8 @@ def test_replicas_keep_bodies_in_their_own_logs_and_federation_carries_them(
     for body in fed:
         assert isinstance(c.call(0, "ADDJOB", "fq", body, 0, "REPLICATE", 1), bytes)
     assert _on_disk(c, 0) == 25
-    got: list[bytes] = []
-
-    def pulled() -> bool:
-        reply = c.call(1, "GETJOB", "NOHANG", "COUNT", 10, "FROM", "fq")
-        got.extend(entry[2] for entry in reply or [])
-        return len(got) >= 5
-
-    wait_until(pulled, JOIN_WITHIN_S, "the jobs of fq federated to node 1")
-    assert sorted(got) == sorted(fed)
+    got = _pull(c, 1, 5, "the jobs of fq federated to node 1")
+    assert sorted(entry[2] for entry in got) == sorted(fed)
 
 
 def _log_bytes(c: LocalCluster, i: int) -> int:
@@ -93,12 +99,5 @@ def test_a_node_at_maxdisk_takes_no_copy_and_imports_nothing(local_cluster: Fact
         time.sleep(0.1)
     assert all(show(c, 0, j.decode()) is not None for j in fed)
     assert c.call(2, "CONFIG", "SET", "maxdisk", "0") == b"OK"
-    got: list[bytes] = []
-
-    def pulled() -> bool:
-        reply = c.call(2, "GETJOB", "NOHANG", "COUNT", 10, "FROM", "fq")
-        got.extend(entry[1] for entry in reply or [])
-        return len(got) >= 3
-
-    wait_until(pulled, JOIN_WITHIN_S, "the jobs of fq federated to node 2 once it has room")
-    assert sorted(got) == sorted(fed)
+    got = _pull(c, 2, 3, "the jobs of fq federated to node 2 once it has room")
+    assert sorted(entry[1] for entry in got) == sorted(fed)
