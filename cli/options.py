@@ -59,6 +59,8 @@ Local tools (never sent to a node; also reachable as --tool NAME):
   worker --queue Q [options] -- COMMAND [ARGS]
                            Run COMMAND once per job taken from Q (trisque worker --help,
                            docs/worker.md).
+  certs DIR [--nodes N] [--days D]
+                           Make a CA, node and client certificates for a TLS test cluster.
 The benchmark is a separate program: trisque-benchmark --help.
 
 Exit status: 0 if every reply succeeded, 1 if any reply was an error or the node could not be
@@ -80,7 +82,8 @@ Examples:
 
 
 #: Local tools: name -> (module, function taking argv and returning an exit status).
-TOOLS = {"check-log": ("cli.check_log", "main"), "worker": ("cli.worker", "main")}
+TOOLS = {"check-log": ("cli.check_log", "main"), "worker": ("cli.worker", "main"),
+         "certs": ("cli.certs", "main")}
 
 
 class UsageError(Exception):
