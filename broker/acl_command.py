@@ -66,6 +66,11 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
+def _wire(text: str) -> bytes:
+    """The bytes ``_text`` came from: names and patterns may be any bytes a client sent."""
+    return text.encode("utf-8", "surrogateescape")
+
+
 def subcommand(b: AclBroker, cmd: Generic, client: Client, now_ms: int) -> Any:
     sub = cmd.args[0].lower()
     args = cmd.args[1:]
@@ -84,11 +89,11 @@ def subcommand(b: AclBroker, cmd: Generic, client: Client, now_ms: int) -> Any:
             return DEFAULT_USER_NOT_REMOVABLE
         return sum(users.delete(name, now_ms) for name in names)
     if sub == b"list" and not args:
-        return [describe_line(u).encode() for u in _sorted(users)]
+        return [_wire(describe_line(u)) for u in _sorted(users)]
     if sub == b"users" and not args:
-        return [u.name.encode() for u in _sorted(users)]
+        return [_wire(u.name) for u in _sorted(users)]
     if sub == b"whoami" and not args:
-        return client.user.name.encode()
+        return _wire(client.user.name)
     if sub == b"cat" and len(args) <= 1:
         if not args:
             return [c.encode() for c in acl.CATEGORIES]
@@ -129,8 +134,8 @@ def getuser(user: User) -> dict[bytes, Any]:
     return {
         b"flags": [f.encode() for f in acl.flags(user)],
         b"passwords": [p.encode() for p in user.passwords],
-        b"commands": acl.command_text(user).encode(),
-        b"keys": keys.encode(),
+        b"commands": _wire(acl.command_text(user)),
+        b"keys": _wire(keys),
         b"channels": b"",
         b"selectors": [],
     }
@@ -150,7 +155,7 @@ def acl_log(users: Users, args: tuple[bytes, ...], now_ms: int) -> Any:
     for entry in users.log[:count]:
         row = dict(entry)
         row["age-seconds"] = round((now_ms - entry["timestamp-created"]) / 1000, 3)
-        out.append({k.encode(): (v.encode() if isinstance(v, str) else v)
+        out.append({k.encode(): (_wire(v) if isinstance(v, str) else v)
                     for k, v in row.items()})
     return out
 
@@ -165,7 +170,7 @@ def dryrun(b: AclBroker, name: str, argv: list[bytes], row: Any) -> Any:
             if row.startswith("ERR unknown command") else row
     cname = row.name.decode()
     if not user.may_run(cname, first_arg(argv)):
-        return command_denied(name, command_name(argv, cname))[len("NOPERM "):].encode()
+        return _wire(command_denied(name, command_name(argv, cname))[len("NOPERM "):])
     cmd = row.parser(argv)
     if not isinstance(cmd, Error):
         named = queues_named(b.jobs, cmd)

@@ -486,8 +486,9 @@ _ARRAY_HEADERS: Final = [b"*%d\r\n" % i for i in range(256)]
 def _one_line(text: str) -> bytes:
     """An error line as bytes. Errors often echo client input (an unknown command's
     name, a CONFIG value); a CR or LF in it would end the line early and let the client forge
-    the next reply, so both become spaces, as Disque's addReplyErrorFormat does."""
-    data = text.encode()
+    the next reply, so both become spaces, as Disque's addReplyErrorFormat does. Input
+    decoded with ``surrogateescape`` goes back to the bytes the client sent."""
+    data = text.encode("utf-8", "surrogateescape")
     if b"\r" in data or b"\n" in data:
         data = data.replace(b"\r", b" ").replace(b"\n", b" ")
     return data

@@ -64,6 +64,9 @@ TEMPLATES: list[list[bytes]] = [
     [b"ACL", b"USERS"], [b"ACL", b"WHOAMI"], [b"ACL", b"CAT"], [b"ACL", b"CAT", b"O"],
     [b"ACL", b"LOG", b"N"], [b"ACL", b"GENPASS", b"N"], [b"ACL", b"DRYRUN", b"U", b"R", b"Q"],
     [b"AUTH", b"U", b"body"], [b"AUTH", b"body"], [b"HELLO", b"3", b"AUTH", b"U", b"body"],
+    # Back to the default user (no password, so any password logs in): a connection left
+    # logged in as a fuzzed user would be denied most of what follows it.
+    [b"AUTH", b"default", b"body"], [b"AUTH", b"default", b"body"],
 ]
 USERS = [b"fuzz", b"fuzz2", b"alice"]
 RULES = [b"on", b"off", b">pw", b"<pw", b"#" + b"ab" * 32, b"!" + b"ab" * 32, b"nopass",
@@ -279,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             before = commands_processed(srv.port)
             stats = storm(srv.port, args.count, args.connections, seed, args.seconds, True)
             problems = check_whole(srv.port, sentinels)
+            # An exception the node caught while serving is a bug even if it stayed whole.
+            problems += srv.audit()
             if problems:
                 stats["executed"] = -1
                 print(srv.log()[-3000:], flush=True)

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import redis
 
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, pipelined, send_command
 
 USERS = {
     # name: rules
@@ -130,3 +130,28 @@ def test_monitor_never_shows_a_password_given_to_acl() -> None:
             while not seen or "after" not in seen[-1]:
                 seen.append(mon.next_command()["command"])
         assert not any("hunter2" in line for line in seen), seen
+
+
+def test_names_and_rules_that_are_not_utf8_come_back_as_sent() -> None:
+    """A user name, pattern or bad rule in any bytes is echoed byte for byte by every ACL
+    reply and error; none of them may break the connection (the node's audit fails the test
+    on an unexpected error)."""
+    name, pattern, bad_rule = b"u\xf6\xff", b"~q\xf8*", b"+\xfe\xcc"
+    with ServerProcess() as srv:
+        setuser, users, acl_list, getuser, bad, login, whoami, qlen = pipelined(srv.port, [
+            (b"ACL", b"SETUSER", name, b"on", b"nopass", pattern, b"+ADDJOB",
+             b"+ACL|WHOAMI"),
+            (b"ACL", b"USERS"), (b"ACL", b"LIST"), (b"ACL", b"GETUSER", name),
+            (b"ACL", b"SETUSER", name, bad_rule),
+            (b"AUTH", name, b"x"), (b"ACL", b"WHOAMI"), (b"QLEN", b"q")])
+        assert setuser == b"OK"
+        assert name in users
+        assert any(line.startswith(b"user " + name + b" ") and pattern in line
+                   for line in acl_list)
+        assert getuser[getuser.index(b"keys") + 1] == pattern
+        assert bad.startswith("ERR Error in ACL SETUSER modifier '+"), bad
+        assert (login, whoami) == (b"OK", name)
+        assert qlen.startswith("NOPERM"), qlen
+        log = send_command(srv.port, "ACL", "LOG")
+        assert log[0][log[0].index(b"username") + 1] == name
+        assert srv.audit() == []

@@ -6,7 +6,8 @@ the node answers PING. It is a context manager; ``kill()`` sends SIGKILL (crash 
 ``stop()`` SIGTERM, ``restart()`` starts it again on the same port and directory.
 
 Every stop and kill first audits the node: INFO's ``cluster_unexpected_errors`` (while it
-runs) and its log's new lines (an exception a cluster core raised, which the bus caught). What
+runs) and its log's new lines (an exception a cluster core raised, which the bus caught, or
+one raised serving a client, which closed that connection). What
 it finds goes to ``FINDINGS``; ``tests/conftest.py`` fails the test that started the node.
 """
 
@@ -28,8 +29,10 @@ from protocol.resp import NEED_DATA, ReplyReader, encode_command
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: The line node/bus.py logs when it catches an exception out of a cluster core.
-UNEXPECTED_ERROR_LINE = "Cluster bus: unexpected error"
+#: The lines a node logs when it catches an exception it did not expect: out of a cluster
+#: core (node/bus.py), or serving a client over RESP or HTTP (node/conn_core.py,
+#: node/http_front.py). Each is a bug, whatever the input.
+UNEXPECTED_ERROR_LINES = ("Cluster bus: unexpected error", "Unexpected error serving")
 #: What the audits found: one text per node and stop (read and cleared by tests/conftest.py).
 FINDINGS: list[str] = []
 
@@ -187,7 +190,7 @@ class ServerProcess:
 
     def audit(self) -> list[str]:
         """What is wrong with the node since the last audit: a non-zero
-        ``cluster_unexpected_errors``, "unexpected error" lines in its log. Also appended to
+        ``cluster_unexpected_errors``, unexpected-error lines in its log. Also appended to
         ``FINDINGS``."""
         found = []
         if self.proc is not None and self.proc.poll() is None:
@@ -207,9 +210,10 @@ class ServerProcess:
                 self._audited_to = fh.tell()
         except OSError:
             new = ""
-        if UNEXPECTED_ERROR_LINE in new:
-            at = new.index(UNEXPECTED_ERROR_LINE)
-            found.append(f"node on port {self.port} logged:\n{new[at:at + 3000]}")
+        for line in UNEXPECTED_ERROR_LINES:
+            if line in new:
+                at = new.index(line)
+                found.append(f"node on port {self.port} logged:\n{new[at:at + 3000]}")
         FINDINGS.extend(found)
         return found
 
