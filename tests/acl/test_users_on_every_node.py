@@ -16,7 +16,9 @@ def _logs_in(port: int, user: str, password: str) -> bool:
     try:
         r = redis.Redis(port=port, username=user, password=password, socket_timeout=5)
         return bool(r.ping())
-    except redis.AuthenticationError:
+    except (redis.AuthenticationError, redis.exceptions.NoPermissionError):
+        # NOPERM: the user was deleted between AUTH and PING (a deleted user's connections
+        # stay, and may run nothing).
         return False
 
 
