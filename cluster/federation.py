@@ -26,19 +26,26 @@ blocked client; here each such queue has an explicit due time (the earlier of it
 broadcast and next ad hoc request) in a heap: ``next_deadline()`` says when, ``tick(now)``
 runs the due ones. A queue whose clients left is dropped at its due time.
 
-Answering (``_on_needjobs``): nothing if the queue is empty here, paused in output, or
-itself importing (rate > 0), or if the asker has no link (Disque takes the jobs out first
-and then finds no link, losing at-most-once jobs); else ``count`` jobs when the queue holds
-at least twice that, otherwise half of it (at least one), taken out through
-``broker.federation.export_jobs`` and sent in as many YOURJOBS as their size needs
+Answering (``_on_needjobs``): nothing if the queue is empty here (the ask is kept, below),
+paused in output, or itself importing (rate > 0), or if the asker has no link (Disque takes
+the jobs out first and then finds no link, losing at-most-once jobs); else ``count`` jobs
+when the queue holds at least twice that, otherwise half of it (at least one), taken out
+through ``broker.federation.export_jobs`` and sent in as many YOURJOBS as their size needs
 (``cluster.batches.cut``: a few MiB each, so 1 MB jobs move as fast as small ones). A job
 whose body is over ``job-max-body-len`` (kept from before the limit was lowered) is not
-exported, nor any job behind it: it stays queued here. A leaving node answers but
-never asks. Receiving (``_on_yourjobs``): each job through ``broker.federation.import_job``;
+exported, nor any job behind it: it stays queued here. A leaving node answers but never
+asks. Receiving (``_on_yourjobs``): each job through ``broker.federation.import_job``;
 every one queued counts towards the import rate and makes the sender a source. Blocked
 clients are served as each job is queued; the "last job taken" requests that serving causes
 are run after the whole message, once the rate counts it and only if the queue is still
 empty (Disque serves blocked clients after the event loop iteration, with the same effect).
+
+An ask not filled (the queue held less than twice the count, or nothing) is kept in
+``_QueueFed.asks`` for ``needjobs-adhoc-max-delay``: a job then queued here with no client
+to take it (``job_queued``) marks the queue, and the next tick, due at once, answers each
+kept ask again for what it still lacks (``_answer_asks``, the same share rule). Otherwise a
+job added just after a consumer elsewhere broadcast its NEEDJOBS waits for the next
+broadcast, seconds later.
 
 A job this node imported within ``RECENT_IMPORT_MS`` and no longer holds (delivered, acked
 and collected) is not imported again: TCP never duplicates a frame, but a duplicated or very
