@@ -466,24 +466,39 @@ def test_jobs_added_on_one_node_reach_consumers_on_another_once_each() -> None:
         assert c.cmd(1, "ACKJOB", job_id) == 1
 
     seen = 0
+    added: dict[bytes, int] = {}
     for cl in consumers:
         getjob(cl)
-    for k in range(300):
-        # Bursts of 1 to 4 jobs, 0 to 60 ms apart: the producer node is now empty, now not.
-        for _ in range(1 + k % 4):
-            ids.extend(local_jobs(c, 0, 1))
-        c.run_for((k * 37) % 61)
+    def serve() -> None:
+        nonlocal seen
         replies = c.blocked_replies.get(1, [])
         while seen < len(replies):
             client, value = replies[seen]
             seen += 1
             take(value[0][1])
             getjob(client)
-    c.run_until(lambda: len(got) >= len(ids), 30_000)
+
+    for k in range(300):
+        # Bursts of 1 to 4 jobs, 0 to 60 ms apart: the producer node is now empty, now not.
+        for _ in range(1 + k % 4):
+            ids.extend(local_jobs(c, 0, 1))
+            added[ids[-1]] = c.sim.now
+        c.run_for((k * 37) % 61)
+        serve()
+    deadline = c.sim.now + 30_000
+    while len(got) < len(ids) and c.sim.now < deadline:
+        c.run_for(10)
+        serve()
     assert len(got) == len(set(got)), "a job was delivered twice"
     assert set(got) == set(ids), "a job was lost"
     info = [dict(c.broker(i).federation.info()) for i in range(3)]  # type: ignore[union-attr]
     assert info[0]["jobs_exported"] == info[1]["jobs_imported"] == len(ids)
     assert info[1]["jobs_exported"] == info[2]["jobs_imported"] == 0  # none moved back
+    # Each job left node 0 the instant it was added (node 1's clients keep an ask there), not
+    # at node 1's next request, 25 ms to 2 s later.
+    left = {rec[0]: at for at, s, _, t, b in c.sends if t is YOURS and s == c.node_id(0)
+            for rec in b["jobs"]}
+    held = [left[i] - added[i] for i in ids]
+    assert max(held) == 0, sorted(held)[len(held) // 2:]
     c.run_for(5_000)  # the acks reached the source: nothing left anywhere
     assert [len(c.broker(i).jobs) for i in range(3)] == [0, 0, 0]
