@@ -13,8 +13,10 @@ then the single-node one, byte for byte (QSTAT shows ``import-from`` empty and
 
 The broker calls ``need_jobs`` where Disque calls ``needJobsForQueue``: a GETJOB finds a
 queue empty (``reached_zero`` False), and a job taken by GETJOB or by a blocked client
-leaves its queue empty (``reached_zero`` True). The core only emits messages and updates its
-own state; it never calls back into a broker command.
+leaves its queue empty (``reached_zero`` True); and ``job_queued`` when a job is queued with
+no client here to take it, so a node that asked for the queue lately gets it without asking
+again. The core only emits messages and updates its own state; it never calls back into a
+broker command.
 
 The two functions below are the only job changes federation makes, each with its append-log
 record, so every state change of a job still happens in ``broker/``:
@@ -49,6 +51,12 @@ class Federation(Protocol):
     def need_jobs(self, q: Queue, reached_zero: bool, now_ms: int) -> None:
         """The queue has no job for a client (``reached_zero`` False: a GETJOB found it
         empty), or a client just took its last job (True). May emit NEEDJOBS."""
+        ...
+
+    def job_queued(self, q: Queue, now_ms: int) -> None:
+        """A job was queued in ``q`` and no client here waited for it (only called once the
+        core keeps state for the queue, ``q.fed``). May emit YOURJOBS to a node that asked
+        for this queue lately and got less than it asked for."""
         ...
 
     def import_from(self, q: Queue, now_ms: int) -> list[str]:

@@ -446,6 +446,8 @@ class BrokerState:
         if q.waiters:
             # Waiters mean the queue was empty: the one served gets this job.
             self.serve_waiters(q, now_ms)
+        elif q.fed is not None and self.federation is not None:
+            self.federation.job_queued(q, now_ms)  # another node may be waiting for it
         return True
 
     def dequeue_job(self, job: Job) -> bool:

@@ -26,19 +26,26 @@ blocked client; here each such queue has an explicit due time (the earlier of it
 broadcast and next ad hoc request) in a heap: ``next_deadline()`` says when, ``tick(now)``
 runs the due ones. A queue whose clients left is dropped at its due time.
 
-Answering (``_on_needjobs``): nothing if the queue is empty here, paused in output, or
-itself importing (rate > 0), or if the asker has no link (Disque takes the jobs out first
-and then finds no link, losing at-most-once jobs); else ``count`` jobs when the queue holds
-at least twice that, otherwise half of it (at least one), taken out through
-``broker.federation.export_jobs`` and sent in as many YOURJOBS as their size needs
+Answering (``_on_needjobs``): nothing if the queue is empty here (the ask is kept, below),
+paused in output, or itself importing (rate > 0), or if the asker has no link (Disque takes
+the jobs out first and then finds no link, losing at-most-once jobs); else ``count`` jobs
+when the queue holds at least twice that, otherwise half of it (at least one), taken out
+through ``broker.federation.export_jobs`` and sent in as many YOURJOBS as their size needs
 (``cluster.batches.cut``: a few MiB each, so 1 MB jobs move as fast as small ones). A job
 whose body is over ``job-max-body-len`` (kept from before the limit was lowered) is not
-exported, nor any job behind it: it stays queued here. A leaving node answers but
-never asks. Receiving (``_on_yourjobs``): each job through ``broker.federation.import_job``;
+exported, nor any job behind it: it stays queued here. A leaving node answers but never
+asks. Receiving (``_on_yourjobs``): each job through ``broker.federation.import_job``;
 every one queued counts towards the import rate and makes the sender a source. Blocked
 clients are served as each job is queued; the "last job taken" requests that serving causes
 are run after the whole message, once the rate counts it and only if the queue is still
 empty (Disque serves blocked clients after the event loop iteration, with the same effect).
+
+An ask not filled (the queue held less than twice the count, or nothing) is kept in
+``_QueueFed.asks`` for ``needjobs-adhoc-max-delay``: a job then queued here with no client
+to take it (``job_queued``) marks the queue, and the next tick, due at once, answers each
+kept ask again for what it still lacks (``_answer_asks``, the same share rule). Otherwise a
+job added just after a consumer elsewhere broadcast its NEEDJOBS waits for the next
+broadcast, seconds later.
 
 A job this node imported within ``RECENT_IMPORT_MS`` and no longer holds (delivered, acked
 and collected) is not imported again: TCP never duplicates a frame, but a duplicated or very
@@ -89,7 +96,7 @@ class _QueueFed:
     """One queue's federation state (Disque's needjobs_* and *_import_jobs_* fields)."""
 
     __slots__ = ("bcast_time", "bcast_attempt", "adhoc_time", "adhoc_attempt", "responders",
-                 "cur_time", "cur_count", "prev_time", "prev_count", "due")
+                 "cur_time", "cur_count", "prev_time", "prev_count", "due", "asks")
 
     def __init__(self, now_ms: int) -> None:
         self.bcast_time: int | None = None  # None: never sent (the first one goes at once)
@@ -102,6 +109,8 @@ class _QueueFed:
         self.prev_time = now_ms
         self.prev_count = 0
         self.due: int | None = None  # the queue's entry in the heap, if any
+        # NEEDJOBS this node could not fully answer: asker's node ID -> (when, jobs short).
+        self.asks: dict[str, tuple[int, int]] = {}
 
     def rate(self, now_ms: int) -> int:
         """Jobs per second imported lately (Disque's getQueueImportRate)."""
@@ -138,6 +147,10 @@ class FederationCore:
         self._recent: dict[bytes, int] = {}  # job ID -> when imported (insertion order)
         # While a YOURJOBS is being queued: the "last job taken" calls, run after it.
         self._deferred: list[Queue] | None = None
+        # Queues that got jobs while a NEEDJOBS for them was still short: answered at the
+        # next tick, due at once, so the jobs a burst of commands queued leave together.
+        self._answers: dict[bytes, Queue] = {}
+        self._answers_at: int | None = None
 
     # =========================================================================================
     # The runtime's side (cluster/effects.py)
@@ -148,10 +161,17 @@ class FederationCore:
 
     def next_deadline(self) -> int | None:
         """When ``tick`` next has a queue to look at (ms), or None."""
-        return self._heap[0][0] if self._heap else None
+        due = self._heap[0][0] if self._heap else None
+        at = self._answers_at
+        return at if at is not None and (due is None or at < due) else due
 
     def tick(self, now_ms: int) -> None:
         self._forget_old_imports(now_ms)
+        if self._answers:
+            answers, self._answers, self._answers_at = self._answers, {}, None
+            for name, asked in answers.items():
+                if self.broker.queues.get(name) is asked:
+                    self._answer_asks(asked, now_ms)
         heap = self._heap
         while heap and heap[0][0] <= now_ms:
             due, name = heapq.heappop(heap)
@@ -207,6 +227,13 @@ class FederationCore:
         if not reached_zero or q.waiters:
             self._arm(q, st, now_ms)
 
+    def job_queued(self, q: Queue, now_ms: int) -> None:
+        st: _QueueFed = q.fed
+        if st.asks and q.name not in self._answers:
+            self._answers[q.name] = q
+            if self._answers_at is None:
+                self._answers_at = now_ms
+
     def _request_size(self, q: Queue, rate: int, sources: int) -> int:
         """How many jobs an ad hoc NEEDJOBS asks each source for: Disque's import rate per
         source, or what the clients waiting here asked for (their COUNTs) shared among the
@@ -261,28 +288,59 @@ class FederationCore:
     def _on_needjobs(self, msg: NeedJobs, sender: str, now_ms: int) -> None:
         b = self.broker
         q = b.queues.get(msg.queue)
-        if q is None or not len(q):
-            return
-        st: _QueueFed | None = q.fed
+        st: _QueueFed | None = q.fed if q is not None else None
         if st is not None and st.rate(now_ms) > 0:
             return  # importing this queue ourselves: not a source for it
-        if q.pause & PAUSE_OUT:
-            return
         node = self.membership.nodes.get(sender)
         if node is None or node.link is None:
             return  # the jobs could not be sent: keep them queued here
-        count = msg.count
+        if q is None:
+            q = b.queue_for(msg.queue, now_ms)  # to keep the ask: its jobs may come next
+        if q.pause & PAUSE_OUT:
+            return
+        short = msg.count - self._export(q, sender, msg.count, now_ms)
+        if short > 0:
+            # Kept as long as the asker's ad hoc requests may be apart: jobs queued here
+            # meanwhile go to it at once, not at its next request (up to seconds later).
+            self._state(q, now_ms).asks[sender] = (now_ms, short)
+        elif st is not None:
+            st.asks.pop(sender, None)
+
+    def _export(self, q: Queue, to_node: str, count: int, now_ms: int) -> int:
+        """Send ``to_node`` jobs of ``q`` for a request of ``count``; how many went."""
         qlen = len(q)
+        if not qlen:
+            return 0
         # Never let one asker drain the queue: all it asked for only if we have twice that,
         # else half of what we have, but at least one.
         reply = count if qlen >= count * 2 else max(qlen // 2, 1)
-        records = fed_jobs.export_jobs(b, q, reply, sender, now_ms,
-                                       b.config.job_max_body_len)
+        b = self.broker
+        records = fed_jobs.export_jobs(b, q, reply, to_node, now_ms, b.config.job_max_body_len)
         if records:
             self.stats["exported"] += len(records)
             # In frames of a few MiB: a hundred 1 MB jobs in one frame is too big to send.
             for batch in cut(records, job_record_size, NEEDJOBS_MAX_REQUEST):
-                self._send(sender, YourJobs(batch))
+                self._send(to_node, YourJobs(batch))
+        return len(records)
+
+    def _answer_asks(self, q: Queue, now_ms: int) -> None:
+        """Jobs were queued in ``q`` while NEEDJOBS for it were short: answer them again, as
+        if each had just arrived for what it still lacks (the same share of the queue)."""
+        st: _QueueFed = q.fed
+        if st.rate(now_ms) > 0 or q.pause & PAUSE_OUT:
+            st.asks.clear()  # importing it ourselves (or paused): not a source for it now
+            return
+        ttl = self.broker.config.needjobs_adhoc_max_delay
+        for node_id, (asked, short) in list(st.asks.items()):
+            node = self.membership.nodes.get(node_id)
+            if now_ms - asked > ttl or node is None or node.link is None:
+                del st.asks[node_id]
+                continue
+            short -= self._export(q, node_id, short, now_ms)
+            if short > 0:
+                st.asks[node_id] = (asked, short)
+            else:
+                del st.asks[node_id]
 
     def _on_yourjobs(self, msg: YourJobs, sender: str, now_ms: int) -> None:
         b = self.broker

@@ -388,3 +388,117 @@ def test_a_request_over_100_jobs_is_answered_in_frames_of_100() -> None:
     assert needjobs(c, 1, 0)[:2] == [(t0, 1), (t0, 150)]
     sizes = [len(b["jobs"]) for _, s, _, t, b in c.sends if t is YOURS and s == c.node_id(0)]
     assert sizes[:3] == [1, 100, 50]
+
+
+def test_jobs_queued_after_a_short_answer_go_to_the_asker_at_once() -> None:
+    c = fed()
+    t0 = c.sim.now
+    a = block(c, 1)  # its broadcast finds node 0 without the queue: an ask kept there
+    c.run_for(300)
+    local_jobs(c, 0, 1)
+    c.run_for(0)
+    # Not at the next broadcast, 4 s later: node 0 answered the kept ask when the job came.
+    assert c.reply_to(1, a)[0][2] == b"body0"
+    assert c.sim.now == t0 + 300
+    assert [at - t0 for at, _ in needjobs(c, 1, 0)][:1] == [0]
+    assert c.cmd(0, "QLEN", "q") == 0
+
+
+def test_a_kept_ask_lasts_the_ad_hoc_max_delay() -> None:
+    c = fed()
+    t0 = c.sim.now
+    a = block(c, 1)
+    c.run_for(2_001)  # needjobs-adhoc-max-delay (2 s) after the broadcast: forgotten
+    local_jobs(c, 0, 1)
+    c.run_for(0)
+    assert c.reply_to(1, a) is None
+    assert c.cmd(0, "QLEN", "q") == 1
+    c.run_for(4_000)  # the next broadcast, 4 s after the first, fetches it
+    assert c.reply_to(1, a)[0][2] == b"body0"
+    assert needjobs(c, 1, 0)[1][0] == t0 + 4_000
+
+
+def test_a_kept_ask_gets_only_what_it_still_lacks_and_its_share() -> None:
+    c = fed()
+    block(c, 1)  # asks for 1 by broadcast
+    c.run_for(10)
+    t1 = c.sim.now
+    local_jobs(c, 0, 3)
+    c.run_for(0)
+    # One job answers the kept ask in full; then node 1's client took its last job with a
+    # positive rate, so it asked for 20 at once, and got half of the two left.
+    sizes = [len(b["jobs"]) for at, s, _, t, b in c.sends
+             if t is YOURS and s == c.node_id(0) and at == t1]
+    assert sizes == [1, 1]
+    assert needjobs(c, 1, 0)[-1] == (t1, 20)
+    assert c.cmd(0, "QLEN", "q") == 1
+
+
+def test_an_importing_node_keeps_no_ask() -> None:
+    c = fed()
+    local_jobs(c, 0, 1)
+    block(c, 1)  # node 1 imports the job from node 0: its import rate is positive
+    c.run_for(10)
+    # Node 2 asks node 1, which is importing that queue: no answer, no ask kept.
+    block(c, 2)
+    local_jobs(c, 1, 1)
+    c.run_for(0)
+    assert c.cmd(1, "QLEN", "q") == 1
+
+
+def test_jobs_added_on_one_node_reach_consumers_on_another_once_each() -> None:
+    c = fed()
+    ids: list[bytes] = []
+    consumers = [c.client() for _ in range(3)]
+    waiting = {cl: True for cl in consumers}
+    got: list[bytes] = []
+
+    def getjob(client: Client) -> None:
+        reply = c.cmd(1, "GETJOB", "TIMEOUT", "0", "FROM", "q", client=client)
+        if reply is BLOCKED:
+            waiting[client] = True
+        else:
+            take(reply[0][1])
+            getjob(client)
+
+    def take(job_id: bytes) -> None:
+        got.append(job_id)
+        assert c.cmd(1, "ACKJOB", job_id) == 1
+
+    seen = 0
+    added: dict[bytes, int] = {}
+    for cl in consumers:
+        getjob(cl)
+    def serve() -> None:
+        nonlocal seen
+        replies = c.blocked_replies.get(1, [])
+        while seen < len(replies):
+            client, value = replies[seen]
+            seen += 1
+            take(value[0][1])
+            getjob(client)
+
+    for k in range(300):
+        # Bursts of 1 to 4 jobs, 0 to 60 ms apart: the producer node is now empty, now not.
+        for _ in range(1 + k % 4):
+            ids.extend(local_jobs(c, 0, 1))
+            added[ids[-1]] = c.sim.now
+        c.run_for((k * 37) % 61)
+        serve()
+    deadline = c.sim.now + 30_000
+    while len(got) < len(ids) and c.sim.now < deadline:
+        c.run_for(10)
+        serve()
+    assert len(got) == len(set(got)), "a job was delivered twice"
+    assert set(got) == set(ids), "a job was lost"
+    info = [dict(c.broker(i).federation.info()) for i in range(3)]  # type: ignore[union-attr]
+    assert info[0]["jobs_exported"] == info[1]["jobs_imported"] == len(ids)
+    assert info[1]["jobs_exported"] == info[2]["jobs_imported"] == 0  # none moved back
+    # Each job left node 0 the instant it was added (node 1's clients keep an ask there), not
+    # at node 1's next request, 25 ms to 2 s later.
+    left = {rec[0]: at for at, s, _, t, b in c.sends if t is YOURS and s == c.node_id(0)
+            for rec in b["jobs"]}
+    held = [left[i] - added[i] for i in ids]
+    assert max(held) == 0, sorted(held)[len(held) // 2:]
+    c.run_for(5_000)  # the acks reached the source: nothing left anywhere
+    assert [len(c.broker(i).jobs) for i in range(3)] == [0, 0, 0]
