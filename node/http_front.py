@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("trisque.http")
 
 READ_SIZE: Final = 65536
+HANDSHAKE_TIMEOUT_S: Final = 10.0
 MAX_HEAD: Final = 64 * 1024  # hypercorn's h11_max_incomplete_size, as configured
 _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 _ACCEPT_RESOURCE_ERRORS: Final = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
@@ -82,6 +83,63 @@ class _Prefixed:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+class _PrefixedTls(_Prefixed):
+    """``_Prefixed`` over HTTPS: what hypercorn's TCPServer asks of a TLS stream (its
+    handshake is done; doing it again is a no-op)."""
+
+    def __init__(self, stream: trio.SSLStream[trio.SocketStream], data: bytes) -> None:
+        self.stream, self._data = stream, data  # type: ignore[assignment]
+        self.transport_stream = stream.transport_stream
+
+    async def do_handshake(self) -> None:
+        await self.stream.do_handshake()  # type: ignore[attr-defined]
+
+    def selected_alpn_protocol(self) -> str | None:
+        return self.stream.selected_alpn_protocol()  # type: ignore[attr-defined, no-any-return]
+
+
+class _Plain:
+    """A connection's socket, read and written directly (``_recv``, ``_send``)."""
+
+    __slots__ = ("sock",)
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    async def recv(self, wait_first: bool) -> bytes:
+        return await _recv(self.sock, wait_first)
+
+    async def send(self, data: bytes) -> None:
+        await _send(self.sock, data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def hand_over(self, data: bytes) -> _Prefixed:
+        return _Prefixed(trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), data)
+
+
+class _Tls:
+    """An HTTPS connection after its handshake (``http-tls``): trio's TLS stream."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: trio.SSLStream[trio.SocketStream]) -> None:
+        self.stream = stream
+
+    async def recv(self, wait_first: bool) -> bytes:
+        return bytes(await self.stream.receive_some(READ_SIZE))
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    def close(self) -> None:
+        self.stream.transport_stream.socket.close()
+
+    def hand_over(self, data: bytes) -> _Prefixed:
+        return _PrefixedTls(self.stream, data)
 
 
 class _Waiting:
@@ -185,6 +243,24 @@ class Front:
             sock.close()
             return
         peer = f"http:{host}:{port}"  # as MONITOR shows the client
+        tls = self.server.http_tls
+        if tls is None:
+            await self.serve_connection(_Plain(sock), peer)
+            return
+        stream = trio.SSLStream(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), tls,
+                                server_side=True, https_compatible=True)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                await stream.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            # A client that does not trust the certificate, or speaks plain HTTP.
+            log.debug("HTTPS: handshake with %s failed: %s", peer, exc.__cause__ or exc)
+            sock.close()
+            return
+        await self.serve_connection(_Tls(stream), peer)
+
+    async def serve_connection(self, io: _Plain | _Tls, peer: str) -> None:
+        """Answer the requests this module serves, then hand the connection to hypercorn."""
         buf = b""
         waiting = _Waiting()
         self.waiting.add(waiting)
@@ -207,40 +283,39 @@ class Front:
                     except _Handover:
                         break
                     if out:
-                        await _send(sock, b"".join(out) if len(out) > 1 else out[0])
+                        await io.send(b"".join(out) if len(out) > 1 else out[0])
                     waiting.deadline = monotonic() + (self.read_s if buf else self.keep_alive_s)
                     # Just answered: the next request is not here yet, wait for it at once.
-                    data = await _recv(sock, bool(out))
+                    data = await io.recv(bool(out))
                     waiting.deadline = inf
                     if not data:
-                        sock.close()
+                        io.close()
                         return
                     buf += data
             if waiting.scope.cancelled_caught:
-                sock.close()
+                io.close()
                 return
             self.waiting.discard(waiting)
             if out:
-                await _send(sock, b"".join(out))
-        except OSError:
-            sock.close()
+                await io.send(b"".join(out))
+        except (OSError, trio.BrokenResourceError):
+            io.close()
             return
         except Exception:  # noqa: BLE001 - a bug met by one connection closes that one only
             log.exception("Unexpected error serving an HTTP client at %s", peer)
-            sock.close()
+            io.close()
             return
         except BaseException:  # cancelled: the node is stopping
-            sock.close()
+            io.close()
             raise
         finally:
             self.waiting.discard(waiting)
         try:
-            stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
             await TCPServer(self.app, self.hyper, self.context, ConnectionState({}),
-                            _Prefixed(stream, buf))  # type: ignore[arg-type]
+                            io.hand_over(buf))  # type: ignore[arg-type]
         except Exception:  # noqa: BLE001 - a bug met by one connection closes that one only
             log.exception("Unexpected error serving an HTTP client at %s", peer)
-            sock.close()
+            io.close()
 
     def _parse(self, buf: bytes) -> tuple[Any, int] | None:
         """The first request in ``buf`` as ((``Api`` coroutine method, its arguments after the

@@ -101,7 +101,7 @@ from cluster.user_sync import UserSync
 from cluster.wiring import attach
 from node import acl_file, bus_core, client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
-from node.bus_tls import FILE_DIRECTIVES, TlsConfigError, bus_contexts
+from node.bus_tls import FILE_DIRECTIVES, TlsConfigError, bus_contexts, http_context
 from node.clock import Clock, WallClock
 from node.conn_core import (
     CommandPath,
@@ -199,8 +199,11 @@ class Server:
         # compiled log core's own (node/log_core.py): an interpreted method in between cost
         # about 1 us per command that logs.
         self.route: Callable[[list[Effect], list[Reply]], int] = self.persistence.route
-        try:  # tls-cluster: a certificate that cannot be used stops the start, named
+        try:  # a certificate that cannot be used stops the start, named
             bus_tls = bus_contexts(config) if config.tls_cluster else None
+            # http-tls: the HTTPS API's (node/http_front.py), replaced by a reload.
+            self.http_tls = (http_context(config) if config.http_tls and config.http_port
+                             else None)
         except TlsConfigError as exc:
             raise ServerError(str(exc)) from None
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
@@ -459,16 +462,21 @@ class Server:
         return errors.err(error) if error is not None else OK
 
     def reload_tls(self, intent: ConfigApplied) -> Any:
-        """CONFIG SET of a TLS file: the bus's new links use the new files (its links already
-        up go on with theirs); a file that cannot be used is an error and the old stay."""
-        if self.bus.tls is None:
-            return OK
+        """CONFIG SET of a TLS file: the bus's new links and the new HTTPS connections use
+        the new files (the links and connections already up go on with theirs); a file that
+        cannot be used is an error and the old stay."""
         try:
-            self.bus.tls = bus_contexts(self.config)
+            bus = bus_contexts(self.config) if self.bus.tls is not None else None
+            http = http_context(self.config) if self.http_tls is not None else None
         except TlsConfigError as exc:
             self.config.set(intent.name, [str(intent.previous)])
             return errors.err(str(exc))
-        log.info("Cluster bus: TLS certificates reloaded (CONFIG SET %s)", intent.name)
+        if bus is not None:
+            self.bus.tls = bus
+        if http is not None:
+            self.http_tls = http
+        if bus is not None or http is not None:
+            log.info("TLS certificates reloaded (CONFIG SET %s)", intent.name)
         return OK
 
     def pause_clients(self, until_ms: int) -> None:
