@@ -26,7 +26,8 @@ from protocol.resp import Error
 from tests.e2e.test_startup import run_server
 from tests.support.certs import make_certs
 from tests.support.cluster import LocalCluster, wait_until
-from tests.support.server import ServerProcess, free_port
+from tests.support.server import ServerProcess, free_port, pipelined
+from tests.system.test_big_jobs import ADDJOB_TIMEOUT_MS, MB, body_of, call, show_body
 
 pytestmark = pytest.mark.cluster_processes
 
@@ -246,3 +247,26 @@ def test_certificates_rotate_to_a_new_ca_without_a_split(local_cluster: Factory,
             == b"OK"
     c.restart(1)
     wait_until(lambda: c.mesh_ok([0, 1], ids), JOIN_WITHIN_S, "the mesh on the new CA alone")
+
+
+def test_a_big_job_crosses_a_tls_bus_with_a_secret_too(local_cluster: Factory,
+                                                      tmp_path: Path) -> None:
+    """A 17 MB body: the writer's path (records made a chunk at a time, the MAC computed as
+    written) and the reader's big reads, both under TLS; pipelined small jobs around it."""
+    certs = make_certs(tmp_path / "certs", nodes=2)
+    directives = [dict(tls_directives(certs, i), **{"cluster-secret": "s3cret"})
+                  for i in range(2)]
+    c = local_cluster(2, directives=directives)
+    ids = [c.myid(i) for i in range(2)]
+    c.meet(1, 0)
+    wait_until(lambda: c.mesh_ok([0, 1], ids), JOIN_WITHIN_S, "a mesh of 2")
+    body = body_of(17 * MB, b"tls-17-")
+    reply = call(c, 0, "ADDJOB", "bigq", body, str(ADDJOB_TIMEOUT_MS), "REPLICATE", "2")
+    assert isinstance(reply, bytes) and reply.startswith(b"D-"), reply
+    assert show_body(c, 1, reply) == body
+    small = pipelined(c.port(0), [("ADDJOB", "smallq", f"job {i}", "0", "REPLICATE", "2")
+                                  for i in range(500)])
+    assert all(isinstance(r, bytes) and r.startswith(b"D-") for r in small), small[:3]
+    for i in range(2):
+        log = c.nodes[i].log()
+        assert "TLS error" not in log and "MAC" not in log, log
