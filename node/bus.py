@@ -644,15 +644,20 @@ class Bus(BusCore):
                 await channel.handshake(stream.socket)
             return channel
         except (OSError, EOFError, trio.TooSlowError) as exc:  # ssl.SSLError is an OSError
-            peer = ob.ip if ob is not None else _peer_of(stream)
+            # TLS refused (a certificate, a protocol) is worth a warning; a peer that went
+            # away mid-handshake (a node restarting) is an ordinary failed connection.
+            level = (logging.WARNING if isinstance(exc, (ssl.SSLError, trio.TooSlowError))
+                     else logging.DEBUG)
             if ob is not None:
-                self.counters["tls_connect_failures"] += 1
-                self.limiter.emit(f"tls-connect:{ob.node_id}", logging.WARNING,
+                if level == logging.WARNING:
+                    self.counters["tls_connect_failures"] += 1
+                self.limiter.emit(f"tls-connect:{ob.node_id}:{level}", level,
                                   f"Cluster bus: no TLS link to {ob.ip}:{ob.port} "
                                   f"({ob.node_id[:8]}): {describe(exc)}")
             else:
+                peer = _peer_of(stream)
                 self.counters["links_refused_tls"] += 1
-                self.limiter.emit(f"tls:{peer}", logging.WARNING,
+                self.limiter.emit(f"tls:{peer}:{level}", level,
                                   f"Cluster bus: refusing a link from {peer}: TLS handshake "
                                   f"failed ({describe(exc)})")
             await trio.aclose_forcefully(stream)

@@ -169,11 +169,14 @@ class TlsChannel:
     def decrypt(self, data: bytes) -> bytes:
         """The plaintext that ``data`` (ciphertext just read) completes; ``ssl.SSLError`` on a
         bad record. Whatever TLS must answer (a key update) joins ``pending``."""
+        incoming = self.incoming
         if data:
-            self.incoming.write(data)
+            incoming.write(data)
         obj = self.obj
         chunks: list[bytes] = []
-        while True:
+        # A read brings whole records as a rule: once the BIO is empty nothing is left to
+        # decrypt, and the read that would say so by raising is saved.
+        while incoming.pending or obj.pending():
             try:
                 chunk = obj.read(_RECORD_READ)
             except ssl.SSLWantReadError:
