@@ -21,7 +21,7 @@ goal (``bench/cluster_report.py``):
       node 3, both clusters at once: the NEEDJOBS sent (INFO federation; Disque counts none,
       its backoff allows 20 in 60 s) and every bus message (cluster_stats_messages_sent).
   (l) one ADDJOB of a 40 MB body with REPLICATE 3 on node 1, then FASTACK: seconds.
-  (t) ADDJOB REPLICATE 3 with 50 connections on three trisque nodes with ``tls-cluster yes``
+  (u) ADDJOB REPLICATE 3 with 50 connections on three trisque nodes with ``tls-cluster yes``
       (certificates from ``cli.certs``) against the trisque cluster without it, in a table
       of its own: the rate (bar >= 0.6x the plaintext bus) and the CPU per job.
 
@@ -412,13 +412,13 @@ def idle_rows(clusters: list[Cluster], seconds: float) -> list[Row]:
 
 
 # ---------------------------------------------------------------------------------------------
-# (t): tls-cluster against the plaintext bus
+# (u): tls-cluster against the plaintext bus
 
 
 def tls_rows(plain: Cluster, runs: int, duration: float) -> list[Row]:
     """(g)'s 50-connection row on a ``tls-cluster yes`` cluster, interleaved with the same
     runs on ``plain``; the TLS cluster runs only for this row."""
-    title = "(t) ADDJOB REPLICATE 3, 50 conns, tls-cluster"
+    title = "(u) ADDJOB REPLICATE 3, 50 conns, tls-cluster"
     log(f"{title} ...")
     with tempfile.TemporaryDirectory(prefix="trisque-bench-certs-") as directory:
         certs = generate(Path(directory), nodes=3, days=1)
@@ -487,9 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="one run of 1 s per row, 5,000 pipelined jobs, 10 s idle")
     p.add_argument("--no-tls", dest="tls", action="store_false",
-                   help="skip (t), the tls-cluster row")
+                   help="skip (u), the tls-cluster row")
     p.add_argument("--only-tls", action="store_true",
-                   help="run (t) alone (the plaintext trisque cluster and the TLS one)")
+                   help="run (u) alone (the plaintext trisque cluster and the TLS one)")
     p.add_argument("--out", default=str(REPO / "bench-results" / "cluster.json"))
     opts = p.parse_args(argv)
     opts.runs = opts.runs or (1 if opts.quick else 3)
@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     text = render(rows, header) if rows else "\n".join(header)
     if tls:
-        text += "\n\n" + render(tls, ["# (t): the same trisque cluster with and without "
+        text += "\n\n" + render(tls, ["# (u): the same trisque cluster with and without "
                                       "tls-cluster (mutual TLS on every bus link)"],
                                  columns=("tls", "plain"))
     print(text, flush=True)
