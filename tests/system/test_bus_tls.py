@@ -222,6 +222,13 @@ def test_certificates_rotate_to_a_new_ca_without_a_split(local_cluster: Factory,
     assert isinstance(bad, Error) and "nowhere.crt" in str(bad), bad
     assert c.call(0, "CONFIG", "GET", "tls-cert-file")[1] == str(live / "node-0.crt").encode()
     assert c.call(0, "CONFIG", "GET", "tls-key-file-pass") == [b"tls-key-file-pass", b""]
+    # A passphrase is never shown (the key is not encrypted: OpenSSL ignores it).
+    assert c.call(0, "CONFIG", "SET", "tls-key-file-pass", "p4ss") == b"OK"
+    assert c.call(0, "CONFIG", "GET", "tls-key-file-pass") == [b"tls-key-file-pass",
+                                                               b"(hidden)"]
+    # tls-cluster is read at start: switching it on one node would split the cluster.
+    refused = c.call(0, "CONFIG", "SET", "tls-cluster", "no")
+    assert isinstance(refused, Error) and "Unsupported CONFIG parameter" in str(refused)
 
     def rotate(i: int, cas: list[Path]) -> None:
         (live / f"ca-{i}.crt").write_bytes(b"".join(p.read_bytes() for p in cas))
