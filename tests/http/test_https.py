@@ -20,6 +20,7 @@ import pytest
 
 from cli.certs import CertSet
 from protocol.resp import Error
+from tests.e2e.test_startup import run_server
 from tests.support.certs import make_certs
 from tests.support.server import ServerProcess, free_port
 
@@ -108,3 +109,10 @@ def test_config_set_reloads_the_https_certificate(
     assert httpx.get(base + "/openapi.json", verify=trusting(renewed)).status_code == 200
     with pytest.raises(httpx.ConnectError):
         httpx.get(base + "/openapi.json", verify=trusting(certs))
+
+
+def test_http_tls_without_a_certificate_stops_the_start(tmp_path: Path) -> None:
+    proc = run_server("--port", str(free_port()), "--bind", "127.0.0.1", "--dir", str(tmp_path),
+                      "--http-port", str(free_port()), "--http-tls", "yes")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "http-tls yes needs tls-cert-file" in proc.stderr, proc.stderr
