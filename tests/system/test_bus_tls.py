@@ -277,3 +277,33 @@ def test_a_big_job_crosses_a_tls_bus_with_a_secret_too(local_cluster: Factory,
     for i in range(2):
         log = c.nodes[i].log()
         assert "TLS error" not in log and "MAC" not in log, log
+
+
+def test_outbound_links_present_tls_client_cert_file(local_cluster: Factory,
+                                                     tmp_path: Path) -> None:
+    """``tls-client-cert-file``/``tls-client-key-file``: the certificate a node's own links
+    present. Node 1's is the CA's client certificate (the mesh forms), then another CA's:
+    node 0 then refuses node 1's new links, while node 1's server certificate is unchanged."""
+    certs = make_certs(tmp_path / "certs", nodes=2)
+    foreign = make_certs(tmp_path / "foreign", nodes=1, organization="intruder")
+    assert certs.client is not None and foreign.client is not None
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copy(certs.client[0], live / "client.crt")
+    shutil.copy(certs.client[1], live / "client.key")
+    directives = [tls_directives(certs, 0),
+                  dict(tls_directives(certs, 1),
+                       **{"tls-client-cert-file": str(live / "client.crt"),
+                          "tls-client-key-file": str(live / "client.key")})]
+    c = local_cluster(2, directives=directives)
+    ids = [c.myid(i) for i in range(2)]
+    c.meet(1, 0)
+    wait_until(lambda: c.mesh_ok([0, 1], ids), JOIN_WITHIN_S, "a mesh of 2")
+    assert "TLS handshake failed" not in c.nodes[0].log()
+    shutil.copy(foreign.client[0], live / "client.crt")
+    shutil.copy(foreign.client[1], live / "client.key")
+    assert c.call(1, "CONFIG", "SET", "tls-client-cert-file", str(live / "client.crt")) \
+        == b"OK"
+    c.restart(0)  # node 1's links to it are new ones
+    wait_until(lambda: "refusing a link from 127.0.0.1: TLS handshake failed"
+               in c.nodes[0].log(), 10, "node0 refuses node1's foreign client certificate")
