@@ -433,7 +433,8 @@ async def _recv(sock: socket.socket, wait_first: bool) -> bytes:
 
 
 async def _tls_recv(stream: trio.SSLStream[trio.SocketStream], wait_first: bool) -> bytes:
-    return bytes(await stream.receive_some(READ_SIZE))
+    # One record's plaintext at most: the TLS object allocates what it is asked for.
+    return bytes(await stream.receive_some(16 * 1024))
 
 
 async def _tls_send(stream: trio.SSLStream[trio.SocketStream], data: bytes) -> None:
