@@ -24,6 +24,14 @@ and time, following the contract of ``cluster/effects.py``:
   descriptor for ever. Both are deadlines that only a complete frame moves, so dribbling a
   byte now and then buys nothing; the ticker checks them every ``TICK_S``. Outbound links
   need no read timeout: the core's PING/PONG watches them and answers with ``CloseLink``.
+* **TLS** (``tls-cluster yes``, ``node/bus_tls.py``). A new link's handshake runs first
+  (``Bus._handshake``: outbound within the connect timeout, inbound within
+  ``first_frame_timeout``); a peer that fails it is closed, counted and logged, and never
+  becomes a ``Link``, so none of its bytes reach a decoder. A link then holds a
+  ``TlsChannel`` (an ``ssl.SSLObject`` over memory BIOs) and its reads and writes stay
+  direct: ``_read_tls`` decrypts what each read brought, ``bus_core.write_tls`` and
+  ``_write_all_tls`` turn frames into records, the records the socket did not take waiting in
+  the channel for the writer task.
 * **Sends never block the node.** ``Send``/``Answer`` encode the frame and append its buffers
   to the link's queue without waiting (``cluster.wire.encode_parts``: a big job's body is a
   buffer of its own, never copied; a frame over ``max_body``, what ``job-max-body-len``
