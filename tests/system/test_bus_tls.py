@@ -8,6 +8,7 @@ frame is read; a restarted node rejoins. Select them with ``-m cluster_processes
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import ssl
@@ -307,3 +308,35 @@ def test_outbound_links_present_tls_client_cert_file(local_cluster: Factory,
     c.restart(0)  # node 1's links to it are new ones
     wait_until(lambda: "refusing a link from 127.0.0.1: TLS handshake failed"
                in c.nodes[0].log(), 10, "node0 refuses node1's foreign client certificate")
+
+
+def test_garbage_and_cut_handshakes_leave_a_tls_cluster_whole(local_cluster: Factory,
+                                                              tmp_path: Path) -> None:
+    """Random bytes, and real ClientHellos cut anywhere, at a TLS bus port: each is refused
+    alone, the node answers and its links stay up."""
+    certs = make_certs(tmp_path / "certs", nodes=2)
+    c, ids = tls_cluster(local_cluster, certs, n=2)
+    rng = random.Random(7)
+    hello_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    hello_ctx.check_hostname = False
+    hello_ctx.verify_mode = ssl.CERT_NONE
+    bus = ("127.0.0.1", c.port(0) + 10000)
+    for i in range(60):
+        if i % 2:
+            payload = rng.randbytes(rng.randint(1, 4096))
+        else:
+            obj = hello_ctx.wrap_bio(ssl.MemoryBIO(), outgoing := ssl.MemoryBIO())
+            try:
+                obj.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            hello = outgoing.read()
+            payload = hello[:rng.randint(1, len(hello) - 1)]
+        with socket.create_connection(bus, timeout=5) as sock:
+            sock.sendall(payload)
+            if i % 3 == 0:
+                _closed(sock)  # some wait for the refusal, the others hang up at once
+    assert c.call(0, "PING") == b"PONG"
+    assert c.mesh_ok([0, 1], ids)
+    info = c.info(0)
+    assert info["cluster_known_nodes"] == "2", info
