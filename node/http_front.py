@@ -42,6 +42,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from starlette.types import ASGIApp
 
+from node.bus_tls import TlsChannel, describe
 from node.http_api import Answer, Api, Bridge, HttpError, error_answer, make_app, request_user
 from node.http_openapi import MAX_WAIT_S
 
@@ -85,19 +86,38 @@ class _Prefixed:
         await self.stream.aclose()
 
 
-class _PrefixedTls(_Prefixed):
-    """``_Prefixed`` over HTTPS: what hypercorn's TCPServer asks of a TLS stream (its
-    handshake is done; doing it again is a no-op)."""
+class _TlsHandover:
+    """An HTTPS connection as hypercorn's TCPServer reads a TLS stream: the bytes already
+    read, then the records (``_tls_recv``, ``_tls_send``); its handshake is done."""
 
-    def __init__(self, stream: trio.SSLStream[trio.SocketStream], data: bytes) -> None:
-        self.stream, self._data = stream, data  # type: ignore[assignment]
-        self.transport_stream = stream.transport_stream
+    def __init__(self, io: _Tls, data: bytes) -> None:
+        self.io, self._data = io, data
+        self.transport_stream = trio.SocketStream(trio.socket.from_stdlib_socket(io.sock))
 
     async def do_handshake(self) -> None:
-        await self.stream.do_handshake()  # type: ignore[attr-defined]
+        await trio.lowlevel.checkpoint()
 
     def selected_alpn_protocol(self) -> str | None:
-        return self.stream.selected_alpn_protocol()  # type: ignore[attr-defined, no-any-return]
+        return self.io.channel.obj.selected_alpn_protocol()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._data:
+            data, self._data = self._data, b""
+            return data
+        try:
+            return await _tls_recv(self.io, False)
+        except OSError as exc:  # ssl.SSLError too: as trio's TLS stream says it
+            raise trio.BrokenResourceError from exc
+
+    async def send_all(self, data: bytes) -> None:
+        try:
+            await _tls_send(self.io, data)
+        except OSError as exc:
+            raise trio.BrokenResourceError from exc
+
+    async def aclose(self) -> None:
+        self.io.close()
+        await trio.lowlevel.checkpoint()
 
 
 class _Plain:
@@ -112,23 +132,24 @@ class _Plain:
     def close(self) -> None:
         self.sock.close()
 
-    def hand_over(self, data: bytes) -> _Prefixed:
+    def hand_over(self, data: bytes) -> _Prefixed | _TlsHandover:
         return _Prefixed(trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), data)
 
 
 class _Tls:
-    """An HTTPS connection after its handshake (``http-tls``): trio's TLS stream."""
+    """An HTTPS connection after its handshake (``http-tls``): its socket, read and written
+    directly as a plain one is, and its records (``node.bus_tls.TlsChannel``, as the bus's)."""
 
-    __slots__ = ("stream",)
+    __slots__ = ("sock", "channel")
 
-    def __init__(self, stream: trio.SSLStream[trio.SocketStream]) -> None:
-        self.stream = stream
+    def __init__(self, sock: socket.socket, channel: TlsChannel) -> None:
+        self.sock, self.channel = sock, channel
 
     def close(self) -> None:
-        self.stream.transport_stream.socket.close()
+        self.sock.close()
 
-    def hand_over(self, data: bytes) -> _Prefixed:
-        return _PrefixedTls(self.stream, data)
+    def hand_over(self, data: bytes) -> _TlsHandover:
+        return _TlsHandover(self, data)
 
 
 class _Waiting:
@@ -236,17 +257,16 @@ class Front:
         if tls is None:
             await self.serve_connection(_Plain(sock), peer)
             return
-        stream = trio.SSLStream(trio.SocketStream(trio.socket.from_stdlib_socket(sock)), tls,
-                                server_side=True, https_compatible=True)
+        channel = TlsChannel(tls, server_side=True)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                await stream.do_handshake()
-        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+                await channel.handshake(trio.socket.from_stdlib_socket(sock))
+        except (OSError, EOFError, trio.TooSlowError) as exc:
             # A client that does not trust the certificate, or speaks plain HTTP.
-            log.debug("HTTPS: handshake with %s failed: %s", peer, exc.__cause__ or exc)
+            log.debug("HTTPS: handshake with %s failed: %s", peer, describe(exc))
             sock.close()
             return
-        await self.serve_connection(_Tls(stream), peer)
+        await self.serve_connection(_Tls(sock, channel), peer)
 
     async def serve_connection(self, io: _Plain | _Tls, peer: str) -> None:
         """Answer the requests this module serves, then hand the connection to hypercorn."""
@@ -256,7 +276,7 @@ class Front:
         if isinstance(io, _Plain):
             recv, send, end = _recv, _send, io.sock
         else:
-            recv, send, end = _tls_recv, _tls_send, io.stream
+            recv, send, end = _tls_recv, _tls_send, io
         buf = b""
         waiting = _Waiting()
         self.waiting.add(waiting)
@@ -432,13 +452,26 @@ async def _recv(sock: socket.socket, wait_first: bool) -> bytes:
     return data
 
 
-async def _tls_recv(stream: trio.SSLStream[trio.SocketStream], wait_first: bool) -> bytes:
-    # One record's plaintext at most: the TLS object allocates what it is asked for.
-    return bytes(await stream.receive_some(16 * 1024))
+async def _tls_recv(io: _Tls, wait_first: bool) -> bytes:
+    """``_recv`` over TLS: the plaintext of the next whole records (b"" at the end). First
+    what the last read (or the handshake's) left in the channel."""
+    channel = io.channel
+    plain = channel.decrypt(b"")
+    while not plain and not channel.eof:
+        data = await _recv(io.sock, wait_first)
+        if not data:
+            return b""
+        plain = channel.decrypt(data)
+        wait_first = True  # a record cut by the read: the rest is not there yet
+    return plain
 
 
-async def _tls_send(stream: trio.SSLStream[trio.SocketStream], data: bytes) -> None:
-    await stream.send_all(data)
+async def _tls_send(io: _Tls, data: bytes) -> None:
+    """``_send`` over TLS: ``data`` as records, after whatever TLS itself had to answer."""
+    channel = io.channel
+    channel.encrypt(data)
+    records, channel.pending = channel.pending, b""
+    await _send(io.sock, records)
 
 
 async def serve(server: Server, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
