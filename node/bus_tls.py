@@ -1,4 +1,5 @@
-"""Mutual TLS under the cluster bus (``tls-cluster yes``): the contexts, and one link's records.
+"""Mutual TLS under the cluster bus (``tls-cluster yes``): the contexts, and one link's records
+(``TlsChannel``, which the HTTPS front uses too: ``node/http_front.py``).
 
 The bus reads and writes its sockets itself (``node/bus.py``: the reader's direct reads, the
 flush's direct write), so TLS is an ``ssl.SSLObject`` over two memory BIOs rather than a
