@@ -75,6 +75,14 @@ def test_the_api_and_the_dashboard_answer_over_https(
         assert got.status_code == 200 and got.content == b"secret body", got
         assert got.headers["x-message-id"] == job_id
         assert client.delete("/messages/" + quote(job_id, safe="")).status_code == 204
+        # A body of many records, arriving over several reads.
+        big = bytes(range(256)) * 1200
+        posted = client.post("/messages/tls-q", content=big)
+        assert posted.status_code == 201, posted.text
+        got = client.get("/messages/tls-q")
+        assert got.status_code == 200 and got.content == big
+        assert client.delete("/messages/" + quote(got.headers["x-message-id"], safe="")
+                             ).status_code == 204
         page = client.get("/")
         assert page.status_code == 200 and "trisque" in page.text
         assert client.get("/metrics").status_code == 200
