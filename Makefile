@@ -42,7 +42,7 @@ run: build
 
 # Three nodes in the foreground, joined with CLUSTER MEET; Ctrl-C stops them (tools/local_cluster.py).
 cluster: build
-	$(PY) -m tools.local_cluster
+	$(PY) -m tools.local_cluster $(CLUSTER_ARGS)
 
 # The whole suite on the compiled core (TRISQUE_CORE=compiled: a run on anything else fails),
 # then the in-process tests on the pure-Python core: the tests that start real processes

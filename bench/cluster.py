@@ -21,6 +21,9 @@ goal (``bench/cluster_report.py``):
       node 3, both clusters at once: the NEEDJOBS sent (INFO federation; Disque counts none,
       its backoff allows 20 in 60 s) and every bus message (cluster_stats_messages_sent).
   (l) one ADDJOB of a 40 MB body with REPLICATE 3 on node 1, then FASTACK: seconds.
+  (u) ADDJOB REPLICATE 3 with 50 connections on three trisque nodes with ``tls-cluster yes``
+      (certificates from ``cli.certs``) against the trisque cluster without it, in a table
+      of its own: the rate (bar >= 0.6x the plaintext bus) and the CPU per job.
 
 Each row also has the servers' CPU time per job, all three nodes together (/proc): on a
 machine with fewer cores than busy processes the rates mostly measure the machine, the CPU
@@ -37,6 +40,7 @@ import os
 import platform
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +51,7 @@ from bench.cluster_report import (
     FEDERATION_P99,
     ONE_CONNECTION_P50,
     RATE,
+    TLS_RATE,
     Row,
     Side,
     Target,
@@ -57,6 +62,7 @@ from bench.servers import DISQUE_ENV, REPO, BenchServer, DisqueServer, command, 
 from bench.table import redis_benchmark
 from cli.bench import run_benchmark
 from cli.bench_load import BenchError, Spec
+from cli.certs import generate
 from protocol.resp import NEED_DATA, Error, ReplyReader, encode_command
 
 BODY = 16
@@ -107,15 +113,17 @@ class Cluster:
             n.stop()
 
 
-def start_cluster(kind: str, binary: str | None, timeout: float = 30.0) -> Cluster:
+def start_cluster(kind: str, binary: str | None, timeout: float = 30.0,
+                  per_node: list[dict[str, str]] | None = None) -> Cluster:
     settings = {"cluster-node-timeout": NODE_TIMEOUT_MS}
     nodes: list[BenchServer] = []
     cluster = Cluster(kind, nodes)
     try:
         for i in range(3):
             label = f"{kind} node {i + 1}"
+            extra = per_node[i] if per_node else {}
             node = (DisqueServer(binary, label, **settings) if binary
-                    else BenchServer("trisque", label, **settings))
+                    else BenchServer("trisque", label, **settings, **extra))
             nodes.append(node)
             node.start()
             if not node.ok:
@@ -404,6 +412,43 @@ def idle_rows(clusters: list[Cluster], seconds: float) -> list[Row]:
 
 
 # ---------------------------------------------------------------------------------------------
+# (u): tls-cluster against the plaintext bus
+
+
+def tls_rows(plain: Cluster, runs: int, duration: float) -> list[Row]:
+    """(g)'s 50-connection row on a ``tls-cluster yes`` cluster, interleaved with the same
+    runs on ``plain``; the TLS cluster runs only for this row."""
+    title = "(u) ADDJOB REPLICATE 3, 50 conns, tls-cluster"
+    log(f"{title} ...")
+    with tempfile.TemporaryDirectory(prefix="trisque-bench-certs-") as directory:
+        certs = generate(Path(directory), nodes=3, days=1)
+        per_node = [{"tls-cluster": "yes", "tls-cert-file": str(cert),
+                     "tls-key-file": str(key), "tls-ca-cert-file": str(certs.ca_cert)}
+                    for cert, key in certs.nodes]
+        try:
+            tls = start_cluster("trisque-tls", None, per_node=per_node)
+        except (BenchError, OSError) as exc:
+            return [Row(title, "/s", Side(failure=f"the TLS cluster did not start: {exc}"),
+                        Side(), TLS_RATE)]
+        try:
+            timeout = max(60.0, 15 * duration + 30)
+            requests: dict[str, int] = {}
+            for c in (tls, plain):  # warm-up, sizing the runs to ``duration``
+                try:
+                    rate = addjob_run(c, 50, 5_000, False, timeout)["rate"][0]
+                except (BenchError, OSError) as exc:
+                    log(f"{title}: {c.kind}: first run failed: {exc}")
+                    rate = 5_000 / duration
+                requests[c.kind] = int(min(400_000, max(200, rate * duration)))
+            sides = interleaved(title, [tls, plain], runs, ["rate", "p50"], lambda c: addjob_run(
+                c, 50, requests[c.kind], False, timeout))
+        finally:
+            tls.stop()
+    return [Row(title, "/s", sides["rate"]["trisque-tls"], sides["rate"]["trisque"],
+                TLS_RATE)]
+
+
+# ---------------------------------------------------------------------------------------------
 # The run
 
 
@@ -441,6 +486,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="(j): seconds of idle blocked consumers (default 60, quick 10; 0 skips it)")
     p.add_argument("--quick", action="store_true",
                    help="one run of 1 s per row, 5,000 pipelined jobs, 10 s idle")
+    p.add_argument("--no-tls", dest="tls", action="store_false",
+                   help="skip (u), the tls-cluster row")
+    p.add_argument("--only-tls", action="store_true",
+                   help="run (u) alone (the plaintext trisque cluster and the TLS one)")
     p.add_argument("--out", default=str(REPO / "bench-results" / "cluster.json"))
     opts = p.parse_args(argv)
     opts.runs = opts.runs or (1 if opts.quick else 3)
@@ -464,13 +513,14 @@ def main(argv: list[str] | None = None) -> int:
         except (BenchError, OSError) as exc:
             print(f"cluster benchmark failed: trisque: {exc}")
             return 1
-        if disque:
+        if disque and not opts.only_tls:
             try:
                 clusters.append(start_cluster("disque", disque))
             except (BenchError, OSError) as exc:
                 disque_failure = f"the Disque cluster did not start: {exc}"
                 log(disque_failure)
-        rows = measure(clusters, opts)
+        rows = [] if opts.only_tls else measure(clusters, opts)
+        tls = tls_rows(clusters[0], opts.runs, opts.duration) if opts.tls else []
     finally:
         for c in clusters:
             c.stop()
@@ -488,7 +538,11 @@ def main(argv: list[str] | None = None) -> int:
         "# (g): redis-benchmark on node 1; (h), (i): trisque-benchmark's generator and a raw "
         "socket; bar and goal bound trisque / Disque; CPU: the 3 servers' per job (us)",
     ]
-    text = render(rows, header)
+    text = render(rows, header) if rows else "\n".join(header)
+    if tls:
+        text += "\n\n" + render(tls, ["# (u): the same trisque cluster with and without "
+                                      "tls-cluster (mutual TLS on every bus link)"],
+                                 columns=("tls", "plain"))
     print(text, flush=True)
     out = Path(opts.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -496,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "reference_disque": disque,
         "load_before": load_before, "load_after": _loadavg(), "elapsed_s": round(elapsed, 1),
         "settings": {k: v for k, v in vars(opts).items() if k != "out"},
-        "rows": [r.to_json() for r in rows], "table": text}, indent=2))
+        "rows": [r.to_json() for r in rows], "tls_rows": [r.to_json() for r in tls],
+        "table": text}, indent=2))
     return 0
 
 

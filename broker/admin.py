@@ -58,7 +58,10 @@ class Broker(Protocol):
 
 
 # CONFIG SET of these needs the runtime: switching the log, checking the open-files limit.
-_RUNTIME_DIRECTIVES = frozenset(("appendonly", "maxclients"))
+_RUNTIME_DIRECTIVES = frozenset((
+    "appendonly", "maxclients", "tls-cert-file", "tls-key-file", "tls-key-file-pass",
+    "tls-client-cert-file", "tls-client-key-file", "tls-client-key-file-pass",
+    "tls-ca-cert-file", "tls-ca-cert-dir"))
 
 
 def hello(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
@@ -140,7 +143,7 @@ def cluster(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:
         return OK
     if (sub == b"meet" and rest
             and not bus_open_to(rest[0].decode("utf-8", "replace"), b.config.protected_mode,
-                                b.config.cluster_secret)):
+                                b.config.cluster_secret, b.config.tls_cluster)):
         return MEET_REFUSED
     reply = b.cluster.command(sub, rest, now_ms)
     if sub == b"reset" and reply is OK:

@@ -94,6 +94,17 @@ DIRECTIVES: dict[str, Directive] = {
         _D("result-ttl", "int", 3600, True, "Seconds a job's outcome (RESOLVE's result, or how a watched job ended) is kept for WAITJOB and chained jobs."),
         _D("cluster-config-file", "string", "nodes.conf", False, "File in dir where the node keeps its ID and peers."),
         _D("cluster-secret", "string", "", False, "Shared secret of the cluster bus: every bus frame carries an HMAC-SHA256 under it, and a frame with a missing or wrong MAC is dropped (empty: no MAC, as Disque's bus). Every node of a cluster needs the same one. CONFIG GET shows whether it is set, never its value."),
+        # TLS (docs/security.md): Redis's directive names and defaults; paths relative to dir.
+        _D("tls-cert-file", "string", "", True, "The node's certificate (PEM): presented by the cluster bus (tls-cluster) and the HTTPS API (http-tls). CONFIG SET reloads the files for new links and connections."),
+        _D("tls-key-file", "string", "", True, "The private key of tls-cert-file (PEM)."),
+        _D("tls-key-file-pass", "string", "", True, "The passphrase of tls-key-file, if it is encrypted. CONFIG GET shows whether it is set, never its value."),
+        _D("tls-client-cert-file", "string", "", True, "The certificate the node presents on the bus links it opens to other nodes (empty: tls-cert-file)."),
+        _D("tls-client-key-file", "string", "", True, "The private key of tls-client-cert-file."),
+        _D("tls-client-key-file-pass", "string", "", True, "The passphrase of tls-client-key-file. CONFIG GET shows whether it is set, never its value."),
+        _D("tls-ca-cert-file", "string", "", True, "The certificate authorities (PEM) a peer's certificate must be signed by."),
+        _D("tls-ca-cert-dir", "string", "", True, "A directory of certificate authorities (OpenSSL's hashed names), besides or instead of tls-ca-cert-file."),
+        _D("tls-cluster", "bool", False, False, "Mutual TLS on every cluster bus link: a peer must present a certificate signed by the CA, and is shown ours. Every node of a cluster needs it; read at start."),
+        _D("http-tls", "bool", False, False, "Serve the HTTP API and the dashboard over HTTPS, with tls-cert-file and tls-key-file."),
     ]
 }
 
@@ -102,7 +113,7 @@ DIRECTIVES: dict[str, Directive] = {
 # which is the operator's): the bus secret is a shared key, and anyone who can run CONFIG GET
 # could otherwise join a node of their own to the cluster. Shown as "" when unset and as
 # HIDDEN_VALUE when set, so an operator can still check that it is configured.
-SECRET_DIRECTIVES = frozenset({"cluster-secret"})
+SECRET_DIRECTIVES = frozenset({"cluster-secret", "tls-key-file-pass", "tls-client-key-file-pass"})
 HIDDEN_VALUE = "(hidden)"
 
 INT32_MAX = (1 << 31) - 1

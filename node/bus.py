@@ -24,6 +24,14 @@ and time, following the contract of ``cluster/effects.py``:
   descriptor for ever. Both are deadlines that only a complete frame moves, so dribbling a
   byte now and then buys nothing; the ticker checks them every ``TICK_S``. Outbound links
   need no read timeout: the core's PING/PONG watches them and answers with ``CloseLink``.
+* **TLS** (``tls-cluster yes``, ``node/bus_tls.py``). A new link's handshake runs first
+  (``Bus._handshake``: outbound within the connect timeout, inbound within
+  ``first_frame_timeout``); a peer that fails it is closed, counted and logged, and never
+  becomes a ``Link``, so none of its bytes reach a decoder. A link then holds a
+  ``TlsChannel`` (an ``ssl.SSLObject`` over memory BIOs) and its reads and writes stay
+  direct: ``_read_tls`` decrypts what each read brought, ``bus_core.write_tls`` and
+  ``_write_all_tls`` turn frames into records, the records the socket did not take waiting in
+  the channel for the writer task.
 * **Sends never block the node.** ``Send``/``Answer`` encode the frame and append its buffers
   to the link's queue without waiting (``cluster.wire.encode_parts``: a big job's body is a
   buffer of its own, never copied; a frame over ``max_body``, what ``job-max-body-len``
@@ -93,6 +101,7 @@ import logging
 import os
 import random
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -123,6 +132,7 @@ from node.bus_core import (
     LinkCore,
     MacLater,
 )
+from node.bus_tls import BusContexts, TlsChannel, describe
 from node.clock import Clock
 
 log = logging.getLogger("trisque.bus")
@@ -189,12 +199,13 @@ class Link(LinkCore):
     """One bus connection. ``run`` returns when it is closed, whoever closed it."""
 
     def __init__(self, bus: Bus, link_id: LinkId, stream: trio.SocketStream,
-                 outbound_to: str | None) -> None:
+                 outbound_to: str | None, tls: TlsChannel | None = None) -> None:
         sock = stream.socket
         super().__init__(bus, link_id, sock.fileno(), outbound_to, _host(sock.getpeername()),
                          _host(sock.getsockname()), trio.current_time())
         self.owner = bus
         self.stream = stream
+        self.tls = tls
         self._since_yield = 0  # bytes written since the writer last let other tasks run
         self._wakeup = trio.Event()
         self._scope = trio.CancelScope()
@@ -219,7 +230,7 @@ class Link(LinkCore):
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._guarded, self._write)
-                    await self._guarded(self._read)
+                    await self._guarded(self._read if self.tls is None else self._read_tls)
                     nursery.cancel_scope.cancel()
         finally:
             self.close()
@@ -272,6 +283,55 @@ class Link(LinkCore):
             else:
                 await trio.lowlevel.checkpoint()
 
+    async def _read_tls(self) -> None:
+        """``_read`` under TLS: the same direct reads, each one's records decrypted at once
+        and the plaintext handed to the cores (``_take_tls``). First what arrived with the
+        handshake's last read: the peer may have sent frames right behind it."""
+        fd = self.fd
+        decoder = self.decoder
+        wait_readable = trio.lowlevel.wait_readable
+        if not self._take_tls(b""):
+            return
+        while True:
+            size = min(max(decoder.missing(), READ_SIZE), BIG_READ_SIZE)
+            try:
+                data = os.read(fd, size)
+            except BlockingIOError:
+                await wait_readable(fd)
+                continue
+            if not data:
+                decoder.truncated_at_eof()
+                return
+            if not self._take_tls(data):
+                return
+            if len(data) < size:
+                await wait_readable(fd)
+            else:
+                await trio.lowlevel.checkpoint()
+
+    def _take_tls(self, data: bytes) -> bool:
+        """Decrypt ``data`` and hand its frames over; False when the link ends here."""
+        tls: TlsChannel = self.tls
+        try:
+            plain = tls.decrypt(data)
+        except ssl.SSLError as exc:
+            bus = self.owner
+            bus.counters["links_dropped_bad_frame"] += 1
+            bus.limiter.emit(f"tls-record:{self.peer_ip}", logging.WARNING,
+                             f"Cluster bus: dropping link with {self.peer_ip}: TLS error "
+                             f"({describe(exc)})")
+            return False
+        if tls.pending and not self.writing:  # TLS itself answers (a key update)
+            bus_core.hand_over(self)
+        if plain:
+            bus_core.take_frames(self, plain)
+        if self.closed:
+            return False
+        if tls.eof:
+            self.decoder.truncated_at_eof()
+            return False
+        return True
+
     def _timed_out(self) -> None:
         bus = self.owner
         key = "idle" if self.spoke else "silent"
@@ -289,7 +349,12 @@ class Link(LinkCore):
         whose MAC is still to compute hashed slice by slice as it is written (``MacLater``);
         straight to the socket, trio waiting only when the kernel takes nothing."""
         queue = self.queue
+        tls = self.tls
         while True:
+            if tls is not None and tls.pending:  # records the socket did not take yet
+                if not await self._write_all(memoryview(b"")):
+                    return
+                continue
             if not queue:
                 self.writing = False
                 self._wakeup = trio.Event()
@@ -332,7 +397,8 @@ class Link(LinkCore):
         """Write ``view`` whole. After every ``WRITE_SLICE`` bytes the other tasks run, so a
         big frame never holds the loop for long; a peer that takes no byte for
         ``send_stall_timeout`` gets its link closed (False)."""
-        bus = self.owner
+        if self.tls is not None:
+            return await self._write_all_tls(view)
         fd = self.fd
         progress = trio.current_time()
         while view:
@@ -350,16 +416,53 @@ class Link(LinkCore):
                 progress = trio.current_time() if view else progress
                 continue
             self._since_yield = 0
-            with trio.move_on_at(progress + bus.send_stall_timeout) as waited:
-                await trio.lowlevel.wait_writable(fd)
-            if waited.cancelled_caught:
-                bus.counters["links_closed_slow"] += 1
-                bus.limiter.emit(f"stall:{self.peer_ip}", logging.WARNING,
-                                 f"Cluster bus: closing link to {self.peer_ip}: peer read "
-                                 f"nothing for {bus.send_stall_timeout:g} s")
-                self.close()
+            if not await self._wait_writable(progress):
                 return False
         return True
+
+    async def _wait_writable(self, progress: float) -> bool:
+        """Wait until the socket takes bytes again; False (link closed) if the peer took
+        none for ``send_stall_timeout`` since ``progress``."""
+        bus = self.owner
+        with trio.move_on_at(progress + bus.send_stall_timeout) as waited:
+            await trio.lowlevel.wait_writable(self.fd)
+        if waited.cancelled_caught:
+            bus.counters["links_closed_slow"] += 1
+            bus.limiter.emit(f"stall:{self.peer_ip}", logging.WARNING,
+                             f"Cluster bus: closing link to {self.peer_ip}: peer read "
+                             f"nothing for {bus.send_stall_timeout:g} s")
+            self.close()
+            return False
+        return True
+
+    async def _write_all_tls(self, view: memoryview) -> bool:
+        """``_write_all`` under TLS: the channel's records first, then ``view`` made records
+        ``SEND_CHUNK`` at a time, each written before the next is made (the records waiting
+        are at most one chunk's)."""
+        tls: TlsChannel = self.tls
+        fd = self.fd
+        progress = trio.current_time()
+        while True:
+            if not tls.pending:
+                if not view:
+                    return True
+                piece = view[:SEND_CHUNK]
+                view = view[len(piece):]
+                tls.encrypt(piece)
+                self.unsent -= len(piece)
+            before = len(tls.pending)
+            tls.write_pending(fd)
+            sent = before - len(tls.pending)
+            if sent:
+                self._since_yield += sent
+                if self._since_yield >= WRITE_SLICE:
+                    self._since_yield = 0
+                    await trio.lowlevel.checkpoint()
+                progress = trio.current_time()
+                continue
+            self._since_yield = 0
+            if not await self._wait_writable(progress):
+                return False
 
 
 @dataclass
@@ -385,7 +488,8 @@ class Bus(BusCore):
                  before_flush: Callable[[], None] = lambda: None,
                  log_ticket: Callable[[], int] = lambda: 0,
                  wait_durable: Callable[[int], Awaitable[bool]] = _always_durable,
-                 after_flush: Callable[[], None] = lambda: None) -> None:
+                 after_flush: Callable[[], None] = lambda: None,
+                 tls: BusContexts | None = None) -> None:
         # Read once: changing the secret of a running node would split it from its cluster.
         super().__init__(core, config, config.cluster_secret.encode() or None, node_id,
                          before_flush, after_flush, log_ticket, trio.current_time, clock.now_ms)
@@ -401,6 +505,9 @@ class Bus(BusCore):
         self._next_link = 0
         self.limiter = LogLimiter(log, clock)
         self._nursery: trio.Nursery | None = None
+        # tls-cluster: every link's handshake uses these (``node/bus_tls.py``); CONFIG SET of
+        # a tls-* file replaces them for the links opened after it.
+        self.tls = tls
 
     def add_core(self, core: FrameCore) -> None:
         """Route the frames of ``core.HANDLES`` to ``core`` and tick it (the job core)."""
@@ -502,11 +609,12 @@ class Bus(BusCore):
                 sock.close()
                 continue
             if not bus_open_to(_host(peer), self.config.protected_mode,
-                               self.config.cluster_secret):  # protected mode
+                               self.config.cluster_secret, self.tls is not None):
                 self.counters["links_refused"] += 1
                 self.limiter.emit("protected", logging.WARNING,
                                   f"Cluster bus: refusing a link from {_host(peer)}: protected "
-                                  "mode accepts loopback peers only without cluster-secret")
+                                  "mode accepts loopback peers only without cluster-secret "
+                                  "or tls-cluster")
                 sock.close()
                 continue
             _nodelay(sock)
@@ -515,8 +623,13 @@ class Bus(BusCore):
 
     async def _serve_inbound(self, stream: trio.SocketStream) -> None:
         try:
+            channel = None
+            if self.tls is not None:
+                channel = await self._handshake(stream, None)
+                if channel is None:
+                    return
             try:
-                link = self._new_link(stream, None)
+                link = self._new_link(stream, None, channel)
             except OSError:  # the peer is already gone (getpeername failed)
                 await trio.aclose_forcefully(stream)
                 return
@@ -524,9 +637,44 @@ class Bus(BusCore):
         finally:
             self.inbound -= 1
 
-    def _new_link(self, stream: trio.SocketStream, outbound_to: str | None) -> Link:
+    async def _handshake(self, stream: trio.SocketStream,
+                         ob: _Outbound | None) -> TlsChannel | None:
+        """The TLS handshake of a new link (``ob``: the outbound link's node, else inbound);
+        None if it failed: the stream is closed, the failure counted and logged, and no byte
+        of the peer's was read as a frame."""
+        assert self.tls is not None
+        outbound = ob is not None
+        channel = TlsChannel(self.tls.client if outbound else self.tls.server,
+                             server_side=not outbound)
+        try:
+            with trio.fail_after(self.connect_timeout if outbound
+                                 else self.first_frame_timeout):
+                await channel.handshake(stream.socket)
+            return channel
+        except (OSError, EOFError, trio.TooSlowError) as exc:  # ssl.SSLError is an OSError
+            # TLS refused (a certificate, a protocol) is worth a warning; a peer that went
+            # away mid-handshake (a node restarting) is an ordinary failed connection.
+            level = (logging.WARNING if isinstance(exc, (ssl.SSLError, trio.TooSlowError))
+                     else logging.DEBUG)
+            if ob is not None:
+                if level == logging.WARNING:
+                    self.counters["tls_connect_failures"] += 1
+                self.limiter.emit(f"tls-connect:{ob.node_id}:{level}", level,
+                                  f"Cluster bus: no TLS link to {ob.ip}:{ob.port} "
+                                  f"({ob.node_id[:8]}): {describe(exc)}")
+            else:
+                peer = _peer_of(stream)
+                self.counters["links_refused_tls"] += 1
+                self.limiter.emit(f"tls:{peer}:{level}", level,
+                                  f"Cluster bus: refusing a link from {peer}: TLS handshake "
+                                  f"failed ({describe(exc)})")
+            await trio.aclose_forcefully(stream)
+            return None
+
+    def _new_link(self, stream: trio.SocketStream, outbound_to: str | None,
+                  tls: TlsChannel | None = None) -> Link:
         self._next_link += 1
-        link = Link(self, self._next_link, stream, outbound_to)
+        link = Link(self, self._next_link, stream, outbound_to, tls)
         self.links[link.id] = link
         return link
 
@@ -547,15 +695,25 @@ class Bus(BusCore):
                     self.event(self.membership.link_down, ob.node_id, self._next_link,
                                self.clock.now_ms())
                 else:
-                    await self._run_outbound(ob, stream)
+                    channel = None
+                    if self.tls is not None:
+                        channel = await self._handshake(stream, ob)
+                    if channel is not None or self.tls is None:
+                        await self._run_outbound(ob, stream, channel)
+                    else:  # reported as a connection that failed
+                        self.counters["connect_failures"] += 1
+                        self._next_link += 1
+                        self.event(self.membership.link_down, ob.node_id, self._next_link,
+                                   self.clock.now_ms())
                 jitter = 0.2 * self.rng.random()
                 await trio.sleep_until(started + RECONNECT_EVERY_S * (1 - jitter))
 
-    async def _run_outbound(self, ob: _Outbound, stream: trio.SocketStream) -> None:
+    async def _run_outbound(self, ob: _Outbound, stream: trio.SocketStream,
+                            tls: TlsChannel | None) -> None:
         """Report the link up, run it, report it down (a peer already gone reports nothing:
         the link never was up)."""
         try:
-            link = self._new_link(stream, ob.node_id)
+            link = self._new_link(stream, ob.node_id, tls)
         except OSError:
             await trio.aclose_forcefully(stream)
             return
@@ -693,6 +851,13 @@ async def _tcp_connect(ip: str, port: int) -> trio.SocketStream:
         sock.close()
         raise
     return trio.SocketStream(sock)  # which sets TCP_NODELAY
+
+
+def _peer_of(stream: trio.SocketStream) -> str:
+    try:
+        return _host(stream.socket.getpeername())
+    except OSError:
+        return "?"
 
 
 def _nodelay(sock: Any) -> None:

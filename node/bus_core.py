@@ -114,6 +114,9 @@ class LinkCore:
         self.spoke = False
         self.last_frame = now
         self.closed = False
+        # Under tls-cluster, the link's ``node.bus_tls.TlsChannel``: the bytes on the socket
+        # are its records (``write_tls``; the reader decrypts).
+        self.tls: Any = None
 
     # -- hooks of the trio side (node/bus.py) -----------------------------------------------
 
@@ -150,7 +153,8 @@ class BusCore:
         self.counters: dict[str, int] = dict.fromkeys((
             "frames_received", "frames_sent", "sends_dropped", "links_refused",
             "links_dropped_bad_frame", "links_closed_silent", "links_closed_idle",
-            "links_closed_slow", "connect_failures", "core_errors", "sends_oversized"), 0)
+            "links_closed_slow", "connect_failures", "core_errors", "sends_oversized",
+            "links_refused_tls", "tls_connect_failures"), 0)
         # Frames by message type, for /metrics (node/metrics.py).
         self.received_by_type: dict[MessageType, int] = {}
         self.sent_by_type: dict[MessageType, int] = {}
@@ -505,6 +509,9 @@ def write_now(link: LinkCore) -> None:
         parts.append(item)
     data = parts[0] if len(parts) == 1 else b"".join(parts)
     queue.clear()
+    if link.tls is not None:
+        write_tls(link, data)
+        return
     try:
         sent = os.write(link.fd, data)
     except BlockingIOError:
@@ -515,6 +522,22 @@ def write_now(link: LinkCore) -> None:
     link.unsent -= sent
     if sent < len(data):
         queue.append(data[sent:])
+        hand_over(link)
+
+
+def write_tls(link: LinkCore, data: bytes) -> None:
+    """``write_now`` under TLS: ``data`` becomes records at once (so it leaves the queue's
+    count), written as far as the socket takes them; the rest waits in the channel for the
+    writer task, before anything newer."""
+    tls = link.tls
+    try:
+        tls.encrypt(data)
+        done = tls.write_pending(link.fd)
+    except OSError:  # the peer is gone (ssl.SSLError is one too)
+        link.close()
+        return
+    link.unsent -= len(data)
+    if not done:
         hand_over(link)
 
 

@@ -42,6 +42,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from starlette.types import ASGIApp
 
+from node.bus_tls import TlsChannel, describe
 from node.http_api import Answer, Api, Bridge, HttpError, error_answer, make_app, request_user
 from node.http_openapi import MAX_WAIT_S
 
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("trisque.http")
 
 READ_SIZE: Final = 65536
+HANDSHAKE_TIMEOUT_S: Final = 10.0
 MAX_HEAD: Final = 64 * 1024  # hypercorn's h11_max_incomplete_size, as configured
 _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 _ACCEPT_RESOURCE_ERRORS: Final = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
@@ -82,6 +84,72 @@ class _Prefixed:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+class _TlsHandover:
+    """An HTTPS connection as hypercorn's TCPServer reads a TLS stream: the bytes already
+    read, then the records (``_tls_recv``, ``_tls_send``); its handshake is done."""
+
+    def __init__(self, io: _Tls, data: bytes) -> None:
+        self.io, self._data = io, data
+        self.transport_stream = trio.SocketStream(trio.socket.from_stdlib_socket(io.sock))
+
+    async def do_handshake(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def selected_alpn_protocol(self) -> str | None:
+        return self.io.channel.obj.selected_alpn_protocol()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._data:
+            data, self._data = self._data, b""
+            return data
+        try:
+            return await _tls_recv(self.io, False)
+        except OSError as exc:  # ssl.SSLError too: as trio's TLS stream says it
+            raise trio.BrokenResourceError from exc
+
+    async def send_all(self, data: bytes) -> None:
+        try:
+            await _tls_send(self.io, data)
+        except OSError as exc:
+            raise trio.BrokenResourceError from exc
+
+    async def aclose(self) -> None:
+        self.io.close()
+        await trio.lowlevel.checkpoint()
+
+
+class _Plain:
+    """A connection's socket, read and written directly (``_recv``, ``_send``, called by the
+    loop itself: a method in between cost about 1 us per request)."""
+
+    __slots__ = ("sock",)
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def hand_over(self, data: bytes) -> _Prefixed | _TlsHandover:
+        return _Prefixed(trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), data)
+
+
+class _Tls:
+    """An HTTPS connection after its handshake (``http-tls``): its socket, read and written
+    directly as a plain one is, and its records (``node.bus_tls.TlsChannel``, as the bus's)."""
+
+    __slots__ = ("sock", "channel")
+
+    def __init__(self, sock: socket.socket, channel: TlsChannel) -> None:
+        self.sock, self.channel = sock, channel
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def hand_over(self, data: bytes) -> _TlsHandover:
+        return _TlsHandover(self, data)
 
 
 class _Waiting:
@@ -185,6 +253,30 @@ class Front:
             sock.close()
             return
         peer = f"http:{host}:{port}"  # as MONITOR shows the client
+        tls = self.server.http_tls
+        if tls is None:
+            await self.serve_connection(_Plain(sock), peer)
+            return
+        channel = TlsChannel(tls, server_side=True)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                await channel.handshake(trio.socket.from_stdlib_socket(sock))
+        except (OSError, EOFError, trio.TooSlowError) as exc:
+            # A client that does not trust the certificate, or speaks plain HTTP.
+            log.debug("HTTPS: handshake with %s failed: %s", peer, describe(exc))
+            sock.close()
+            return
+        await self.serve_connection(_Tls(sock, channel), peer)
+
+    async def serve_connection(self, io: _Plain | _Tls, peer: str) -> None:
+        """Answer the requests this module serves, then hand the connection to hypercorn."""
+        recv: Any
+        send: Any
+        end: Any
+        if isinstance(io, _Plain):
+            recv, send, end = _recv, _send, io.sock
+        else:
+            recv, send, end = _tls_recv, _tls_send, io
         buf = b""
         waiting = _Waiting()
         self.waiting.add(waiting)
@@ -207,40 +299,39 @@ class Front:
                     except _Handover:
                         break
                     if out:
-                        await _send(sock, b"".join(out) if len(out) > 1 else out[0])
+                        await send(end, b"".join(out) if len(out) > 1 else out[0])
                     waiting.deadline = monotonic() + (self.read_s if buf else self.keep_alive_s)
                     # Just answered: the next request is not here yet, wait for it at once.
-                    data = await _recv(sock, bool(out))
+                    data = await recv(end, bool(out))
                     waiting.deadline = inf
                     if not data:
-                        sock.close()
+                        io.close()
                         return
                     buf += data
             if waiting.scope.cancelled_caught:
-                sock.close()
+                io.close()
                 return
             self.waiting.discard(waiting)
             if out:
-                await _send(sock, b"".join(out))
-        except OSError:
-            sock.close()
+                await send(end, b"".join(out))
+        except (OSError, trio.BrokenResourceError):
+            io.close()
             return
         except Exception:  # noqa: BLE001 - a bug met by one connection closes that one only
             log.exception("Unexpected error serving an HTTP client at %s", peer)
-            sock.close()
+            io.close()
             return
         except BaseException:  # cancelled: the node is stopping
-            sock.close()
+            io.close()
             raise
         finally:
             self.waiting.discard(waiting)
         try:
-            stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
             await TCPServer(self.app, self.hyper, self.context, ConnectionState({}),
-                            _Prefixed(stream, buf))  # type: ignore[arg-type]
+                            io.hand_over(buf))  # type: ignore[arg-type]
         except Exception:  # noqa: BLE001 - a bug met by one connection closes that one only
             log.exception("Unexpected error serving an HTTP client at %s", peer)
-            sock.close()
+            io.close()
 
     def _parse(self, buf: bytes) -> tuple[Any, int] | None:
         """The first request in ``buf`` as ((``Api`` coroutine method, its arguments after the
@@ -359,6 +450,28 @@ async def _recv(sock: socket.socket, wait_first: bool) -> bytes:
                 continue  # woken for nothing
     await trio.lowlevel.checkpoint()
     return data
+
+
+async def _tls_recv(io: _Tls, wait_first: bool) -> bytes:
+    """``_recv`` over TLS: the plaintext of the next whole records (b"" at the end). First
+    what the last read (or the handshake's) left in the channel."""
+    channel = io.channel
+    plain = channel.decrypt(b"")
+    while not plain and not channel.eof:
+        data = await _recv(io.sock, wait_first)
+        if not data:
+            return b""
+        plain = channel.decrypt(data)
+        wait_first = True  # a record cut by the read: the rest is not there yet
+    return plain
+
+
+async def _tls_send(io: _Tls, data: bytes) -> None:
+    """``_send`` over TLS: ``data`` as records, after whatever TLS itself had to answer."""
+    channel = io.channel
+    channel.encrypt(data)
+    records, channel.pending = channel.pending, b""
+    await _send(io.sock, records)
 
 
 async def serve(server: Server, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

@@ -210,6 +210,12 @@ def _cluster(server: Server) -> Iterator[Metric]:
     yield _counter("trisque_bus_sends_dropped",
                    "Cluster bus frames dropped (no link, link closed, too slow)",
                    bus.counters["sends_dropped"])
+    yield _counter("trisque_bus_links_refused_tls",
+                   "Inbound cluster bus links refused by TLS (no certificate, one the CA did "
+                   "not sign, plaintext, a stalled handshake)", bus.counters["links_refused_tls"])
+    yield _counter("trisque_bus_tls_connect_failures",
+                   "Cluster bus links to other nodes whose TLS handshake failed",
+                   bus.counters["tls_connect_failures"])
     table = server.cluster
     yield _gauge("trisque_cluster_known_nodes", "Nodes in the node table (myself too)",
                  len(table.nodes))

@@ -101,6 +101,7 @@ from cluster.user_sync import UserSync
 from cluster.wiring import attach
 from node import acl_file, bus_core, client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
+from node.bus_tls import FILE_DIRECTIVES, TlsConfigError, bus_contexts, http_context
 from node.clock import Clock, WallClock
 from node.conn_core import (
     CommandPath,
@@ -198,10 +199,18 @@ class Server:
         # compiled log core's own (node/log_core.py): an interpreted method in between cost
         # about 1 us per command that logs.
         self.route: Callable[[list[Effect], list[Reply]], int] = self.persistence.route
+        try:  # a certificate that cannot be used stops the start, named
+            bus_tls = bus_contexts(config) if config.tls_cluster else None
+            # http-tls: the HTTPS API's (node/http_front.py), replaced by a reload.
+            self.http_tls = (http_context(config) if config.http_tls and config.http_port
+                             else None)
+        except TlsConfigError as exc:
+            raise ServerError(str(exc)) from None
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
                        save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id,
                        before_flush=self.flush_broker, log_ticket=self.log_ticket,
-                       wait_durable=self.durable, after_flush=self._deadlines_moved)
+                       wait_durable=self.durable, after_flush=self._deadlines_moved,
+                       tls=bus_tls)
         # The broker's warnings (an ADDJOB body over job-max-body-len), rate-limited per key.
         self._warnings = LogLimiter(log, self.clock)
         self.broker.warn = self._warn
@@ -447,8 +456,28 @@ class Server:
             return errors.err("The operating system is not able to handle the specified "
                               f"number of clients, try with {max_clients_for_limit()} "
                               f"(asked for {wanted})")
+        if intent.name in FILE_DIRECTIVES:
+            return self.reload_tls(intent)
         error = await self.persistence.config_changed(intent.name)
         return errors.err(error) if error is not None else OK
+
+    def reload_tls(self, intent: ConfigApplied) -> Any:
+        """CONFIG SET of a TLS file: the bus's new links and the new HTTPS connections use
+        the new files (the links and connections already up go on with theirs); a file that
+        cannot be used is an error and the old stay."""
+        try:
+            bus = bus_contexts(self.config) if self.bus.tls is not None else None
+            http = http_context(self.config) if self.http_tls is not None else None
+        except TlsConfigError as exc:
+            self.config.set(intent.name, [str(intent.previous)])
+            return errors.err(str(exc))
+        if bus is not None:
+            self.bus.tls = bus
+        if http is not None:
+            self.http_tls = http
+        if bus is not None or http is not None:
+            log.info("TLS certificates reloaded (CONFIG SET %s)", intent.name)
+        return OK
 
     def pause_clients(self, until_ms: int) -> None:
         """Disque's pauseClients: a pause ends at the latest time asked while it lasts."""

@@ -11,6 +11,9 @@ The nodes run in their own process group, so a Ctrl-C in the terminal reaches th
 only and the nodes get exactly one signal each. A node that dies meanwhile (say, kill -9 for
 a demonstration) is reported with the command that starts it again by hand; this script does
 not restart it and stops only the processes it started.
+
+``--tls``: the bus runs with ``tls-cluster yes``, each node with its certificate from
+``<dir>/certs/`` (made by ``cli.certs`` the first time: a CA and one certificate per port).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from cli.certs import generate
 from tests.support.server import send_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,6 +42,16 @@ def server_argv(config: str, port: int, directory: Path, node_timeout: int) -> l
             "--logfile", str(directory / "trisque.log"),
             "--pidfile", str(directory / "trisque.pid"),
             "--cluster-node-timeout", str(node_timeout)]
+
+
+def tls_argv(certs: Path, index: int) -> list[str]:
+    """``tls-cluster yes`` with node ``index``'s certificate (1-based, as ``cli.certs`` names
+    them)."""
+    cert, key = certs / f"node-{index}.crt", certs / f"node-{index}.key"
+    if not cert.exists():
+        raise SystemExit(f"{cert} is missing: remove {certs} to make a new set")
+    return ["--tls-cluster", "yes", "--tls-cert-file", str(cert.resolve()), "--tls-key-file",
+            str(key.resolve()), "--tls-ca-cert-file", str((certs / "ca.crt").resolve())]
 
 
 def wait_ready(port: int, proc: subprocess.Popen[bytes], deadline: float) -> None:
@@ -115,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-timeout", type=int, default=5000,
                         help="cluster-node-timeout in ms (default 5000)")
     parser.add_argument("--join-timeout", type=float, default=30.0)
+    parser.add_argument("--tls", action="store_true",
+                        help="mutual TLS on the bus, certificates in <dir>/certs")
     args = parser.parse_args(argv)
 
     # Both stop the nodes, even when started from a shell that ignores SIGINT in background jobs.
@@ -126,11 +142,16 @@ def main(argv: list[str] | None = None) -> int:
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
     procs: dict[int, subprocess.Popen[bytes]] = {}
     commands: dict[int, list[str]] = {}
+    certs = Path(args.dir) / "certs"
     try:
-        for port in args.ports:
+        if args.tls and not (certs / "ca.crt").exists():
+            generate(certs, nodes=len(args.ports))
+        for index, port in enumerate(args.ports, 1):
             directory = Path(args.dir) / str(port)
             directory.mkdir(parents=True, exist_ok=True)
             commands[port] = server_argv(args.config, port, directory, args.node_timeout)
+            if args.tls:
+                commands[port] += tls_argv(certs, index)
             procs[port] = subprocess.Popen(commands[port], start_new_session=True, env=env)
         deadline = time.monotonic() + 30.0
         for port, proc in procs.items():

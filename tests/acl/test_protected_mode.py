@@ -8,10 +8,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
+from tests.support.certs import make_certs
 from tests.support.server import ServerProcess
 
 NS = f"trisque-pm-{os.getpid()}"
@@ -72,3 +74,20 @@ def test_protected_mode_bus_refuses_a_remote_peer_without_cluster_secret(namespa
         reply = _from_namespace(bus, "hello")
         assert reply == "" or "refused" in reply.lower() or "reset" in reply.lower(), reply
         assert "refusing a link from " + NS_IP in node.log()
+
+
+def test_protected_mode_lets_tls_cluster_authenticate_remote_peers(namespace: str,
+                                                                   tmp_path: Path) -> None:
+    """``tls-cluster yes`` counts as ``cluster-secret``: the remote peer reaches the TLS
+    handshake (and fails it, having no certificate) instead of being refused for its
+    address, and CLUSTER MEET to a remote address is accepted."""
+    certs = make_certs(tmp_path / "certs", nodes=1)
+    cert, key = certs.nodes[0]
+    with ServerProcess(bind="0.0.0.0", tls_cluster="yes", tls_cert_file=str(cert),
+                       tls_key_file=str(key), tls_ca_cert_file=str(certs.ca_cert)) as node:
+        _from_namespace(node.port + 10000, "hello")
+        log = node.log()
+        assert "refusing a link from " + NS_IP + ": TLS handshake failed" in log, log
+        assert "protected mode" not in log, log
+        local = redis.Redis(port=node.port)
+        assert local.execute_command("CLUSTER", "MEET", NS_IP, "7711") == b"OK"

@@ -149,3 +149,8 @@ def test_one_short_real_run_without_disque(tmp_path: Path) -> None:
     assert rows["p50 latency, 1 conn"]["trisque_median"] > 0
     assert rows["(j) idle 1 s: bus messages, 3 nodes"]["trisque_median"] > 0
     assert "no reference Disque in this run" in proc.stdout
+    # (u): the TLS cluster against the plaintext one, both measured and judged.
+    (tls,) = json.loads(out.read_text())["tls_rows"]
+    assert tls["trisque_median"] > 0 and tls["disque_median"] > 0, tls
+    assert tls["bar"] in ("PASS", "MISS") and tls["trisque"]["cpu_us"][0] > 0, tls
+    assert "tls-cluster" in proc.stdout

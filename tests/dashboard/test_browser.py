@@ -242,3 +242,51 @@ def test_another_sites_page_cannot_change_the_nodes_state(browser: object, node:
     finally:
         evil.shutdown()
         evil.server_close()
+
+
+def test_the_dashboard_over_https(tmp_path: Path) -> None:
+    """``http-tls yes``: the page loads over a real TLS handshake, the browser pinning the
+    node's key (Chromium's SPKI list: a test CA is in no system store), and a button's
+    request goes through too."""
+    import base64
+    import hashlib
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    from tests.http.test_https import start_https
+    from tests.support.certs import make_certs
+
+    certs = make_certs(tmp_path / "certs", nodes=1)
+    cert, key = certs.nodes[0]
+    spki = x509.load_pem_x509_certificate(cert.read_bytes()).public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    pin = base64.b64encode(hashlib.sha256(spki).digest()).decode()
+    srv, base = start_https(certs, cert, key)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                f"--ignore-certificate-errors-spki-list={pin}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    try:
+        srv.call("QPOLICY", "CREATE", "failed")
+        srv.call("QPOLICY", "CREATE", "orders", "REDRIVE", 1, "failed")
+        job = srv.call("ADDJOB", "orders", "order over tls", 0)
+        assert srv.call("GETJOB", "FROM", "orders")[0][1] == job
+        assert srv.call("NACK", job) == 0  # dead-lettered
+        assert base.startswith("https://")
+        driver.get(base + "/")
+        assert driver.title.startswith("trisque"), driver.page_source[:300]
+        assert queue_length(driver, "failed") == "1"
+        driver.find_element(By.CSS_SELECTOR,
+                            'button[data-redrive="/queues/failed/redrive"]').click()
+        wait(driver, lambda d: queue_length(d, "orders") == "1", "the redrive over HTTPS")
+        assert srv.call("QLEN", "orders") == 1
+    finally:
+        driver.quit()
+        srv.stop()

@@ -136,11 +136,13 @@ def test_different_secrets_never_join_and_the_same_secret_does(local_cluster: Fa
     assert ids[1] not in c.nodes_of(0) and ids[1] not in c.nodes_of(2)
 
 
-def test_make_cluster_script_joins_three_nodes_and_stops_them_on_ctrl_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_make_cluster_script_joins_three_nodes_and_stops_them_on_ctrl_c(tmp_path: Path,
+                                                                        tls: bool) -> None:
     ports = free_ports(3)
     script = subprocess.Popen(
         [sys.executable, "-m", "tools.local_cluster", "--dir", str(tmp_path), "--node-timeout",
-         str(NODE_TIMEOUT_MS), "--ports", *map(str, ports)],
+         str(NODE_TIMEOUT_MS), "--ports", *map(str, ports)] + (["--tls"] if tls else []),
         cwd=REPO, env=repo_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True)
     output: list[str] = []
@@ -152,6 +154,9 @@ def test_make_cluster_script_joins_three_nodes_and_stops_them_on_ctrl_c(tmp_path
         assert sorted(int(n[1].rsplit(":", 1)[1]) for n in nodes) == sorted(ports)
         assert sorted(n[2] for n in nodes) == ["myself", "noflags", "noflags"]
         pids = [int((tmp_path / str(p) / "trisque.pid").read_text()) for p in ports]
+        for port in ports:
+            assert send_command(port, "CONFIG", "GET", "tls-cluster") == [
+                b"tls-cluster", b"yes" if tls else b"no"]
         # What a terminal's Ctrl-C does: SIGINT to the foreground process group.
         os.killpg(script.pid, signal.SIGINT)
         rest, _ = script.communicate(timeout=30)
