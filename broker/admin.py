@@ -58,7 +58,11 @@ class Broker(Protocol):
 
 
 # CONFIG SET of these needs the runtime: switching the log, checking the open-files limit.
-_RUNTIME_DIRECTIVES = frozenset(("appendonly", "maxclients"))
+# CONFIG SET of these is finished by the runtime (a tls-* one builds a new TLS context).
+_RUNTIME_DIRECTIVES = frozenset(("appendonly", "maxclients", "tls-cert-file", "tls-key-file",
+                                 "tls-key-file-pass", "tls-ca-cert-file", "tls-ca-cert-dir",
+                                 "tls-auth-clients", "tls-protocols", "tls-ciphers",
+                                 "tls-ciphersuites", "tls-prefer-server-ciphers"))
 
 
 def hello(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:

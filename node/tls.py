@@ -1,0 +1,328 @@
+"""TLS on the client port: the context the ``tls-*`` directives describe, and a connection's
+TLS layer over its non-blocking socket.
+
+Theory of operation
+-------------------
+A TLS connection is an ordinary ``Connection`` whose ``sock`` is a ``TlsStream``: an
+``ssl.SSLObject`` between two ``MemoryBIO``s over the accepted socket, with the socket's
+``recv``/``send``/``fileno``/``close``. The reactor does not know the difference, so the
+handshake, reads and writes advance in its turns with no task per connection:
+
+* ``recv`` reads the socket once, feeds the bytes to the TLS object, takes the handshake one
+  step further while it is not finished, and returns every byte of application data that
+  the records now complete hold (nothing stays decrypted inside, where the level-triggered
+  epoll would not see it). No application data yet (a handshake step, a partial record) is
+  ``BlockingIOError``, as for a socket with nothing to read.
+* ``send`` encrypts at most ``SEND_CHUNK`` bytes and hands the records to the socket. When the
+  socket does not take them all, the rest is kept and ``send`` answers 0 (nothing taken):
+  the caller keeps those bytes and calls again with them first (``send_some``'s sender task
+  does), and the call that finally writes the kept records answers their length. So the
+  caller's accounting of what is unsent (the output buffer limit, the sender task) holds.
+* A TLS error (a plaintext client, no certificate under ``tls-auth-clients yes``, a bad
+  one) is an ``ssl.SSLError``, an ``OSError``: the turn closes that connection as for a reset,
+  and ``TlsFront.refused`` logs one line per client address at most every ``LOG_EVERY_S``.
+  A handshake not finished after ``HANDSHAKE_TIMEOUT_S`` is closed by ``TlsFront.sweep``.
+
+``build_context`` turns the directives into an ``ssl.SSLContext`` or a ``TlsConfigError``
+naming the file or value at fault: at start (the process exits with it) and at CONFIG SET of
+a ``tls-*`` directive (the error is the reply, and the old context stays). New connections
+take the front's current context; those already open keep theirs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import socket
+import ssl
+from typing import TYPE_CHECKING
+
+from broker.config import Config
+
+if TYPE_CHECKING:
+    from node.bus import LogLimiter
+    from node.clock import Clock
+    from node.connection import Connection
+
+log = logging.getLogger("trisque")
+
+# A client that has not finished its handshake after this long is closed (the idle timeout,
+# off by default, does not apply to a connection that never sent a command).
+HANDSHAKE_TIMEOUT_S = 10.0
+# Plaintext bytes one send() encrypts: bounds the records held when the socket is full.
+SEND_CHUNK = 256 * 1024
+
+_PROTOCOLS = {"tlsv1": ssl.TLSVersion.TLSv1, "tlsv1.1": ssl.TLSVersion.TLSv1_1,
+              "tlsv1.2": ssl.TLSVersion.TLSv1_2, "tlsv1.3": ssl.TLSVersion.TLSv1_3}
+_AUTH = {"yes": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "no": ssl.CERT_NONE}
+
+
+class TlsConfigError(Exception):
+    """The TLS directives do not make a usable context; the text says which and why."""
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"certificate verify failed: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason).lower().replace("_", " ")
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
+
+
+def _protocol_range(text: str) -> tuple[ssl.TLSVersion, ssl.TLSVersion]:
+    names = text.lower().split() or ["tlsv1.2", "tlsv1.3"]
+    try:
+        versions = sorted(_PROTOCOLS[name] for name in names)
+    except KeyError:
+        raise TlsConfigError("Invalid tls-protocols specified. Use a combination of 'TLSv1', "
+                             "'TLSv1.1', 'TLSv1.2' and 'TLSv1.3'.") from None
+    return versions[0], versions[-1]
+
+
+def _set_ciphersuites(context: ssl.SSLContext, suites: str) -> None:
+    """Python's ssl has no call for TLSv1.3's ciphersuites: OpenSSL's own, on the context's
+    SSL_CTX (the first field after the object header, in every CPython since 3.7), through
+    the library the ``_ssl`` extension is linked with."""
+    import _ssl
+
+    try:
+        setter = ctypes.CDLL(_ssl.__file__).SSL_CTX_set_ciphersuites
+    except (OSError, AttributeError):
+        raise TlsConfigError("tls-ciphersuites is not supported by this Python's OpenSSL") from None
+    setter.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    setter.restype = ctypes.c_int
+    handle = ctypes.c_void_p.from_address(id(context) + object.__basicsize__).value
+    if not handle or setter(handle, suites.encode()) != 1:
+        raise TlsConfigError(f"Failed to configure ciphersuites: {suites}")
+
+
+def build_context(cfg: Config) -> ssl.SSLContext:
+    """The server context for the client port, from the ``tls-*`` directives (Redis's rules
+    and messages), or ``TlsConfigError``."""
+    if not cfg.tls_cert_file:
+        raise TlsConfigError("No tls-cert-file configured!")
+    if not cfg.tls_key_file:
+        raise TlsConfigError("No tls-key-file configured!")
+    auth = _AUTH[cfg.tls_auth_clients]
+    if auth != ssl.CERT_NONE and not (cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir):
+        raise TlsConfigError("Either tls-ca-cert-file or tls-ca-cert-dir must be specified "
+                             "when tls-auth-clients is enabled!")
+    lowest, highest = _protocol_range(cfg.tls_protocols)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.minimum_version, context.maximum_version = lowest, highest
+    except ValueError as exc:  # OpenSSL built without one of them
+        raise TlsConfigError(f"Invalid tls-protocols: {exc}") from None
+    context.options |= ssl.OP_NO_COMPRESSION
+    if cfg.tls_prefer_server_ciphers:
+        context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    # The certificate alone first, so that an error names the file at fault.
+    try:
+        ssl.create_default_context(cafile=cfg.tls_cert_file)
+    except (OSError, ValueError) as exc:
+        raise TlsConfigError(f"Failed to load certificate: {cfg.tls_cert_file}: "
+                             f"{_reason(exc)}") from None
+    try:
+        context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file,
+                                password=cfg.tls_key_file_pass or None)
+    except (OSError, ValueError) as exc:
+        raise TlsConfigError(f"Failed to load private key: {cfg.tls_key_file}: "
+                             f"{_reason(exc)}") from None
+    if cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir:
+        if cfg.tls_ca_cert_dir and not os.path.isdir(cfg.tls_ca_cert_dir):
+            raise TlsConfigError("Failed to configure CA certificate(s) file/directory: "
+                                 f"{cfg.tls_ca_cert_dir}: not a directory")
+        try:
+            context.load_verify_locations(cafile=cfg.tls_ca_cert_file or None,
+                                          capath=cfg.tls_ca_cert_dir or None)
+        except (OSError, ValueError) as exc:
+            raise TlsConfigError("Failed to configure CA certificate(s) file/directory: "
+                                 f"{cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir}: "
+                                 f"{_reason(exc)}") from None
+    context.verify_mode = auth
+    if cfg.tls_ciphers:
+        try:
+            context.set_ciphers(cfg.tls_ciphers)
+        except ssl.SSLError:
+            raise TlsConfigError(f"Failed to configure ciphers: {cfg.tls_ciphers}") from None
+    if cfg.tls_ciphersuites:
+        _set_ciphersuites(context, cfg.tls_ciphersuites)
+    return context
+
+
+class TlsStream:
+    """A TLS server connection over a non-blocking socket, with the socket's calls (see the
+    module docstring)."""
+
+    __slots__ = ("sock", "front", "addr", "tls", "incoming", "outgoing", "ready", "eof",
+                 "unsent", "owed", "started")
+
+    def __init__(self, sock: socket.socket, front: TlsFront, addr: str) -> None:
+        self.sock = sock
+        self.front = front
+        self.addr = addr
+        self.incoming = ssl.MemoryBIO()
+        self.outgoing = ssl.MemoryBIO()
+        self.tls = front.context.wrap_bio(self.incoming, self.outgoing, server_side=True)
+        self.ready = False  # the handshake is done
+        self.eof = False  # the client's close_notify came
+        self.unsent = b""  # records the socket did not take, written first
+        self.owed = 0  # plaintext bytes of the send() whose records are in ``unsent``
+        self.started = front.clock.monotonic()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def recv(self, size: int) -> bytes:
+        if self.eof:
+            return b""
+        data = self.sock.recv(size)
+        if not data:
+            if not self.ready:
+                self.front.refused(self, "connection closed during the TLS handshake",
+                                   logging.INFO)
+            return b""
+        tls = self.tls
+        incoming = self.incoming
+        incoming.write(data)
+        if not self.ready:
+            try:
+                tls.do_handshake()
+            except ssl.SSLWantReadError:
+                self._flush()
+                raise BlockingIOError from None
+            except ssl.SSLError as exc:
+                self._send_alert()
+                self.front.refused(self, _reason(exc), logging.WARNING)
+                raise
+            self.ready = True
+            self.front.handshaken(self)
+            self._flush()  # its last flight (and TLSv1.3's session tickets)
+            if not incoming.pending:
+                raise BlockingIOError
+        first = b""
+        more: list[bytes] = []
+        try:
+            while True:
+                chunk = tls.read(size)
+                if not first:
+                    first = chunk
+                else:
+                    more.append(chunk)
+                if not (incoming.pending or tls.pending()):
+                    break
+        except ssl.SSLWantReadError:
+            pass  # a record not complete yet: the socket reports the rest
+        except ssl.SSLZeroReturnError:
+            self.eof = True
+        if self.outgoing.pending:
+            self._flush()  # a key update's answer
+        if more:
+            return first + b"".join(more)
+        if first or self.eof:
+            return first
+        raise BlockingIOError
+
+    def send(self, data: bytes | memoryview) -> int:
+        if self.unsent and not self._flush():
+            return 0
+        if self.owed:  # those bytes' records are written now
+            taken, self.owed = self.owed, 0
+            return taken
+        if not self.ready:
+            return 0  # nothing is sent before the handshake (no reply can exist yet)
+        chunk = data[:SEND_CHUNK] if len(data) > SEND_CHUNK else data
+        self.tls.write(chunk)
+        records = self.outgoing.read()
+        try:
+            sent = self.sock.send(records)
+        except BlockingIOError:
+            sent = 0
+        if sent == len(records):
+            return len(chunk)
+        self.unsent = records[sent:]
+        self.owed = len(chunk)
+        return 0
+
+    def _flush(self) -> bool:
+        """Hand the kept and newly made records to the socket; True when none is left."""
+        if self.outgoing.pending:
+            self.unsent += self.outgoing.read()
+        if self.unsent:
+            try:
+                sent = self.sock.send(self.unsent)
+            except BlockingIOError:
+                return False
+            self.unsent = self.unsent[sent:]
+        return not self.unsent
+
+    def _send_alert(self) -> None:
+        """The alert OpenSSL made for a failed handshake, so the client learns why."""
+        try:
+            self._flush()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.front.forget(self)
+        if self.ready and not self.unsent and self.sock.fileno() >= 0:
+            try:
+                self.tls.unwrap()  # writes close_notify; the client's is not awaited
+            except (ssl.SSLError, ValueError):
+                pass
+            try:
+                self._flush()
+            except OSError:
+                pass
+        self.sock.close()
+
+
+class TlsFront:
+    """The client port's TLS: the current context, the handshakes under way, the log."""
+
+    def __init__(self, config: Config, clock: Clock, limiter: LogLimiter) -> None:
+        self.config = config
+        self.clock = clock
+        self.limiter = limiter
+        self.context = build_context(config)
+        self.handshaking: dict[TlsStream, Connection] = {}
+        self.refusals = 0  # handshakes that failed or were abandoned
+
+    def reload(self) -> None:
+        """A new context from the directives as they are now, for new connections; the old
+        one stays on ``TlsConfigError``."""
+        self.context = build_context(self.config)
+
+    def wrap(self, sock: socket.socket, addr: str) -> TlsStream:
+        return TlsStream(sock, self, addr)
+
+    def started(self, stream: TlsStream, conn: Connection) -> None:
+        self.handshaking[stream] = conn
+
+    def handshaken(self, stream: TlsStream) -> None:
+        self.handshaking.pop(stream, None)
+
+    def forget(self, stream: TlsStream) -> None:
+        self.handshaking.pop(stream, None)
+
+    def refused(self, stream: TlsStream, reason: str, level: int) -> None:
+        self.refusals += 1
+        host = stream.addr.rsplit(":", 1)[0]
+        self.limiter.emit(f"tls:{host}", level,
+                          f"Error accepting a client connection: {reason} (addr={stream.addr})")
+
+    def sweep(self) -> int:
+        """Close the connections whose handshake took longer than ``HANDSHAKE_TIMEOUT_S``."""
+        now = self.clock.monotonic()
+        late = [conn for stream, conn in self.handshaking.items()
+                if now - stream.started > HANDSHAKE_TIMEOUT_S]
+        for conn in late:
+            stream = conn.sock
+            if isinstance(stream, TlsStream):
+                self.refused(stream, "TLS handshake timed out", logging.INFO)
+            conn.close()
+        return len(late)
+
