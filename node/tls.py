@@ -208,6 +208,9 @@ class TlsStream:
         try:
             while True:
                 chunk = tls.read(size)
+                if not chunk:  # the client's close_notify
+                    self.eof = True
+                    break
                 if not first:
                     first = chunk
                 else:
