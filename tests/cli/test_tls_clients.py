@@ -20,7 +20,9 @@ from client.tls import TlsOptions
 from pipeline.connect import open_client
 from pipeline.options import _common
 from tests.support.certs import make_certs
+from tests.support.cluster import wait_until
 from tests.support.server import ServerProcess, free_port, repo_env
+from tests.support.worker import WorkerProcess, add_job, script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -149,3 +151,16 @@ def test_spark_connector_passes_its_tls_options(node: ServerProcess, certs: Cert
     finally:
         client.close()
     assert _common({"nodes": "127.0.0.1:7711"}).tls is None
+
+
+def test_worker_over_tls(node: ServerProcess, certs: CertSet, tmp_path: Path) -> None:
+    job = script(tmp_path / "job.sh", """
+        #!/bin/sh
+        echo done >&3
+        """)
+    with WorkerProcess([int(port(node))], ["wq"], [job], log_dir=tmp_path / "logs",
+                       options=tuple(tls_args(certs))) as worker:
+        job_id = add_job(node.port, "wq", "over tls")  # the plaintext port of the same node
+        wait_until(lambda: f"job {job_id}: done" in worker.log(), 30.0,
+                   "the worker to run the job")
+    assert f"nodes 127.0.0.1:{port(node)}" in worker.log()
