@@ -3,7 +3,8 @@ TLS layer over its non-blocking socket.
 
 Theory of operation
 -------------------
-A TLS connection is an ordinary ``Connection`` whose ``sock`` is a ``TlsStream``: an
+A TLS connection is an ordinary ``Connection`` whose ``sock`` is a ``TlsStream``
+(``node/tls_stream.py``, compiled with the core: it runs for every request): an
 ``ssl.SSLObject`` between two ``MemoryBIO``s over the accepted socket, with the socket's
 ``recv``/``send``/``fileno``/``close``. The reactor does not know the difference, so the
 handshake, reads and writes advance in its turns with no task per connection:
@@ -39,6 +40,7 @@ import ssl
 from typing import TYPE_CHECKING
 
 from broker.config import Config
+from node.tls_stream import TlsStream, reason
 
 if TYPE_CHECKING:
     from node.bus import LogLimiter
@@ -50,8 +52,6 @@ log = logging.getLogger("trisque")
 # A client that has not finished its handshake after this long is closed (the idle timeout,
 # off by default, does not apply to a connection that never sent a command).
 HANDSHAKE_TIMEOUT_S = 10.0
-# Plaintext bytes one send() encrypts: bounds the records held when the socket is full.
-SEND_CHUNK = 256 * 1024
 
 _PROTOCOLS = {"tlsv1": ssl.TLSVersion.TLSv1, "tlsv1.1": ssl.TLSVersion.TLSv1_1,
               "tlsv1.2": ssl.TLSVersion.TLSv1_2, "tlsv1.3": ssl.TLSVersion.TLSv1_3}
@@ -60,16 +60,6 @@ _AUTH = {"yes": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "no": ssl.CERT
 
 class TlsConfigError(Exception):
     """The TLS directives do not make a usable context; the text says which and why."""
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
-        return f"certificate verify failed: {exc.verify_message}"
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return str(exc.reason).lower().replace("_", " ")
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc)
 
 
 def _protocol_range(text: str) -> tuple[ssl.TLSVersion, ssl.TLSVersion]:
@@ -99,6 +89,10 @@ def _set_ciphersuites(context: ssl.SSLContext, suites: str) -> None:
         raise TlsConfigError(f"Failed to configure ciphersuites: {suites}")
 
 
+def _no_passphrase() -> str:
+    return ""
+
+
 def build_context(cfg: Config) -> ssl.SSLContext:
     """The server context for the client port, from the ``tls-*`` directives (Redis's rules
     and messages), or ``TlsConfigError``."""
@@ -124,13 +118,15 @@ def build_context(cfg: Config) -> ssl.SSLContext:
         ssl.create_default_context(cafile=cfg.tls_cert_file)
     except (OSError, ValueError) as exc:
         raise TlsConfigError(f"Failed to load certificate: {cfg.tls_cert_file}: "
-                             f"{_reason(exc)}") from None
+                             f"{reason(exc)}") from None
     try:
+        # Never None: OpenSSL would then ask for an encrypted key's passphrase on the
+        # terminal, and the node would hang there.
         context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file,
-                                password=cfg.tls_key_file_pass or None)
+                                password=cfg.tls_key_file_pass or _no_passphrase)
     except (OSError, ValueError) as exc:
         raise TlsConfigError(f"Failed to load private key: {cfg.tls_key_file}: "
-                             f"{_reason(exc)}") from None
+                             f"{reason(exc)}") from None
     if cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir:
         if cfg.tls_ca_cert_dir and not os.path.isdir(cfg.tls_ca_cert_dir):
             raise TlsConfigError("Failed to configure CA certificate(s) file/directory: "
@@ -141,7 +137,7 @@ def build_context(cfg: Config) -> ssl.SSLContext:
         except (OSError, ValueError) as exc:
             raise TlsConfigError("Failed to configure CA certificate(s) file/directory: "
                                  f"{cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir}: "
-                                 f"{_reason(exc)}") from None
+                                 f"{reason(exc)}") from None
     context.verify_mode = auth
     if cfg.tls_ciphers:
         try:
@@ -151,136 +147,6 @@ def build_context(cfg: Config) -> ssl.SSLContext:
     if cfg.tls_ciphersuites:
         _set_ciphersuites(context, cfg.tls_ciphersuites)
     return context
-
-
-class TlsStream:
-    """A TLS server connection over a non-blocking socket, with the socket's calls (see the
-    module docstring)."""
-
-    __slots__ = ("sock", "front", "addr", "tls", "incoming", "outgoing", "ready", "eof",
-                 "unsent", "owed", "started")
-
-    def __init__(self, sock: socket.socket, front: TlsFront, addr: str) -> None:
-        self.sock = sock
-        self.front = front
-        self.addr = addr
-        self.incoming = ssl.MemoryBIO()
-        self.outgoing = ssl.MemoryBIO()
-        self.tls = front.context.wrap_bio(self.incoming, self.outgoing, server_side=True)
-        self.ready = False  # the handshake is done
-        self.eof = False  # the client's close_notify came
-        self.unsent = b""  # records the socket did not take, written first
-        self.owed = 0  # plaintext bytes of the send() whose records are in ``unsent``
-        self.started = front.clock.monotonic()
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
-    def recv(self, size: int) -> bytes:
-        if self.eof:
-            return b""
-        data = self.sock.recv(size)
-        if not data:
-            if not self.ready:
-                self.front.refused(self, "connection closed during the TLS handshake",
-                                   logging.INFO)
-            return b""
-        tls = self.tls
-        incoming = self.incoming
-        incoming.write(data)
-        if not self.ready:
-            try:
-                tls.do_handshake()
-            except ssl.SSLWantReadError:
-                self._flush()
-                raise BlockingIOError from None
-            except ssl.SSLError as exc:
-                self._send_alert()
-                self.front.refused(self, _reason(exc), logging.WARNING)
-                raise
-            self.ready = True
-            self.front.handshaken(self)
-            self._flush()  # its last flight (and TLSv1.3's session tickets)
-            if not incoming.pending:
-                raise BlockingIOError
-        first = b""
-        more: list[bytes] = []
-        try:
-            while True:
-                chunk = tls.read(size)
-                if not chunk:  # the client's close_notify
-                    self.eof = True
-                    break
-                if not first:
-                    first = chunk
-                else:
-                    more.append(chunk)
-                if not (incoming.pending or tls.pending()):
-                    break
-        except ssl.SSLWantReadError:
-            pass  # a record not complete yet: the socket reports the rest
-        except ssl.SSLZeroReturnError:
-            self.eof = True
-        if self.outgoing.pending:
-            self._flush()  # a key update's answer
-        if more:
-            return first + b"".join(more)
-        if first or self.eof:
-            return first
-        raise BlockingIOError
-
-    def send(self, data: bytes | memoryview) -> int:
-        if self.unsent and not self._flush():
-            return 0
-        if self.owed:  # those bytes' records are written now
-            taken, self.owed = self.owed, 0
-            return taken
-        if not self.ready:
-            return 0  # nothing is sent before the handshake (no reply can exist yet)
-        chunk = data[:SEND_CHUNK] if len(data) > SEND_CHUNK else data
-        self.tls.write(chunk)
-        records = self.outgoing.read()
-        try:
-            sent = self.sock.send(records)
-        except BlockingIOError:
-            sent = 0
-        if sent == len(records):
-            return len(chunk)
-        self.unsent = records[sent:]
-        self.owed = len(chunk)
-        return 0
-
-    def _flush(self) -> bool:
-        """Hand the kept and newly made records to the socket; True when none is left."""
-        if self.outgoing.pending:
-            self.unsent += self.outgoing.read()
-        if self.unsent:
-            try:
-                sent = self.sock.send(self.unsent)
-            except BlockingIOError:
-                return False
-            self.unsent = self.unsent[sent:]
-        return not self.unsent
-
-    def _send_alert(self) -> None:
-        """The alert OpenSSL made for a failed handshake, so the client learns why."""
-        try:
-            self._flush()
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.front.forget(self)
-        if self.ready and not self.unsent and self.sock.fileno() >= 0:
-            try:
-                self.tls.unwrap()  # writes close_notify; the client's is not awaited
-            except (ssl.SSLError, ValueError):
-                pass
-            try:
-                self._flush()
-            except OSError:
-                pass
-        self.sock.close()
 
 
 class TlsFront:

@@ -15,7 +15,8 @@ import pytest
 from broker.config import Config
 from cli.certs import CertSet
 from node.bus import LogLimiter
-from node.tls import HANDSHAKE_TIMEOUT_S, TlsConfigError, TlsFront, TlsStream, build_context
+from node.tls import HANDSHAKE_TIMEOUT_S, TlsConfigError, TlsFront, build_context
+from node.tls_stream import TlsStream
 from tests.support.certs import client_context, make_certs
 
 
@@ -188,3 +189,19 @@ def test_context_errors_name_the_file(certs: CertSet, tmp_path: Path) -> None:
         build_context(config(certs, tls_ciphersuites="NOPE"))
     assert build_context(config(certs, tls_protocols="TLSv1.2")).maximum_version \
         == ssl.TLSVersion.TLSv1_2
+
+
+def test_an_encrypted_key_needs_its_passphrase(certs: CertSet, tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(certs.nodes[0][1].read_bytes(), password=None)
+    locked = tmp_path / "locked.key"
+    locked.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                         serialization.PrivateFormat.PKCS8,
+                                         serialization.BestAvailableEncryption(b"sesame")))
+    build_context(config(certs, tls_key_file=str(locked), tls_key_file_pass="sesame"))
+    with pytest.raises(TlsConfigError, match=f"Failed to load private key: {locked}"):
+        build_context(config(certs, tls_key_file=str(locked), tls_key_file_pass="wrong"))
+    # None given: an error, never OpenSSL's prompt on the terminal (stdin would hang here).
+    with pytest.raises(TlsConfigError, match=f"Failed to load private key: {locked}"):
+        build_context(config(certs, tls_key_file=str(locked)))
