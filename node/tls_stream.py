@@ -65,6 +65,9 @@ class TlsStream:
         self.incoming = ssl.MemoryBIO()
         self.outgoing = ssl.MemoryBIO()
         self.tls = front.context.wrap_bio(self.incoming, self.outgoing, server_side=True)
+        # ssl.SSLObject's read, write and pending are Python methods that call the C object
+        # under it: per request, calling that object directly saves their frames.
+        self.engine: Any = getattr(self.tls, "_sslobj", None) or self.tls
         self.ready = False  # the handshake is done
         self.eof = False  # the client's close_notify came
         self.unsent = b""  # records the socket did not take, written first
@@ -83,12 +86,11 @@ class TlsStream:
                 self.front.refused(self, "connection closed during the TLS handshake",
                                    logging.INFO)
             return b""
-        tls = self.tls
         incoming = self.incoming
         incoming.write(data)
         if not self.ready:
             try:
-                tls.do_handshake()
+                self.tls.do_handshake()
             except ssl.SSLWantReadError:
                 self._flush()
                 raise BlockingIOError from None
@@ -101,11 +103,12 @@ class TlsStream:
             self._flush()  # its last flight (and TLSv1.3's session tickets)
             if not incoming.pending:
                 raise BlockingIOError
+        engine = self.engine
         first = b""
         more: list[bytes] = []
         try:
             while True:
-                chunk = tls.read(size)
+                chunk: bytes = engine.read(size)
                 if not chunk:  # the client's close_notify
                     self.eof = True
                     break
@@ -113,7 +116,9 @@ class TlsStream:
                     first = chunk
                 else:
                     more.append(chunk)
-                if not (incoming.pending or tls.pending()):
+                if len(chunk) < size and not incoming.pending:
+                    break  # a short read: nothing more is decrypted or buffered
+                if not (incoming.pending or engine.pending()):
                     break
         except ssl.SSLWantReadError:
             pass  # a record not complete yet: the socket reports the rest
@@ -136,7 +141,7 @@ class TlsStream:
         if not self.ready:
             return 0  # nothing is sent before the handshake (no reply can exist yet)
         chunk = data[:SEND_CHUNK] if len(data) > SEND_CHUNK else data
-        self.tls.write(chunk)
+        self.engine.write(chunk)
         records = self.outgoing.read()
         try:
             sent = self.sock.send(records)
