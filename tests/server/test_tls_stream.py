@@ -205,3 +205,15 @@ def test_an_encrypted_key_needs_its_passphrase(certs: CertSet, tmp_path: Path) -
     # None given: an error, never OpenSSL's prompt on the terminal (stdin would hang here).
     with pytest.raises(TlsConfigError, match=f"Failed to load private key: {locked}"):
         build_context(config(certs, tls_key_file=str(locked)))
+
+
+def test_connections_keep_their_record_buffers(certs: CertSet) -> None:
+    import ctypes
+
+    from node.tls import _SSL_MODE_RELEASE_BUFFERS, _openssl
+
+    ctrl, handle = _openssl(build_context(config(certs)), "SSL_CTX_ctrl")
+    ctrl.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p]
+    ctrl.restype = ctypes.c_long
+    mode = ctrl(handle, 33, 0, None)  # SSL_CTRL_MODE: read the mode
+    assert mode and not mode & _SSL_MODE_RELEASE_BUFFERS
