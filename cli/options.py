@@ -45,7 +45,8 @@ Options:
                      in ms; not on a terminal: one line after -i seconds (default 1), then
                      exit.
   --latency-history  As --latency, starting a new line every -i seconds (default 15).
-  --tls              Connect over TLS (the node's tls-port), in every mode.
+  --tls              Connect over TLS (the node's tls-port), in every mode. As redis-cli,
+                     the node's certificate chain is checked, not its name.
   --sni <host>       Server name indication for TLS.
   --cacert <file>    CA certificate file to verify the node with.
   --cacertdir <dir>  Directory of trusted CA certificates (named by hash). Without
@@ -55,7 +56,6 @@ Options:
   --key <file>       Its private key.
   --tls-ciphers <list>
                      OpenSSL cipher list for TLSv1.2 and below.
-                     As redis-cli, the node's certificate chain is checked, not its name.
   --tool NAME ...    Run a local tool instead of sending a command (see below).
   --help             This help.
 
