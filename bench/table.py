@@ -15,6 +15,8 @@ https://github.com/antirez/disque); redis-server, the yardstick, always. 50 conn
       the same settings, and (e1) against trisque without the log
   (m) RSS growth per million jobs processed (ADDJOB, GETJOB, ACKJOB) with an empty queue:
       what finished jobs leave behind (``bench/memory.py``); against Disque only
+  (t) ADDJOB over TLS (tls-port, mutual TLS, redis-benchmark --tls) against plaintext on the
+      same node, interleaved
 
 Then, after the table: (k) the HTTP API next to RESP (``bench/http.py``), (p) ``trisque
 --pipe`` next to ``redis-cli --pipe`` into the same node (``bench/pipe.py``) and (f) the
@@ -50,6 +52,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,10 +78,13 @@ from bench.servers import (
 )
 from cli.bench import run_benchmark
 from cli.bench_load import BenchError, Spec, preload
+from cli.certs import CertSet, generate
+from client.tls import TlsOptions
+from tests.support.server import free_port
 
 BODY = 16
 QUEUE = "rbq"
-CASES = "a,b,c,d,e,m,k,p,f"
+CASES = "a,b,c,d,e,m,t,k,p,f"
 C_GENERATOR = "redis-benchmark"
 PY_GENERATOR = "trisque-benchmark"
 
@@ -110,17 +116,34 @@ def load_now() -> float:
 # Contenders: one server in one case
 
 
+class TlsPort:
+    """Case (t): a trisque node's tls-port and the files its clients present."""
+
+    def __init__(self, port: int, certs: CertSet) -> None:
+        assert certs.client is not None
+        self.port = port
+        self.options = TlsOptions(cacert=str(certs.ca_cert), cert=str(certs.client[0]),
+                                  key=str(certs.client[1]), check_hostname=False)
+
+    def c_args(self) -> list[str]:
+        o = self.options
+        return ["--tls", "--cacert", str(o.cacert), "--cert", str(o.cert), "--key", str(o.key)]
+
+
 class Contender:
     """One server in one throughput case: the command each generator sends it, the runs it
     did (``primary`` with redis-benchmark, ``alt`` with trisque-benchmark) and the number of
-    requests that makes one of its redis-benchmark runs last about ``duration``."""
+    requests that makes one of its redis-benchmark runs last about ``duration``. With
+    ``tls`` the generators connect to the node's tls-port."""
 
     def __init__(self, server: BenchServer, pipeline: int = 1, consume: bool = False,
-                 name: str | None = None) -> None:
+                 name: str | None = None, tls: TlsPort | None = None) -> None:
         self.server = server
         self.name = name or server.label
         self.pipeline = pipeline
         self.consume = consume
+        self.tls = tls
+        self.port = tls.port if tls else server.port
         self.is_redis = server.kind == "redis"
         self.primary = Figures(failure=server.failure)
         self.alt = Figures(failure=server.failure)
@@ -148,7 +171,8 @@ class Contender:
         if self.consume:
             self.fill(requests)
         load = load_now()
-        sample = redis_benchmark(self.server.port, self.c_args(), requests, self.pipeline, timeout)
+        sample = redis_benchmark(self.port, self.c_args(), requests, self.pipeline, timeout,
+                                 tls=self.tls.c_args() if self.tls else [])
         left = self.queue_length()
         want = 0 if self.consume else requests
         if left != want:
@@ -163,9 +187,10 @@ class Contender:
         workload = {(False, False): "produce", (False, True): "consume",
                     (True, False): "lpush", (True, True): "rpop"}[(self.is_redis, self.consume)]
         jobs = max(self.requests, 2_000) if self.consume else 50_000_000
-        spec = Spec(workload=workload, nodes=[("127.0.0.1", self.server.port)], clients=50,
+        spec = Spec(workload=workload, nodes=[("127.0.0.1", self.port)], clients=50,
                     pipeline=self.pipeline, body_size=BODY, jobs=jobs, duration=s.duration,
-                    queues=[QUEUE], ack="none", producers=25)
+                    queues=[QUEUE], ack="none", producers=25,
+                    tls=self.tls.options if self.tls else None)
         load = load_now()
         result = run_benchmark(spec, procs=s.procs, preload_jobs=jobs if self.consume else None)
         if result["errors"]:
@@ -188,12 +213,12 @@ def bounded_preload(port: int, queue: str, jobs: int, is_redis: bool) -> int:
 
 
 def redis_benchmark(port: int, args: list[str], requests: int, pipeline: int,
-                    timeout: float, clients: int = 50) -> Sample:
+                    timeout: float, clients: int = 50, tls: list[str] | None = None) -> Sample:
     exe = shutil.which("redis-benchmark")
     if exe is None:
         raise BenchError("redis-benchmark is not installed")
     argv = [exe, "-h", "127.0.0.1", "-p", str(port), "-c", str(clients), "-n", str(requests),
-            "-P", str(pipeline), "--csv", *args]
+            "-P", str(pipeline), *(tls or []), "--csv", *args]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
@@ -383,10 +408,35 @@ def run_table(s: Settings, disque: str | None, only: set[str], c_gen: bool
         vs_disque.append(Row("m", "(m) RSS growth per million jobs, empty queue",
                              churned["trisque"], ref, unit="B", target=DISQUE_TARGETS["m"],
                              absolute=True))
-    order = "abcdem"
+    if "t" in only:
+        vs_redis.append(tls_case(s, c_gen, alt))
+    order = "abcdemt"
     vs_disque.sort(key=lambda r: order.index(r.key[0]))
     vs_redis.sort(key=lambda r: (order.index(r.key[0]), r.key))
     return vs_disque, vs_redis
+
+
+def tls_case(s: Settings, c_gen: bool, alt: bool) -> Row:
+    """(t): ADDJOB over TLS against plaintext, on one node with both ports (mutual TLS, the
+    certificates of ``trisque certs``), the two interleaved run by run."""
+    log("(t) ADDJOB over TLS vs plaintext, same node ...")
+    with tempfile.TemporaryDirectory(prefix="trisque-bench-certs-") as tmp:
+        certs = generate(Path(tmp), nodes=1, days=1)
+        cert, key = certs.nodes[0]
+        tls_port = free_port()
+        server = BenchServer("trisque", "trisque tls", **{
+            "tls-port": str(tls_port), "tls-cert-file": str(cert), "tls-key-file": str(key),
+            "tls-ca-cert-file": str(certs.ca_cert)})
+        over_tls = Contender(server, name="trisque over TLS", tls=TlsPort(tls_port, certs))
+        plaintext = Contender(server, name="trisque plaintext")
+        with server:
+            if not server.ok:
+                over_tls.primary.failure = plaintext.primary.failure = server.failure
+            else:
+                throughput_case("(t)", [over_tls, plaintext], s, c_gen)
+    return Row("t", "(t) ADDJOB over TLS vs plaintext, same node, 50 conn", over_tls.primary,
+               plaintext.primary, over_tls.alt if alt else None,
+               plaintext.alt if alt else None, target=REDIS_TARGETS["t"])
 
 
 def _loadavg() -> str:
@@ -431,6 +481,9 @@ def table(s: Settings, disque: str | None, only: set[str], c_gen: bool, out: Pat
     if "e" in only:
         footer.append("(e1): trisque with appendfsync always against the same binary without "
                       "the log.")
+    if "t" in only:
+        footer.append("(t): trisque over TLS (tls-port, mutual TLS) against the same node's "
+                      "plaintext port; its target is the ratio.")
     if "m" in only:
         footer.append("(m): RSS after the jobs minus RSS after a warm-up, per million jobs "
                       "(bytes; 0: nothing left behind); its target bounds trisque's own value.")
@@ -486,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     c_gen = shutil.which(C_GENERATOR) is not None
-    if only & set("abcdem"):
+    if only & set("abcdemt"):
         table(s, disque, only, c_gen, Path(opts.out))
     if "k" in only:
         http_case(s, opts.quick)

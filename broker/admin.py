@@ -58,10 +58,13 @@ class Broker(Protocol):
 
 
 # CONFIG SET of these needs the runtime: switching the log, checking the open-files limit.
+# CONFIG SET of these is finished by the runtime: switching the log, checking the open-files
+# limit, building new TLS contexts (client port, bus, HTTPS) from the tls-* directives.
 _RUNTIME_DIRECTIVES = frozenset((
     "appendonly", "maxclients", "tls-cert-file", "tls-key-file", "tls-key-file-pass",
     "tls-client-cert-file", "tls-client-key-file", "tls-client-key-file-pass",
-    "tls-ca-cert-file", "tls-ca-cert-dir"))
+    "tls-ca-cert-file", "tls-ca-cert-dir", "tls-auth-clients", "tls-protocols", "tls-ciphers",
+    "tls-ciphersuites", "tls-prefer-server-ciphers"))
 
 
 def hello(b: Broker, cmd: Generic, client: Client, now_ms: int) -> Any:

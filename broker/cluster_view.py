@@ -55,7 +55,7 @@ class SoloCluster:
                 b"cluster_stats_messages_received:0\r\n"
             )
         if sub == b"nodes" and not args:
-            return f"{self.node_id} :{self.config.port} myself 0 0 connected\n".encode()
+            return f"{self.node_id} :{self.config.client_port} myself 0 0 connected\n".encode()
         if sub == b"myid" and not args:
             return self.node_id.encode()
         if sub == b"meet":
@@ -64,7 +64,7 @@ class SoloCluster:
 
     def hello_nodes(self) -> list[list[bytes]]:
         priority = b"100" if self.leaving else b"1"
-        return [[self.node_id.encode(), b"", str(self.config.port).encode(), priority]]
+        return [[self.node_id.encode(), b"", str(self.config.client_port).encode(), priority]]
 
     def reachable_nodes(self) -> int:
         return 0

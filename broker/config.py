@@ -39,7 +39,7 @@ _D = Directive
 DIRECTIVES: dict[str, Directive] = {
     d.name: d
     for d in [
-        _D("port", "int", 7711, False, "TCP port for clients; the cluster bus uses port + 10000."),
+        _D("port", "int", 7711, False, "TCP port for clients (0: none, with tls-port); the cluster bus uses port + 10000."),
         _D("bind", "list", "", False, "Addresses to listen on (default: all interfaces)."),
         _D("http-port", "int", 0, False, "TCP port of the HTTP API (docs/http.md), the dashboard (/) and Prometheus metrics (/metrics, docs/dashboard.md) on the bind addresses; 0: off."),
         _D("tcp-backlog", "int", 511, False, "listen() backlog."),
@@ -95,14 +95,20 @@ DIRECTIVES: dict[str, Directive] = {
         _D("cluster-config-file", "string", "nodes.conf", False, "File in dir where the node keeps its ID and peers."),
         _D("cluster-secret", "string", "", False, "Shared secret of the cluster bus: every bus frame carries an HMAC-SHA256 under it, and a frame with a missing or wrong MAC is dropped (empty: no MAC, as Disque's bus). Every node of a cluster needs the same one. CONFIG GET shows whether it is set, never its value."),
         # TLS (docs/security.md): Redis's directive names and defaults; paths relative to dir.
-        _D("tls-cert-file", "string", "", True, "The node's certificate (PEM): presented by the cluster bus (tls-cluster) and the HTTPS API (http-tls). CONFIG SET reloads the files for new links and connections."),
-        _D("tls-key-file", "string", "", True, "The private key of tls-cert-file (PEM)."),
-        _D("tls-key-file-pass", "string", "", True, "The passphrase of tls-key-file, if it is encrypted. CONFIG GET shows whether it is set, never its value."),
+        _D("tls-port", "int", 0, False, "TCP port for TLS clients (0: off), beside port or instead of it (port 0: a TLS-only node, whose cluster bus uses tls-port + 10000)."),
+        _D("tls-cert-file", "string", "", True, "The node's certificate (PEM, the chain after it), presented to TLS clients, by the cluster bus (tls-cluster) and by the HTTPS API (http-tls). CONFIG SET loads it again for new connections and links."),
+        _D("tls-key-file", "string", "", True, "The certificate's private key (PEM)."),
+        _D("tls-key-file-pass", "string", "", True, "The passphrase of an encrypted tls-key-file (CONFIG GET shows whether it is set)."),
+        _D("tls-ca-cert-file", "string", "", True, "CA certificates (PEM) that client certificates and peers' certificates are checked against."),
+        _D("tls-ca-cert-dir", "string", "", True, "A directory of CA certificates named by hash (openssl rehash), as tls-ca-cert-file."),
+        _D("tls-auth-clients", "enum:yes,no,optional", "yes", True, "Mutual TLS: yes (a client must present a certificate signed by the CA), optional (one presented must be valid), no."),
+        _D("tls-protocols", "list", "", True, "TLS versions accepted, among TLSv1 TLSv1.1 TLSv1.2 TLSv1.3 (empty: TLSv1.2 TLSv1.3)."),
+        _D("tls-ciphers", "string", "", True, "OpenSSL cipher list for TLSv1.2 and below (empty: OpenSSL's default)."),
+        _D("tls-ciphersuites", "string", "", True, "TLSv1.3 ciphersuites, colon-separated (empty: OpenSSL's default)."),
+        _D("tls-prefer-server-ciphers", "bool", False, True, "Choose the cipher by the node's preference rather than the client's."),
         _D("tls-client-cert-file", "string", "", True, "The certificate the node presents on the bus links it opens to other nodes (empty: tls-cert-file)."),
         _D("tls-client-key-file", "string", "", True, "The private key of tls-client-cert-file."),
         _D("tls-client-key-file-pass", "string", "", True, "The passphrase of tls-client-key-file. CONFIG GET shows whether it is set, never its value."),
-        _D("tls-ca-cert-file", "string", "", True, "The certificate authorities (PEM) a peer's certificate must be signed by."),
-        _D("tls-ca-cert-dir", "string", "", True, "A directory of certificate authorities (OpenSSL's hashed names), besides or instead of tls-ca-cert-file."),
         _D("tls-cluster", "bool", False, False, "Mutual TLS on every cluster bus link: a peer must present a certificate signed by the CA, and is shown ours. Every node of a cluster needs it; read at start."),
         _D("http-tls", "bool", False, False, "Serve the HTTP API and the dashboard over HTTPS, with tls-cert-file and tls-key-file."),
     ]
@@ -180,7 +186,7 @@ def _parse_value(d: Directive, args: list[str]) -> Any:
         if not (digits.isascii() and digits.isdigit()) or len(low) > 20:
             raise ConfigError("argument must be a number")
         value = int(low) * mult
-        if d.name == "port" and not 0 < value < 55536:
+        if d.name in ("port", "tls-port") and not 0 <= value < 55536:
             raise ConfigError("Invalid port (the cluster bus needs port + 10000 < 65536)")
         if d.name == "hz":
             # As in Disque, hz is a hint: out-of-range values are capped, not refused (above
@@ -242,6 +248,12 @@ class Config:
 
     def __getattr__(self, name: str) -> Any:  # for mypy: attributes are set dynamically
         raise AttributeError(name)
+
+    @property
+    def client_port(self) -> int:
+        """The port the cluster knows this node by, whose + 10000 its bus listens on: ``port``,
+        or ``tls-port`` on a TLS-only node (``port 0``)."""
+        return int(self.port or self.tls_port)
 
     def set(self, name: str, args: list[str]) -> None:
         d = DIRECTIVES.get(name.lower())

@@ -45,6 +45,7 @@ from cli.bench_load import (
     run_worker,
     send_all,
 )
+from client.tls import TlsOptions
 from protocol.resp import encode_command
 
 DEFAULT_JOBS = 100_000
@@ -99,6 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--procs", type=int, default=1, help="client processes (default 1)")
     p.add_argument("--redis-list", action="store_true",
                    help="use LPUSH/RPOP/BRPOP instead of ADDJOB/GETJOB (redis-server yardstick)")
+    p.add_argument("--tls", action="store_true",
+                   help="connect over TLS (the nodes' tls-port); as redis-benchmark, the "
+                   "certificate chain is checked, not the node's name")
+    p.add_argument("--sni", help="server name indication for TLS")
+    p.add_argument("--cacert", help="CA certificate file to verify the nodes with")
+    p.add_argument("--cacertdir", help="directory of trusted CA certificates (named by hash)")
+    p.add_argument("--insecure", action="store_true", help="skip the certificate check")
+    p.add_argument("--cert", help="client certificate (tls-auth-clients yes)")
+    p.add_argument("--key", help="the client certificate's private key")
+    p.add_argument("--tls-ciphers", help="OpenSSL cipher list for TLSv1.2 and below")
     p.add_argument("--json", action="store_true", help="print one JSON object, nothing else")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line")
     return p
@@ -145,7 +156,17 @@ def options_to_spec(opts: argparse.Namespace) -> Spec:
         ack=opts.ack, replicate=opts.replicate, retry=opts.retry, timeout_ms=opts.timeout,
         password=opts.password, producers=opts.clients // 2,
         produce_nodes=produce_nodes, consume_nodes=consume_nodes, rate=max(0.0, opts.rate),
+        tls=tls_options(opts),
     )
+
+
+def tls_options(opts: argparse.Namespace) -> TlsOptions | None:
+    if not opts.tls:
+        return None
+    if bool(opts.cert) != bool(opts.key):
+        raise SystemExit("trisque-benchmark: --cert and --key go together")
+    return TlsOptions(opts.cacert, opts.cacertdir, opts.cert, opts.key, opts.insecure,
+                      opts.sni, opts.tls_ciphers, check_hostname=False)
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -187,7 +208,7 @@ def run_benchmark(spec: Spec, procs: int = 1, progress: bool = False,
         n = min(spec.jobs, MAX_PRELOAD) if preload_jobs is None else preload_jobs
         preloaded = trio.run(preload, spec.nodes, spec.queues[:1] if spec.workload == "rpop"
                              else spec.queues, n, spec.body_size, spec.workload == "rpop",
-                             spec.password)
+                             spec.password, 8, 200, spec.tls)
     clients = split(spec.clients, procs)
     jobs = split(spec.jobs, procs)
     producers = split(spec.producers, procs)
@@ -381,7 +402,7 @@ async def _check_server(spec: Spec) -> None:
     """Fail fast with a clear message when a node is down or refuses the workload's commands."""
     for host, port in spec.nodes:
         try:
-            sock, reader = await connect(host, port, spec.password)
+            sock, reader = await connect(host, port, spec.password, spec.tls)
         except OSError as exc:
             raise BenchError(f"cannot connect to {host}:{port}: {exc}") from exc
         with sock:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import socket as _stdsocket
+import ssl
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from typing import Any
 import trio
 from trio.lowlevel import wait_readable, wait_writable
 
+from client.tls import TlsOptions
 from protocol.resp import NEED_DATA, Error, ReplyReader, encode_command
 
 RECV_SIZE = 256 * 1024
@@ -70,6 +72,7 @@ class Spec:
     consume_nodes: list[tuple[str, int]] | None = None
     index: int = 0  # worker number, for the shared counters
     nworkers: int = 1
+    tls: TlsOptions | None = None  # --tls: every connection speaks TLS to a tls-port
 
 
 class BenchError(Exception):
@@ -124,8 +127,24 @@ class Stats:
 # Connections
 
 
-async def connect(host: str, port: int, password: str | None) -> tuple[_stdsocket.socket, ReplyReader]:
-    """A non-blocking stdlib socket (see ``send_all``/``recv`` for why not ``trio.socket``)."""
+# TLS: what a non-blocking ssl.SSLSocket raises where a socket would raise BlockingIOError.
+_WANT_READ = (BlockingIOError, ssl.SSLWantReadError)
+_WANT_WRITE = (BlockingIOError, ssl.SSLWantWriteError)
+_contexts: dict[TlsOptions, ssl.SSLContext] = {}
+
+
+def tls_context(options: TlsOptions) -> ssl.SSLContext:
+    """One context per process and options (a context loads its files once)."""
+    context = _contexts.get(options)
+    if context is None:
+        context = _contexts[options] = options.context()
+    return context
+
+
+async def connect(host: str, port: int, password: str | None,
+                  tls: TlsOptions | None = None) -> tuple[_stdsocket.socket, ReplyReader]:
+    """A non-blocking stdlib socket (see ``send_all``/``recv`` for why not ``trio.socket``),
+    or an ``ssl.SSLSocket`` over one with ``tls``."""
     sock = _stdsocket.socket(_stdsocket.AF_INET, _stdsocket.SOCK_STREAM)
     sock.setsockopt(_stdsocket.IPPROTO_TCP, _stdsocket.TCP_NODELAY, 1)
     sock.setblocking(False)
@@ -137,6 +156,8 @@ async def connect(host: str, port: int, password: str | None) -> tuple[_stdsocke
         if err:
             sock.close()
             raise OSError(err, os.strerror(err)) from None
+    if tls is not None:
+        sock = await _handshake(sock, tls, host)
     reader = ReplyReader()
     if password is not None:
         await send_all(sock, encode_command("AUTH", password))
@@ -144,6 +165,23 @@ async def connect(host: str, port: int, password: str | None) -> tuple[_stdsocke
         if isinstance(reply, Error):
             raise BenchError(f"AUTH refused by {host}:{port}: {reply}")
     return sock, reader
+
+
+async def _handshake(sock: _stdsocket.socket, tls: TlsOptions, host: str) -> ssl.SSLSocket:
+    secure = tls_context(tls).wrap_socket(sock, server_hostname=tls.sni or host,
+                                          do_handshake_on_connect=False)
+    try:
+        while True:
+            try:
+                secure.do_handshake()
+                return secure
+            except ssl.SSLWantReadError:
+                await wait_readable(secure)
+            except ssl.SSLWantWriteError:
+                await wait_writable(secure)
+    except BaseException:
+        secure.close()
+        raise
 
 
 # trio.socket yields to the scheduler after every call, even one that did not block: two
@@ -155,7 +193,7 @@ async def connect(host: str, port: int, password: str | None) -> tuple[_stdsocke
 async def send_all(sock: _stdsocket.socket, data: bytes) -> None:
     try:
         n = sock.send(data)
-    except BlockingIOError:
+    except _WANT_WRITE:
         n = 0
     if n == len(data):
         return
@@ -164,7 +202,7 @@ async def send_all(sock: _stdsocket.socket, data: bytes) -> None:
         await wait_writable(sock)
         try:
             n = sock.send(view)
-        except BlockingIOError:
+        except _WANT_WRITE:
             continue
         view = view[n:]
 
@@ -172,13 +210,13 @@ async def send_all(sock: _stdsocket.socket, data: bytes) -> None:
 async def recv(sock: _stdsocket.socket) -> bytes:
     try:
         data = sock.recv(RECV_SIZE)
-    except BlockingIOError:
+    except _WANT_READ:
         while True:
             await wait_readable(sock)
             try:
                 data = sock.recv(RECV_SIZE)
                 break
-            except BlockingIOError:
+            except _WANT_READ:
                 continue
     else:
         # The data was already there: let the other connections run now and then.
@@ -494,7 +532,7 @@ async def run_worker(spec: Spec, shared: Any, wait_go: Any, drain_grace: float =
     cycle = spec.workload in ("cycle", "lcycle")
     for i in range(spec.clients):
         host, port = node_for(spec, i, cycle)
-        conns.append(await connect(host, port, spec.password))
+        conns.append(await connect(host, port, spec.password, spec.tls))
     if cycle:
         stats.add(SLOT_PRODUCERS, spec.producers)
     await wait_go()
@@ -537,17 +575,18 @@ async def run_worker(spec: Spec, shared: Any, wait_go: Any, drain_grace: float =
 
 
 async def preload(nodes: Sequence[tuple[str, int]], queues: Sequence[str], jobs: int, body_size: int,
-                  redis: bool, password: str | None, conns: int = 8, pipeline: int = 200) -> int:
+                  redis: bool, password: str | None, conns: int = 8, pipeline: int = 200,
+                  tls: TlsOptions | None = None) -> int:
     """Fill the queues before a consume run (not measured). Returns how many were accepted."""
     spec = Spec(workload="lpush" if redis else "produce", nodes=list(nodes), clients=conns,
                 pipeline=pipeline, body_size=body_size, jobs=jobs, duration=600.0,
-                queues=list(queues), password=password)
+                queues=list(queues), password=password, tls=tls)
     stats = Stats(None, 0)
     budget = Budget(jobs, perf_counter() + 600.0)
     async with trio.open_nursery() as nursery:
         for i in range(conns):
             host, port = nodes[i % len(nodes)]
-            sock, reader = await connect(host, port, password)
+            sock, reader = await connect(host, port, password, tls)
             nursery.start_soon(_preload_conn, spec, i, sock, reader, budget, stats)
     if stats.errors:
         raise BenchError(f"preload: {stats.errors} errors, first: {stats.first_error}")

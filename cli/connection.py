@@ -20,6 +20,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from client.tls import TlsOptions
+
 CONNECT_TIMEOUT = 5.0
 
 
@@ -37,9 +39,10 @@ class NodeConnection:
     """One socket to the node, opened lazily and reopened after a break (prompt mode)."""
 
     def __init__(self, host: str, port: int, password: str | None,
-                 user: str | None = None) -> None:
+                 user: str | None = None, tls: TlsOptions | None = None) -> None:
         self.host, self.port, self.password, self.user = host, port, password, user
-        self.sock: _socket.socket | None = None
+        self.tls = tls  # --tls: the socket is an ssl.SSLSocket
+        self.sock: Any = None  # a _socket.socket, or an ssl.SSLSocket with --tls
         self.parser: Any = None  # a TypedReplyParser once connected
 
     @property
@@ -67,11 +70,28 @@ class NodeConnection:
             # create_connection, which passes the host on; only its stub says str.
             host = self.host.encode() if self.host.isascii() else self.host
             self.sock = connect_to(host, self.port, CONNECT_TIMEOUT)
-        except OSError as exc:
+            if self.tls is not None:
+                self.sock = self._handshake(self.sock)
+        except (OSError, ValueError) as exc:
             raise NodeGone(f"Could not connect to trisque at {self.name}: {reason(exc)}") from None
         # Replies to blocking commands (GETJOB) may take as long as the user asked for.
         self.sock.settimeout(None)
         self.sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+
+    def _handshake(self, sock: _socket.socket) -> Any:
+        """TLS over the connected socket (the ``ssl`` module is imported only for --tls)."""
+        import socket
+        import ssl
+
+        assert self.tls is not None
+        context = self.tls.context()
+        plain = socket.socket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        plain.settimeout(CONNECT_TIMEOUT)
+        try:
+            return context.wrap_socket(plain, server_hostname=self.tls.sni or self.host)
+        except (OSError, ssl.CertificateError):
+            plain.close()
+            raise
 
     def call(self, args: list[bytes], timeout: float | None = None) -> Any:
         """Send one command and read its reply. With ``timeout``, a reply that takes longer

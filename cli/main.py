@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import sys
 
-from cli.connection import NodeConnection, NodeGone
+from cli.connection import NodeConnection, NodeGone, reason
 from cli.options import TOOLS, USAGE, Options, UsageError, parse_argv
 
 
@@ -95,7 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     output = opts.output
     if output == "auto":
         output = "tty" if (interactive or sys.stdout.isatty()) else "raw"
-    conn = NodeConnection(opts.host, opts.port, opts.password, opts.user)
+    try:
+        tls = opts.tls_options()
+    except OSError as exc:  # a certificate or key file that cannot be read
+        sys.stderr.write(f"Could not create an SSL context: {reason(exc)}\n")
+        return 1
+    conn = NodeConnection(opts.host, opts.port, opts.password, opts.user, tls)
     try:
         if opts.mode is not None:
             status = run_mode(conn, opts, output)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+# For type checkers only: importing typing costs every run's start-up (see cli.connection).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from client.tls import TlsOptions
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7711
 
@@ -15,8 +20,9 @@ Options:
   -h <hostname>      Node hostname (default: {DEFAULT_HOST}).
   -p <port>          Node port (default: {DEFAULT_PORT}).
   -a <password>      Password sent with AUTH after connecting.
-  -u <uri>           Node URI: trisque://[user:password@]host[:port] (redis:// also works);
-                     its password, host and port replace -a, -h and -p.
+  -u <uri>           Node URI: trisque://[user:password@]host[:port] (redis:// also works;
+                     rediss:// or trisques:// turn on --tls); its password, host and port
+                     replace -a, -h and -p.
   -r <repeat>        Run the command this many times (-1: until interrupted).
   -i <interval>      Wait this many seconds between repeats (decimals allowed); with --stat
                      the seconds between lines (default 1), with --latency-history the
@@ -39,6 +45,17 @@ Options:
                      in ms; not on a terminal: one line after -i seconds (default 1), then
                      exit.
   --latency-history  As --latency, starting a new line every -i seconds (default 15).
+  --tls              Connect over TLS (the node's tls-port), in every mode. As redis-cli,
+                     the node's certificate chain is checked, not its name.
+  --sni <host>       Server name indication for TLS.
+  --cacert <file>    CA certificate file to verify the node with.
+  --cacertdir <dir>  Directory of trusted CA certificates (named by hash). Without
+                     --cacert or --cacertdir, the system's trusted CAs.
+  --insecure         Skip the node's certificate check (the link is still encrypted).
+  --cert <file>      Client certificate to authenticate with (tls-auth-clients yes).
+  --key <file>       Its private key.
+  --tls-ciphers <list>
+                     OpenSSL cipher list for TLSv1.2 and below.
   --tool NAME ...    Run a local tool instead of sending a command (see below).
   --help             This help.
 
@@ -90,6 +107,9 @@ class UsageError(Exception):
     pass
 
 
+#: TLS options that take a value (``--cacert FILE``...).
+TLS_VALUES = ("sni", "cacert", "cacertdir", "cert", "key", "tls-ciphers")
+
 #: Modes that replace the command loop (at most one per run).
 MODES = ("pipe", "stat", "latency", "latency-history")
 
@@ -113,6 +133,21 @@ class Options:
         self.command: list[str] = []
         self.tool: str | None = None
         self.show_help = False
+        # TLS (redis-cli's options): any file option or --insecure alone does not turn it on.
+        self.tls = False
+        self.tls_files: dict[str, str] = {}  # sni cacert cacertdir cert key tls-ciphers
+        self.insecure = False
+
+    def tls_options(self) -> TlsOptions | None:
+        """The ``client.tls.TlsOptions`` asked for, or None without --tls."""
+        if not self.tls:
+            return None
+        from client.tls import TlsOptions
+
+        files = self.tls_files
+        return TlsOptions(files.get("cacert"), files.get("cacertdir"), files.get("cert"),
+                          files.get("key"), self.insecure, files.get("sni"),
+                          files.get("tls-ciphers"), check_hostname=False)
 
 
 def parse_uri(uri: str, opts: Options) -> None:
@@ -121,8 +156,11 @@ def parse_uri(uri: str, opts: Options) -> None:
     from urllib.parse import unquote, urlsplit
 
     parts = urlsplit(uri)
-    if parts.scheme.lower() not in ("trisque", "redis"):
+    scheme = parts.scheme.lower()
+    if scheme not in ("trisque", "redis", "trisques", "rediss"):
         raise UsageError(f"invalid URI scheme in '{uri}' (trisque:// or redis://)")
+    if scheme in ("trisques", "rediss"):
+        opts.tls = True
     try:
         port = parts.port
     except ValueError:
@@ -175,6 +213,15 @@ def parse_argv(argv: list[str]) -> Options:
                 opts.stdin_tag = value(arg)
             elif arg == "--pipe-timeout":
                 opts.pipe_timeout = float(value(arg))
+            elif arg[2:] in TLS_VALUES and arg.startswith("--"):
+                opts.tls_files[arg[2:]] = value(arg)
+            elif arg in ("--tls", "--insecure"):
+                if arg == "--tls":
+                    opts.tls = True
+                else:
+                    opts.insecure = True
+                i += 1
+                continue
             elif arg in flags or arg in ("-x", "--help", "-?") or arg[2:] in MODES:
                 if arg in flags:
                     opts.output = flags[arg]
@@ -206,4 +253,6 @@ def parse_argv(argv: list[str]) -> Options:
         raise UsageError("-x and -X need a command (an argument is read from stdin)")
     if opts.stdin_tag is not None and opts.stdin_tag not in opts.command:
         raise UsageError(f"-X {opts.stdin_tag}: no argument is '{opts.stdin_tag}'")
+    if bool(opts.tls_files.get("cert")) != bool(opts.tls_files.get("key")):
+        raise UsageError("--cert and --key go together")
     return opts

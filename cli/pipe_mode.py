@@ -20,7 +20,6 @@ nothing else, and ends the process with ``exit_now``.
 
 from __future__ import annotations
 
-import _socket
 import os
 import select
 import time
@@ -68,8 +67,9 @@ def _reader() -> tuple[Any, Any]:
     return hiredis.Reader(notEnoughData=NEED_DATA), hiredis.ReplyError
 
 
-def _transfer(sock: _socket.socket, stdin_fd: int, out: TextIO, err: TextIO, timeout: float,
+def _transfer(sock: Any, stdin_fd: int, out: TextIO, err: TextIO, timeout: float,
               name: str) -> tuple[int, int]:
+    """``sock`` is a ``_socket.socket``, or an ``ssl.SSLSocket`` with --tls."""
     magic = os.urandom(20)
     # The leading CRLF is an empty inline command (skipped): if stdin ended mid-line, the
     # ECHO still starts a command of its own.
@@ -77,6 +77,14 @@ def _transfer(sock: _socket.socket, stdin_fd: int, out: TextIO, err: TextIO, tim
     reader: Any = None  # a hiredis.Reader once the first chunk is on its way
     error_type: Any = None
     sock.setblocking(False)
+    # TLS: "would block" is SSLWantReadError / SSLWantWriteError, and a record may already be
+    # decrypted inside the TLS object, where poll does not see it.
+    would_block: tuple[type[BaseException], ...] = (BlockingIOError,)
+    tls_pending = getattr(sock, "pending", None)
+    if tls_pending is not None:
+        import ssl
+
+        would_block = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
     poller = select.poll()
     fd = sock.fileno()
     # Reused buffers, so no 256 KiB object is allocated (and its pages faulted in) per read.
@@ -90,12 +98,15 @@ def _transfer(sock: _socket.socket, stdin_fd: int, out: TextIO, err: TextIO, tim
     while not done:
         want_write = not eof or sent < len(pending)
         poller.register(fd, select.POLLIN | (select.POLLOUT if want_write else 0))
-        events = poller.poll(1000)
+        buffered = tls_pending is not None and tls_pending() > 0
+        events = poller.poll(0 if buffered else 1000)
         mask = events[0][1] if events else 0
+        if buffered:
+            mask |= select.POLLIN
         if mask & (select.POLLIN | select.POLLHUP | select.POLLERR):
             try:
                 got: int | None = sock.recv_into(replies_in)
-            except BlockingIOError:
+            except would_block:
                 got = None
             except OSError as exc:
                 raise PipeFailed(f"Error reading replies from server: {reason(exc)}") from None
@@ -129,7 +140,7 @@ def _transfer(sock: _socket.socket, stdin_fd: int, out: TextIO, err: TextIO, tim
                     out.flush()
             try:
                 sent += sock.send(pending[sent:])
-            except BlockingIOError:
+            except would_block:
                 pass
             except OSError as exc:
                 raise PipeFailed(f"Error writing to the server: {reason(exc)}") from None

@@ -14,6 +14,7 @@ closed, never reused: its stream may hold half a reply.
 from __future__ import annotations
 
 import math
+import ssl
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -58,19 +59,34 @@ def _limit(timeout: float | None) -> float:
 class AsyncConnection:
     """One trio stream to one node and its reply reader."""
 
-    def __init__(self, address: Address, stream: trio.SocketStream) -> None:
+    def __init__(self, address: Address, stream: trio.abc.Stream,
+                 tcp: trio.SocketStream) -> None:
         self.address = address
-        self.stream = stream
+        self.stream = stream  # the TCP stream, or TLS over it
+        self.tcp = tcp
         self.reader = ReplyReader()
 
     @classmethod
-    async def open(cls, address: Address, connect_timeout: float | None) -> AsyncConnection:
+    async def open(cls, address: Address, connect_timeout: float | None,
+                   tls: ssl.SSLContext | None = None) -> AsyncConnection:
         try:
             with trio.fail_after(_limit(connect_timeout)):
-                stream = await trio.open_tcp_stream(address[0], address[1])
+                tcp = await trio.open_tcp_stream(address[0], address[1])
+                stream: trio.abc.Stream = tcp
+                if tls is not None:
+                    secure = trio.SSLStream(tcp, tls, server_hostname=address[0])
+                    try:
+                        await secure.do_handshake()
+                    except BaseException:
+                        await trio.aclose_forcefully(tcp)
+                        raise
+                    stream = secure
         except trio.TooSlowError:
             raise TimeoutError(f"connect to {address[0]}:{address[1]} timed out") from None
-        return cls(address, stream)
+        except trio.BrokenResourceError as exc:  # a refused handshake
+            raise ConnectionResetError(f"TLS handshake with {address[0]}:{address[1]} "
+                                       f"failed: {exc.__cause__ or exc}") from None
+        return cls(address, stream, tcp)
 
     async def exchange(self, payload: bytes, count: int, timeout: float | None) -> list[Any]:
         replies: list[Any] = []
@@ -83,7 +99,7 @@ class AsyncConnection:
                         data = await self.stream.receive_some(1 << 16)
                         if not data:
                             raise ConnectionResetError("connection closed by the node")
-                        self.reader.feed(data)
+                        self.reader.feed(bytes(data))
                     else:
                         replies.append(reply)
         except trio.TooSlowError:
@@ -132,7 +148,8 @@ class AsyncClient(ClientSettings):
         if t is Release:
             return await self._release(request.conn)  # type: ignore[union-attr]
         if t is Open:
-            return await AsyncConnection.open(request.address, self.connect_timeout)  # type: ignore[union-attr]
+            return await AsyncConnection.open(request.address,  # type: ignore[union-attr]
+                                              self.connect_timeout, self.tls)
         if t is Close:
             return await request.conn.aclose()  # type: ignore[union-attr]
         if t is Forget:
@@ -147,7 +164,7 @@ class AsyncClient(ClientSettings):
         while self._idle and self.selector.current is not None:
             conn = self._idle.pop()
             # A readable idle connection was closed by the node (see Connection.is_stale).
-            if conn.address == self.selector.current and not conn.stream.socket.is_readable():
+            if conn.address == self.selector.current and not conn.tcp.socket.is_readable():
                 return conn
             await conn.aclose()
         if self.selector.current is not None:

@@ -24,6 +24,7 @@ trio); this module performs their requests with blocking sockets.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -81,10 +82,18 @@ _NET_ERRORS: tuple[type[BaseException], ...] = (OSError, ProtocolError)
 class Connection:
     """One socket to one node and its reply reader."""
 
-    def __init__(self, address: Address, connect_timeout: float | None) -> None:
+    def __init__(self, address: Address, connect_timeout: float | None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.address = address
-        self.sock = socket.create_connection(address, timeout=connect_timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection(address, timeout=connect_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_hostname=address[0])
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self.reader = ReplyReader()
 
     def exchange(self, payload: bytes, count: int, timeout: float | None) -> list[Any]:
@@ -108,8 +117,13 @@ class Connection:
         node: reusing it would make a command look sent when the node never read it."""
         try:
             self.sock.settimeout(0)  # with a timeout, recv would first wait for data
-            self.sock.recv(1, socket.MSG_PEEK)
-        except BlockingIOError:
+            if isinstance(self.sock, ssl.SSLSocket):
+                # No peeking through TLS: a record that is not data (a session ticket) is
+                # consumed and is no sign; data or the end is.
+                self.sock.recv(1)
+            else:
+                self.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, ssl.SSLWantReadError):
             return False
         except OSError:
             return True
@@ -162,7 +176,8 @@ class Client(ClientSettings):
         if t is Release:
             return self._release(request.conn)  # type: ignore[union-attr]
         if t is Open:
-            return Connection(request.address, self.connect_timeout)  # type: ignore[union-attr]
+            return Connection(request.address, self.connect_timeout,  # type: ignore[union-attr]
+                              self.tls)
         if t is Close:
             return request.conn.close()  # type: ignore[union-attr]
         if t is Forget:

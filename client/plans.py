@@ -14,6 +14,7 @@ the node) cannot drift apart. A flavour tells plans which exceptions are network
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Generator, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -34,6 +35,7 @@ from client.core import (
     parse_hello,
     read_timeout,
 )
+from client.tls import TlsOptions, client_tls
 from protocol.resp import Error
 
 
@@ -88,6 +90,7 @@ class Rules(Protocol):
     tracker: ProducerTracker
     password: str | None
     socket_timeout: float | None
+    tls: ssl.SSLContext | None
     cluster_aware: bool
     rebalance_consumers: bool
     hello_reply: Hello | None
@@ -112,9 +115,13 @@ class ClientSettings:
         cluster_aware: bool = True,
         rebalance_consumers: bool = False,
         rebalance_window: int = 64,
+        tls: bool | ssl.SSLContext | TlsOptions | None = None,
     ) -> None:
         self.selector = NodeSelector([nodes] if isinstance(nodes, str) else nodes)
         self.password = password
+        # TLS to the nodes' tls-port: a context, or client.tls.TlsOptions (redis-cli's
+        # options), or True (the system's CAs, no client certificate).
+        self.tls = client_tls(tls)
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle

@@ -5,12 +5,12 @@ Theory of operation
 ``Membership`` owns the node table of one node (``cluster.table.Table``). The runtime drives
 it with the events of ``cluster/effects.py`` (``receive``, ``link_up``, ``link_down``,
 ``tick``), ``meet`` and the ``broker.cluster_view.ClusterView`` methods, and takes effects
-from ``outbox`` after each call. It reads ``config.cluster_node_timeout`` and ``config.port``
-each time it needs them, so CONFIG SET takes effect at once.
+from ``outbox`` after each call. It reads ``config.cluster_node_timeout`` and
+``config.client_port`` each time it needs them, so CONFIG SET takes effect at once.
 
 Flags of an entry (any combination):
     myself      this node (its IP is learnt from the ``local_ip`` of links, as Redis does;
-                its port is config.port).
+                its port is config.client_port: port, or tls-port on a TLS-only node).
     handshake   met (CLUSTER MEET, a MEET received, or gossip) but its real ID is not known:
                 the entry has a random temporary ID. The first frame on its outbound link
                 reveals the ID: the entry is renamed (Disconnect temp, Connect real), or

@@ -167,7 +167,7 @@ class Table:
         return [self.myself, *(n for n in self.nodes.values() if n is not self.myself)]
 
     def port_of(self, node: Node) -> int:
-        return int(self.config.port) if node is self.myself else node.port
+        return self.config.client_port if node is self.myself else node.port
 
     def saved_nodes(self) -> list[SavedNode]:
         """The table as CLUSTER NODES and nodes.conf show it."""
@@ -202,7 +202,7 @@ class Table:
         self.outbox.append(Connect(node.node_id, node.ip, node.port + BUS_PORT_OFFSET))
 
     def _heartbeat(self, kind: type[Ping | Pong | Meet], to: str | None) -> Ping | Pong | Meet:
-        return kind(int(self.config.port), frozenset(self.myself.flags & PUBLISHED_FLAGS),
+        return kind(self.config.client_port, frozenset(self.myself.flags & PUBLISHED_FLAGS),
                     self._gossip(to))
 
     def send_ping(self, node: Node, kind: type[Ping | Meet], now_ms: int) -> None:

@@ -40,7 +40,6 @@ directly.
 from __future__ import annotations
 
 import logging
-import socket
 from time import perf_counter_ns
 from typing import Any, Final, Protocol, final
 
@@ -207,11 +206,24 @@ class CommandPath:
         return reply
 
 
+class Stream(Protocol):
+    """What a connection needs of its socket: a plain non-blocking one, or a TLS layer over
+    one with the same calls (``node.tls.TlsStream``)."""
+
+    def fileno(self) -> int: ...
+
+    def recv(self, size: int, /) -> bytes: ...
+
+    def send(self, data: bytes | memoryview, /) -> int: ...
+
+    def close(self) -> None: ...
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ConnCore:
     """One client connection on a non-blocking socket (see ``node/connection.py``)."""
 
-    def __init__(self, host: Host, sock: socket.socket, client: Client) -> None:
+    def __init__(self, host: Host, sock: Stream, client: Client) -> None:
         self.host = host
         self.reactor = host.reactor
         # What execute_commands reads per request, taken once (the node never rebinds them):

@@ -116,6 +116,7 @@ from node.connection import MUST_WAIT, Connection, set_keepalive
 from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
 from node.reactor import Reactor
+from node.tls import TlsConfigError, TlsFront
 from protocol import core_build, errors
 from protocol.resp import OK, Status, encode
 
@@ -280,6 +281,8 @@ class Server:
         self.shutdown_rewrite = False
         self.listening: list[tuple[str, int]] = []
         self._accept_error_logged = 0.0
+        # The client port's TLS (node/tls.py), made at start when tls-port is set.
+        self.tls: TlsFront | None = None
         self._idle_checked = self.clock.monotonic()
         # INFO commandstats: [calls, nanoseconds] per command the node knows.
         self.cmdstats: dict[bytes, list[int]] = {row.name: [0, 0] for row in ROWS}
@@ -450,6 +453,8 @@ class Server:
         return INTENTS[kind](self, conn, intent)
 
     async def config_applied(self, intent: ConfigApplied) -> Any:
+        if intent.name.startswith("tls-"):
+            return self.tls_changed(intent)
         if intent.name == "maxclients" and not fit_open_files_limit(self.config.maxclients):
             # Redis's answer when the kernel cannot give the descriptors the value needs.
             wanted, self.config.maxclients = self.config.maxclients, int(intent.previous)  # type: ignore[call-overload]
@@ -607,7 +612,7 @@ class Server:
 
     # -- tasks ------------------------------------------------------------------------------
 
-    async def accept(self, listener: socket.socket) -> None:
+    async def accept(self, listener: socket.socket, tls: bool = False) -> None:
         while True:
             await self.reactor.room_for_new()
             try:
@@ -626,30 +631,21 @@ class Server:
                                 open_files_limit())
                 await trio.sleep(0.1)
                 continue
-            self.adopt(sock, peer)
+            self.adopt(sock, peer, tls)
 
-    def adopt(self, sock: socket.socket, peer: Any) -> None:
-        """A new client: refused past ``maxclients``, else handed to the reactor."""
+    def adopt(self, sock: socket.socket, peer: Any, tls: bool = False) -> None:
+        """A new client: refused past ``maxclients``, else handed to the reactor (through a
+        TLS layer when it came to ``tls-port``)."""
         self.connections_received += 1
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if len(self.connections) >= self.config.maxclients:
-            self.rejected += 1
-            try:
-                sock.send(b"-ERR max number of clients reached\r\n")
-            except OSError:
-                pass
-            sock.close()
+            self._refuse(sock, b"-ERR max number of clients reached\r\n", tls)
             return
         if (self.config.protected_mode and isinstance(peer, tuple)
                 and not is_loopback(peer[0]) and not self.broker.acl.has_password()):
-            self.rejected += 1
-            try:
-                sock.send(b"-" + errors.DENIED.encode() + b"\r\n")
-            except OSError:
-                pass
-            sock.close()
+            self._refuse(sock, b"-" + errors.DENIED.encode() + b"\r\n", tls)
             return
         if self.config.tcp_keepalive:
             set_keepalive(sock, self.config.tcp_keepalive)
@@ -660,10 +656,26 @@ class Server:
         addr = f"{host}:{peer[1]}" if isinstance(peer, tuple) else host
         client = Client(self.next_client_id, addr, self.clock.now_ms(), None,
                         self.broker.acl.default)
-        conn = Connection(self, sock, client)
+        if tls and self.tls is not None:
+            stream = self.tls.wrap(sock, addr)
+            conn = Connection(self, stream, client)
+            self.tls.started(stream, conn)
+        else:
+            conn = Connection(self, sock, client)
         client.handle = conn
         self.connections.add(conn)
         self.reactor.add(conn)
+
+    def _refuse(self, sock: socket.socket, line: bytes, tls: bool) -> None:
+        """Close a client that may not be served, saying why in plaintext (a TLS client gets
+        no plaintext: it is closed before its handshake)."""
+        self.rejected += 1
+        if not tls:
+            try:
+                sock.send(line)
+            except OSError:
+                pass
+        sock.close()
 
     async def ticker(self) -> None:
         broker = self.broker
@@ -679,6 +691,8 @@ class Server:
             if mono - self._idle_checked >= IDLE_CHECK_S:
                 self._idle_checked = mono
                 self.reactor.close_idle(self.config.timeout)
+                if self.tls is not None:
+                    self.tls.sweep()
             broker.tick(now)
             # Requeues and expiries hand their records to the log and move on (a slow disk
             # never delays timers); a reply they make (a GETJOB served by a requeue, a NOREPL)
@@ -709,6 +723,7 @@ class Server:
         if cfg.http_port and self.http is None:
             raise ServerError("http-port is set, but this node was built without the HTTP API "
                               "(Server's http argument)")
+        self._start_tls()
         self.persistence.load(self.clock.now_ms())
         # Every job is an object the cyclic garbage collector tracks, and jobs never form
         # cycles. With the default thresholds a node holding a million jobs stops for a full
@@ -716,18 +731,52 @@ class Server:
         # often and moving what was loaded out of the collector's sight removes most of that.
         gc.set_threshold(50_000, 20, 100)
         gc.freeze()
-        listeners = open_listeners(cfg)
+        listeners = open_listeners(cfg) if cfg.port else []
+        tls_listeners: list[socket.socket] = []
         try:
-            bus_listeners = open_listeners(cfg, cfg.port + BUS_PORT_OFFSET)
-        except ServerError as exc:
-            for ls in listeners:
+            if cfg.tls_port:
+                tls_listeners = open_listeners(cfg, cfg.tls_port)
+            try:
+                bus_listeners = open_listeners(cfg, cfg.client_port + BUS_PORT_OFFSET)
+            except ServerError as exc:
+                raise ServerError(f"{exc} (the cluster bus port)") from None
+        except ServerError:
+            for ls in listeners + tls_listeners:
                 ls.close()
-            raise ServerError(f"{exc} (the cluster bus port)") from None
-        self.listening = [ls.getsockname()[:2] for ls in listeners]
-        await self._serve(listeners, bus_listeners, task_status)
+            raise
+        self.listening = [ls.getsockname()[:2] for ls in listeners + tls_listeners]
+        await self._serve(listeners, tls_listeners, bus_listeners, task_status)
 
-    async def _serve(self, listeners: list[socket.socket], bus_listeners: list[socket.socket],
-                     task_status: Any) -> None:
+    def _start_tls(self) -> None:
+        """The client port's TLS context, before anything else starts: a missing file or a
+        key that does not match its certificate stops the node with the file's name."""
+        cfg = self.config
+        if not (cfg.port or cfg.tls_port):
+            raise ServerError("port 0 needs tls-port: the node would listen for no client")
+        if cfg.tls_port == cfg.port:
+            raise ServerError(f"port and tls-port are both {cfg.port}")
+        if cfg.tls_port:
+            try:
+                self.tls = TlsFront(cfg, self.clock, self._warnings)
+            except TlsConfigError as exc:
+                raise ServerError(f"Failed to configure TLS: {exc}") from None
+
+    def tls_changed(self, intent: ConfigApplied) -> Any:
+        """CONFIG SET of a tls-* directive: a new context for new connections, or the error
+        and the old value and context back."""
+        if self.tls is None:
+            return OK  # no TLS port: the value is used if one is configured at the next start
+        try:
+            self.tls.reload()
+        except TlsConfigError as exc:
+            setattr(self.config, intent.name.replace("-", "_"), intent.previous)
+            log.warning("Unable to update TLS configuration: %s", exc)
+            return errors.err(f"Unable to update TLS configuration: {exc}")
+        log.info("TLS configuration reloaded (%s): new connections use it", intent.name)
+        return OK
+
+    async def _serve(self, listeners: list[socket.socket], tls_listeners: list[socket.socket],
+                     bus_listeners: list[socket.socket], task_status: Any) -> None:
         cfg = self.config
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
@@ -746,6 +795,8 @@ class Server:
                                       f"{exc.strerror or exc}") from None
             for listener in listeners:
                 nursery.start_soon(self.accept, listener)
+            for listener in tls_listeners:
+                nursery.start_soon(self.accept, listener, True)
             nursery.start_soon(self._signals)
             log.info("trisque %s node %s ready to accept connections on %s, data in %s",
                      VERSION, self.node_id,

@@ -18,9 +18,10 @@ UNUSABLE_PRIORITY = 100
 def open_client(common: Common, seeds: list[str] | None = None) -> Client:
     """A client on the first reachable seed; fails naming every address tried."""
     tried: list[str] = []
+    context = None if common.tls is None else common.tls.context()
     for node in seeds or common.nodes:
         client = Client([node], password=common.password, socket_timeout=common.timeout_s,
-                        cluster_aware=False)
+                        cluster_aware=False, tls=context)
         try:
             client.ping()
             return client

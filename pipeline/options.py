@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from client.tls import TlsOptions
+
 DEFAULT_NODES = "127.0.0.1:7711"
 
 
@@ -76,12 +78,24 @@ class Common:
     nodes: list[str]
     password: str | None
     timeout_s: float
+    tls: TlsOptions | None = None  # TLS to the nodes' tls-port
+
+
+def _tls(options: Mapping[str, str]) -> TlsOptions | None:
+    files = {name: _get(options, name) or None for name in ("cacert", "cacertdir", "cert", "key")}
+    insecure = _bool(options, "insecure", False)
+    if not (_bool(options, "tls", False) or insecure or any(files.values())):
+        return None
+    if bool(files["cert"]) != bool(files["key"]):
+        raise OptionError("options 'cert' and 'key' go together (the client certificate)")
+    return TlsOptions(files["cacert"], files["cacertdir"], files["cert"], files["key"], insecure)
 
 
 def _common(options: Mapping[str, str]) -> Common:
     timeout_ms = _int(options, "socketTimeoutMs", 10_000, low=1)
     assert timeout_ms is not None
-    return Common(parse_nodes(options), _get(options, "password"), timeout_ms / 1000)
+    return Common(parse_nodes(options), _get(options, "password"), timeout_ms / 1000,
+                  _tls(options))
 
 
 @dataclass(frozen=True)

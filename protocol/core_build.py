@@ -56,7 +56,8 @@ PACKAGES = ("protocol", "broker", "cluster", "node")
 #: trio code but for its hot path, which is kept free of trio so that mypyc can compile it.
 PARTLY_COMPILED = {"node": ("node/bus_core.py", "node/conn_core.py", "node/conn_state.py",
                             "node/reactor_core.py",
-                            "node/round_core.py", "node/log_core.py")}
+                            "node/round_core.py", "node/log_core.py",
+                            "node/tls_stream.py")}
 #: The build stamp, beside this file: written by tools/build_core.py after a build succeeded.
 STAMP = "compiled-core.json"
 #: The shared library mypyc builds for the group (tools/build_core.py names the group after it).

@@ -53,7 +53,7 @@ log = logging.getLogger("trisque.worker")
 class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.client = AsyncClient(settings.nodes, password=settings.password)
+        self.client = AsyncClient(settings.nodes, password=settings.password, tls=settings.tls)
         self.logs = LogDir(settings.log_dir, settings.log_max_bytes, settings.log_keep)
         self.scripts = RunningScripts(settings.log_dir)
         self.running: set[JobRunner] = set()

@@ -10,6 +10,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from client.tls import TlsOptions
+
 DEFAULT_TIME_LIMIT = 3600.0
 DEFAULT_KILL_AFTER = 5.0
 DEFAULT_GRACE = 30.0
@@ -57,6 +59,7 @@ class Settings:
     concurrency: int = 1
     nodes: list[str] = field(default_factory=lambda: ["127.0.0.1:7711"])
     password: str | None = None
+    tls: TlsOptions | None = None  # --tls: to the nodes' tls-port
     name: str = ""
     time_limit: float | None = DEFAULT_TIME_LIMIT  # None: no limit
     queue_time_limits: dict[str, float | None] = field(default_factory=dict)
@@ -118,6 +121,14 @@ def _parser() -> argparse.ArgumentParser:
                         "fails (default 127.0.0.1:7711)")
     p.add_argument("--password", "-a", metavar="PASSWORD",
                    help="sent with AUTH (default: $TRISQUE_PASSWORD, if set)")
+    p.add_argument("--tls", action="store_true",
+                   help="connect over TLS (the nodes' tls-port), as trisque --tls")
+    for name, what in (("cacert", "CA certificate file to verify the nodes with"),
+                       ("cacertdir", "directory of trusted CA certificates"),
+                       ("cert", "client certificate (tls-auth-clients yes)"),
+                       ("key", "the client certificate's private key")):
+        p.add_argument(f"--{name}", metavar="PATH", help=what)
+    p.add_argument("--insecure", action="store_true", help="skip the certificate check")
     p.add_argument("--name", metavar="NAME",
                    help="this worker's name in run records (default host:pid)")
     p.add_argument("--time-limit", action="append", default=[], metavar="[QUEUE=]SECONDS",
@@ -193,7 +204,9 @@ def parse(argv: list[str]) -> Settings:
         kill_after=_seconds(ns.kill_after, "--kill-after"),
         grace=_seconds(ns.grace, "--grace"),
         log_dir=Path(ns.log_dir), log_max_bytes=_size(ns.log_max_bytes),
-        log_keep=ns.log_keep, quiet=ns.quiet, result_from_output=ns.result == "output")
+        log_keep=ns.log_keep, quiet=ns.quiet, result_from_output=ns.result == "output",
+        tls=TlsOptions(ns.cacert, ns.cacertdir, ns.cert, ns.key, ns.insecure,
+                       check_hostname=False) if ns.tls else None)
     if not settings.nodes:
         raise UsageError("--nodes needs at least one host:port")
     for item in ns.time_limit:

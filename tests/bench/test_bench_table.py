@@ -143,7 +143,7 @@ def test_error_replies_do_not_count_as_jobs(monkeypatch: pytest.MonkeyPatch) -> 
         with pytest.raises(BenchError, match="Error from server: PAUSED"):
             contender.c_run(2000, timeout=60)
         # ... older ones count it; then the queue's length is what tells.
-        monkeypatch.setattr("bench.table.redis_benchmark", lambda *a: Sample(1e6))
+        monkeypatch.setattr("bench.table.redis_benchmark", lambda *a, **k: Sample(1e6))
         with pytest.raises(BenchError, match="0 jobs in the queue after 2000 requests, "
                                              "expected 2000: not every reply was a job"):
             contender.c_run(2000, timeout=60)

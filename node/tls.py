@@ -1,0 +1,225 @@
+"""TLS on the client port: the context the ``tls-*`` directives describe, and a connection's
+TLS layer over its non-blocking socket.
+
+Theory of operation
+-------------------
+A TLS connection is an ordinary ``Connection`` whose ``sock`` is a ``TlsStream``
+(``node/tls_stream.py``, compiled with the core: it runs for every request): an
+``ssl.SSLObject`` between two ``MemoryBIO``s over the accepted socket, with the socket's
+``recv``/``send``/``fileno``/``close``. The reactor does not know the difference, so the
+handshake, reads and writes advance in its turns with no task per connection:
+
+* ``recv`` reads the socket once, feeds the bytes to the TLS object, takes the handshake one
+  step further while it is not finished, and returns every byte of application data that
+  the records now complete hold (nothing stays decrypted inside, where the level-triggered
+  epoll would not see it). No application data yet (a handshake step, a partial record) is
+  ``BlockingIOError``, as for a socket with nothing to read.
+* ``send`` encrypts at most ``SEND_CHUNK`` bytes and hands the records to the socket. When the
+  socket does not take them all, the rest is kept and ``send`` answers 0 (nothing taken):
+  the caller keeps those bytes and calls again with them first (``send_some``'s sender task
+  does), and the call that finally writes the kept records answers their length. So the
+  caller's accounting of what is unsent (the output buffer limit, the sender task) holds.
+* A TLS error (a plaintext client, no certificate under ``tls-auth-clients yes``, a bad
+  one) is an ``ssl.SSLError``, an ``OSError``: the turn closes that connection as for a reset,
+  and ``TlsFront.refused`` logs one line per client address at most every ``LOG_EVERY_S``.
+  A handshake not finished after ``HANDSHAKE_TIMEOUT_S`` is closed by ``TlsFront.sweep``.
+
+``build_context`` turns the directives into an ``ssl.SSLContext`` or a ``TlsConfigError``
+naming the file or value at fault: at start (the process exits with it) and at CONFIG SET of
+a ``tls-*`` directive (the error is the reply, and the old context stays). New connections
+take the front's current context; those already open keep theirs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import socket
+import ssl
+from typing import TYPE_CHECKING, Any
+
+from broker.config import Config
+from node.tls_stream import TlsStream, reason
+
+if TYPE_CHECKING:
+    from node.bus import LogLimiter
+    from node.clock import Clock
+    from node.connection import Connection
+
+log = logging.getLogger("trisque")
+
+# A client that has not finished its handshake after this long is closed (the idle timeout,
+# off by default, does not apply to a connection that never sent a command).
+HANDSHAKE_TIMEOUT_S = 10.0
+
+_PROTOCOLS = {"tlsv1": ssl.TLSVersion.TLSv1, "tlsv1.1": ssl.TLSVersion.TLSv1_1,
+              "tlsv1.2": ssl.TLSVersion.TLSv1_2, "tlsv1.3": ssl.TLSVersion.TLSv1_3}
+_AUTH = {"yes": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "no": ssl.CERT_NONE}
+
+
+class TlsConfigError(Exception):
+    """The TLS directives do not make a usable context; the text says which and why."""
+
+
+def _protocol_range(text: str) -> tuple[ssl.TLSVersion, ssl.TLSVersion]:
+    names = text.lower().split() or ["tlsv1.2", "tlsv1.3"]
+    try:
+        versions = sorted(_PROTOCOLS[name] for name in names)
+    except KeyError:
+        raise TlsConfigError("Invalid tls-protocols specified. Use a combination of 'TLSv1', "
+                             "'TLSv1.1', 'TLSv1.2' and 'TLSv1.3'.") from None
+    return versions[0], versions[-1]
+
+
+def _openssl(context: ssl.SSLContext, function: str) -> tuple[Any, int]:
+    """An OpenSSL function Python's ssl does not offer, and the context's SSL_CTX to call it
+    on (the first field after the object header, in every CPython since 3.7), through the
+    library the ``_ssl`` extension is linked with; AttributeError or OSError if absent."""
+    import _ssl
+
+    call = getattr(ctypes.CDLL(_ssl.__file__), function)
+    handle = ctypes.c_void_p.from_address(id(context) + object.__basicsize__).value
+    if not handle:
+        raise OSError("no SSL_CTX")
+    return call, handle
+
+
+def _set_ciphersuites(context: ssl.SSLContext, suites: str) -> None:
+    """Python's ssl has no call for TLSv1.3's ciphersuites: OpenSSL's own."""
+    try:
+        setter, handle = _openssl(context, "SSL_CTX_set_ciphersuites")
+    except (OSError, AttributeError):
+        raise TlsConfigError("tls-ciphersuites is not supported by this Python's OpenSSL") from None
+    setter.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    setter.restype = ctypes.c_int
+    if setter(handle, suites.encode()) != 1:
+        raise TlsConfigError(f"Failed to configure ciphersuites: {suites}")
+
+
+# SSL_CTX_clear_mode is a macro over SSL_CTX_ctrl with these (openssl/ssl.h).
+_SSL_CTRL_CLEAR_MODE = 78
+_SSL_MODE_RELEASE_BUFFERS = 0x10
+
+
+def _keep_buffers(context: ssl.SSLContext) -> None:
+    """Python's contexts free a connection's TLS record buffers whenever they are empty
+    (SSL_MODE_RELEASE_BUFFERS), so every record read or written allocates, clears and frees
+    about 17 KB: measured, a good part of the TLS port's cost per request. Redis keeps them;
+    so do we (about 34 KB per TLS connection). Without the call: Python's behaviour."""
+    try:
+        ctrl, handle = _openssl(context, "SSL_CTX_ctrl")
+    except (OSError, AttributeError):
+        return
+    ctrl.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p]
+    ctrl.restype = ctypes.c_long
+    ctrl(handle, _SSL_CTRL_CLEAR_MODE, _SSL_MODE_RELEASE_BUFFERS, None)
+
+
+def _no_passphrase() -> str:
+    return ""
+
+
+def build_context(cfg: Config) -> ssl.SSLContext:
+    """The server context for the client port, from the ``tls-*`` directives (Redis's rules
+    and messages), or ``TlsConfigError``."""
+    if not cfg.tls_cert_file:
+        raise TlsConfigError("No tls-cert-file configured!")
+    if not cfg.tls_key_file:
+        raise TlsConfigError("No tls-key-file configured!")
+    auth = _AUTH[cfg.tls_auth_clients]
+    if auth != ssl.CERT_NONE and not (cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir):
+        raise TlsConfigError("Either tls-ca-cert-file or tls-ca-cert-dir must be specified "
+                             "when tls-auth-clients is enabled!")
+    lowest, highest = _protocol_range(cfg.tls_protocols)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.minimum_version, context.maximum_version = lowest, highest
+    except ValueError as exc:  # OpenSSL built without one of them
+        raise TlsConfigError(f"Invalid tls-protocols: {exc}") from None
+    context.options |= ssl.OP_NO_COMPRESSION
+    _keep_buffers(context)
+    if cfg.tls_prefer_server_ciphers:
+        context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    # The certificate alone first, so that an error names the file at fault.
+    try:
+        ssl.create_default_context(cafile=cfg.tls_cert_file)
+    except (OSError, ValueError) as exc:
+        raise TlsConfigError(f"Failed to load certificate: {cfg.tls_cert_file}: "
+                             f"{reason(exc)}") from None
+    try:
+        # Never None: OpenSSL would then ask for an encrypted key's passphrase on the
+        # terminal, and the node would hang there.
+        context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file,
+                                password=cfg.tls_key_file_pass or _no_passphrase)
+    except (OSError, ValueError) as exc:
+        raise TlsConfigError(f"Failed to load private key: {cfg.tls_key_file}: "
+                             f"{reason(exc)}") from None
+    if cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir:
+        if cfg.tls_ca_cert_dir and not os.path.isdir(cfg.tls_ca_cert_dir):
+            raise TlsConfigError("Failed to configure CA certificate(s) file/directory: "
+                                 f"{cfg.tls_ca_cert_dir}: not a directory")
+        try:
+            context.load_verify_locations(cafile=cfg.tls_ca_cert_file or None,
+                                          capath=cfg.tls_ca_cert_dir or None)
+        except (OSError, ValueError) as exc:
+            raise TlsConfigError("Failed to configure CA certificate(s) file/directory: "
+                                 f"{cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir}: "
+                                 f"{reason(exc)}") from None
+    context.verify_mode = auth
+    if cfg.tls_ciphers:
+        try:
+            context.set_ciphers(cfg.tls_ciphers)
+        except ssl.SSLError:
+            raise TlsConfigError(f"Failed to configure ciphers: {cfg.tls_ciphers}") from None
+    if cfg.tls_ciphersuites:
+        _set_ciphersuites(context, cfg.tls_ciphersuites)
+    return context
+
+
+class TlsFront:
+    """The client port's TLS: the current context, the handshakes under way, the log."""
+
+    def __init__(self, config: Config, clock: Clock, limiter: LogLimiter) -> None:
+        self.config = config
+        self.clock = clock
+        self.limiter = limiter
+        self.context = build_context(config)
+        self.handshaking: dict[TlsStream, Connection] = {}
+        self.refusals = 0  # handshakes that failed or were abandoned
+
+    def reload(self) -> None:
+        """A new context from the directives as they are now, for new connections; the old
+        one stays on ``TlsConfigError``."""
+        self.context = build_context(self.config)
+
+    def wrap(self, sock: socket.socket, addr: str) -> TlsStream:
+        return TlsStream(sock, self, addr)
+
+    def started(self, stream: TlsStream, conn: Connection) -> None:
+        self.handshaking[stream] = conn
+
+    def handshaken(self, stream: TlsStream) -> None:
+        self.handshaking.pop(stream, None)
+
+    def forget(self, stream: TlsStream) -> None:
+        self.handshaking.pop(stream, None)
+
+    def refused(self, stream: TlsStream, reason: str, level: int) -> None:
+        self.refusals += 1
+        host = stream.addr.rsplit(":", 1)[0]
+        self.limiter.emit(f"tls:{host}", level,
+                          f"Error accepting a client connection: {reason} (addr={stream.addr})")
+
+    def sweep(self) -> int:
+        """Close the connections whose handshake took longer than ``HANDSHAKE_TIMEOUT_S``."""
+        now = self.clock.monotonic()
+        late = [conn for stream, conn in self.handshaking.items()
+                if now - stream.started > HANDSHAKE_TIMEOUT_S]
+        for conn in late:
+            stream = conn.sock
+            if isinstance(stream, TlsStream):
+                self.refused(stream, "TLS handshake timed out", logging.INFO)
+            conn.close()
+        return len(late)
+
