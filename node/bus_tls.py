@@ -1,5 +1,6 @@
-"""Mutual TLS under the cluster bus (``tls-cluster yes``): the contexts, and one link's records
-(``TlsChannel``, which the HTTPS front uses too: ``node/http_front.py``).
+"""Mutual TLS under the cluster bus (``tls-cluster yes``): one link's records (``TlsChannel``,
+which the HTTPS front uses too: ``node/http_front.py``). The contexts are built with the
+client port's, in ``node/tls.py``.
 
 The bus reads and writes its sockets itself (``node/bus.py``: the reader's direct reads, the
 flush's direct write), so TLS is an ``ssl.SSLObject`` over two memory BIOs rather than a
@@ -21,105 +22,18 @@ from typing import Any, Final
 
 import trio
 
-from broker.config import Config
-
 # What one read of the records asks for: a record's plaintext at most. SSLObject.read
 # allocates what it is asked for before it shrinks it, and 256 KiB made a 200-byte record
 # cost 43 us to decrypt instead of 5 (an mmap and munmap per read).
 _RECORD_READ: Final = 16 * 1024
-# The files a CONFIG SET of which rebuilds the bus's contexts.
-FILE_DIRECTIVES: Final = frozenset((
-    "tls-cert-file", "tls-key-file", "tls-key-file-pass", "tls-client-cert-file",
-    "tls-client-key-file", "tls-client-key-file-pass", "tls-ca-cert-file", "tls-ca-cert-dir"))
-
-
-class TlsConfigError(Exception):
-    """A TLS file that cannot be used: the text names it and why."""
 
 
 @dataclass(frozen=True)
 class BusContexts:
-    """What inbound links accept with, and what outbound links connect with."""
+    """What inbound bus links accept with, and what outbound links connect with."""
 
     server: ssl.SSLContext
     client: ssl.SSLContext
-
-
-def _path(config: Config, name: str) -> str:
-    value = str(getattr(config, name.replace("-", "_")))
-    if not value or os.path.isabs(value):
-        return value
-    return os.path.join(config.dir, value)
-
-
-def _readable(path: str, what: str) -> None:
-    if path and not os.access(path, os.R_OK):
-        reason = "no such file" if not os.path.exists(path) else "not readable"
-        raise TlsConfigError(f"Can't load the TLS {what} {path}: {reason}")
-
-
-def _reason(exc: BaseException) -> str:
-    return str(getattr(exc, "reason", None) or exc).lower().replace("_", " ")
-
-
-def _load_chain(context: ssl.SSLContext, cert: str, key: str, password: str) -> None:
-    _readable(cert, "certificate")
-    _readable(key, "key")
-    try:
-        context.load_cert_chain(cert, key or None, password or None)
-    except (ssl.SSLError, OSError, ValueError) as exc:
-        raise TlsConfigError(f"Can't load the TLS certificate {cert} with the key "
-                             f"{key or cert}: {_reason(exc)}") from None
-
-
-def _load_authorities(context: ssl.SSLContext, cafile: str, capath: str) -> None:
-    _readable(cafile, "CA certificates")
-    if capath and not os.path.isdir(capath):
-        raise TlsConfigError(f"Can't load the TLS CA certificates {capath}: not a directory")
-    try:
-        context.load_verify_locations(cafile or None, capath or None)
-    except (ssl.SSLError, OSError) as exc:
-        raise TlsConfigError(f"Can't load the TLS CA certificates {cafile or capath}: "
-                             f"{_reason(exc)}") from None
-
-
-def http_context(config: Config) -> ssl.SSLContext:
-    """The HTTPS API's context (``http-tls yes``): the node's certificate, no client's asked
-    for (requests authenticate as ACL users, docs/security.md)."""
-    cert, key = _path(config, "tls-cert-file"), _path(config, "tls-key-file")
-    if not cert:
-        raise TlsConfigError("http-tls yes needs tls-cert-file and tls-key-file")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    _load_chain(context, cert, key, str(config.tls_key_file_pass))
-    context.set_alpn_protocols(["http/1.1"])
-    return context
-
-
-def bus_contexts(config: Config) -> BusContexts:
-    """The bus's contexts from the ``tls-*`` directives; ``TlsConfigError`` names the file
-    that cannot be used (a start stops on it, a CONFIG SET answers it and keeps the old)."""
-    cert, key = _path(config, "tls-cert-file"), _path(config, "tls-key-file")
-    cafile, capath = _path(config, "tls-ca-cert-file"), _path(config, "tls-ca-cert-dir")
-    if not cert or not (cafile or capath):
-        raise TlsConfigError("tls-cluster yes needs tls-cert-file, tls-key-file and "
-                             "tls-ca-cert-file (or tls-ca-cert-dir)")
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    for context in (server, client):
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.verify_mode = ssl.CERT_REQUIRED
-        _load_authorities(context, cafile, capath)
-    client.check_hostname = False  # peers are dialled by address; the CA is the trust
-    server.num_tickets = 0  # links are long-lived and never resumed
-    _load_chain(server, cert, key, str(config.tls_key_file_pass))
-    client_cert = _path(config, "tls-client-cert-file")
-    if client_cert:
-        _load_chain(client, client_cert, _path(config, "tls-client-key-file"),
-                    str(config.tls_client_key_file_pass))
-    else:
-        _load_chain(client, cert, key, str(config.tls_key_file_pass))
-    return BusContexts(server, client)
 
 
 def describe(exc: BaseException) -> str:

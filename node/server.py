@@ -101,7 +101,6 @@ from cluster.user_sync import UserSync
 from cluster.wiring import attach
 from node import acl_file, bus_core, client_info, config_file, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
-from node.bus_tls import FILE_DIRECTIVES, TlsConfigError, bus_contexts, http_context
 from node.clock import Clock, WallClock
 from node.conn_core import (
     CommandPath,
@@ -116,7 +115,7 @@ from node.connection import MUST_WAIT, Connection, set_keepalive
 from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
 from node.reactor import Reactor
-from node.tls import TlsConfigError, TlsFront
+from node.tls import TlsConfigError, TlsFront, bus_contexts, http_context
 from protocol import core_build, errors
 from protocol.resp import OK, Status, encode
 
@@ -206,7 +205,7 @@ class Server:
             self.http_tls = (http_context(config) if config.http_tls and config.http_port
                              else None)
         except TlsConfigError as exc:
-            raise ServerError(str(exc)) from None
+            raise ServerError(f"Failed to configure TLS: {exc}") from None
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
                        save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id,
                        before_flush=self.flush_broker, log_ticket=self.log_ticket,
@@ -461,28 +460,8 @@ class Server:
             return errors.err("The operating system is not able to handle the specified "
                               f"number of clients, try with {max_clients_for_limit()} "
                               f"(asked for {wanted})")
-        if intent.name in FILE_DIRECTIVES:
-            return self.reload_tls(intent)
         error = await self.persistence.config_changed(intent.name)
         return errors.err(error) if error is not None else OK
-
-    def reload_tls(self, intent: ConfigApplied) -> Any:
-        """CONFIG SET of a TLS file: the bus's new links and the new HTTPS connections use
-        the new files (the links and connections already up go on with theirs); a file that
-        cannot be used is an error and the old stay."""
-        try:
-            bus = bus_contexts(self.config) if self.bus.tls is not None else None
-            http = http_context(self.config) if self.http_tls is not None else None
-        except TlsConfigError as exc:
-            self.config.set(intent.name, [str(intent.previous)])
-            return errors.err(str(exc))
-        if bus is not None:
-            self.bus.tls = bus
-        if http is not None:
-            self.http_tls = http
-        if bus is not None or http is not None:
-            log.info("TLS certificates reloaded (CONFIG SET %s)", intent.name)
-        return OK
 
     def pause_clients(self, until_ms: int) -> None:
         """Disque's pauseClients: a pause ends at the latest time asked while it lasts."""
@@ -762,17 +741,26 @@ class Server:
                 raise ServerError(f"Failed to configure TLS: {exc}") from None
 
     def tls_changed(self, intent: ConfigApplied) -> Any:
-        """CONFIG SET of a tls-* directive: a new context for new connections, or the error
-        and the old value and context back."""
-        if self.tls is None:
-            return OK  # no TLS port: the value is used if one is configured at the next start
+        """CONFIG SET of a tls-* directive: new contexts for what uses TLS (the client port,
+        the bus, HTTPS) for their new connections and links, those already open going on
+        with theirs; or, if any cannot be built, the error and the old value and contexts."""
         try:
-            self.tls.reload()
+            client = self.tls.build() if self.tls is not None else None
+            bus = bus_contexts(self.config) if self.bus.tls is not None else None
+            http = http_context(self.config) if self.http_tls is not None else None
         except TlsConfigError as exc:
             setattr(self.config, intent.name.replace("-", "_"), intent.previous)
             log.warning("Unable to update TLS configuration: %s", exc)
             return errors.err(f"Unable to update TLS configuration: {exc}")
-        log.info("TLS configuration reloaded (%s): new connections use it", intent.name)
+        if self.tls is not None and client is not None:
+            self.tls.context = client
+        if bus is not None:
+            self.bus.tls = bus
+        if http is not None:
+            self.http_tls = http
+        if client is not None or bus is not None or http is not None:
+            log.info("TLS configuration reloaded (CONFIG SET %s): new connections and links "
+                     "use it", intent.name)
         return OK
 
     async def _serve(self, listeners: list[socket.socket], tls_listeners: list[socket.socket],

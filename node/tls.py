@@ -40,6 +40,7 @@ import ssl
 from typing import TYPE_CHECKING, Any
 
 from broker.config import Config
+from node.bus_tls import BusContexts
 from node.tls_stream import TlsStream, reason
 
 if TYPE_CHECKING:
@@ -120,19 +121,46 @@ def _no_passphrase() -> str:
     return ""
 
 
-def build_context(cfg: Config) -> ssl.SSLContext:
-    """The server context for the client port, from the ``tls-*`` directives (Redis's rules
-    and messages), or ``TlsConfigError``."""
-    if not cfg.tls_cert_file:
-        raise TlsConfigError("No tls-cert-file configured!")
-    if not cfg.tls_key_file:
-        raise TlsConfigError("No tls-key-file configured!")
-    auth = _AUTH[cfg.tls_auth_clients]
-    if auth != ssl.CERT_NONE and not (cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir):
-        raise TlsConfigError("Either tls-ca-cert-file or tls-ca-cert-dir must be specified "
-                             "when tls-auth-clients is enabled!")
+def tls_path(cfg: Config, name: str) -> str:
+    """A ``tls-*`` file directive's value, relative to ``dir`` unless absolute (as Redis's
+    paths are relative to the directory it runs in, which is its ``dir``)."""
+    value = str(getattr(cfg, name.replace("-", "_")))
+    if not value or os.path.isabs(value):
+        return value
+    return os.path.join(cfg.dir, value)
+
+
+def _load_chain(context: ssl.SSLContext, cert: str, key: str, password: str) -> None:
+    """``cert`` and its ``key`` into ``context``; an error names the file at fault."""
+    # The certificate alone first, so that an error names the file at fault.
+    try:
+        ssl.create_default_context(cafile=cert)
+    except (OSError, ValueError) as exc:
+        raise TlsConfigError(f"Failed to load certificate: {cert}: {reason(exc)}") from None
+    try:
+        # Never None: OpenSSL would then ask for an encrypted key's passphrase on the
+        # terminal, and the node would hang there.
+        context.load_cert_chain(cert, key or None, password=password or _no_passphrase)
+    except (OSError, ValueError) as exc:
+        raise TlsConfigError(f"Failed to load private key: {key or cert}: "
+                             f"{reason(exc)}") from None
+
+
+def _load_authorities(context: ssl.SSLContext, cafile: str, capath: str) -> None:
+    if capath and not os.path.isdir(capath):
+        raise TlsConfigError("Failed to configure CA certificate(s) file/directory: "
+                             f"{capath}: not a directory")
+    try:
+        context.load_verify_locations(cafile=cafile or None, capath=capath or None)
+    except (OSError, ValueError) as exc:
+        raise TlsConfigError("Failed to configure CA certificate(s) file/directory: "
+                             f"{cafile or capath}: {reason(exc)}") from None
+
+
+def _apply_policy(context: ssl.SSLContext, cfg: Config) -> None:
+    """What every context of the node shares: ``tls-protocols``, ``tls-ciphers``,
+    ``tls-ciphersuites``, ``tls-prefer-server-ciphers``, no compression, kept buffers."""
     lowest, highest = _protocol_range(cfg.tls_protocols)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         context.minimum_version, context.maximum_version = lowest, highest
     except ValueError as exc:  # OpenSSL built without one of them
@@ -141,32 +169,6 @@ def build_context(cfg: Config) -> ssl.SSLContext:
     _keep_buffers(context)
     if cfg.tls_prefer_server_ciphers:
         context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
-    # The certificate alone first, so that an error names the file at fault.
-    try:
-        ssl.create_default_context(cafile=cfg.tls_cert_file)
-    except (OSError, ValueError) as exc:
-        raise TlsConfigError(f"Failed to load certificate: {cfg.tls_cert_file}: "
-                             f"{reason(exc)}") from None
-    try:
-        # Never None: OpenSSL would then ask for an encrypted key's passphrase on the
-        # terminal, and the node would hang there.
-        context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file,
-                                password=cfg.tls_key_file_pass or _no_passphrase)
-    except (OSError, ValueError) as exc:
-        raise TlsConfigError(f"Failed to load private key: {cfg.tls_key_file}: "
-                             f"{reason(exc)}") from None
-    if cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir:
-        if cfg.tls_ca_cert_dir and not os.path.isdir(cfg.tls_ca_cert_dir):
-            raise TlsConfigError("Failed to configure CA certificate(s) file/directory: "
-                                 f"{cfg.tls_ca_cert_dir}: not a directory")
-        try:
-            context.load_verify_locations(cafile=cfg.tls_ca_cert_file or None,
-                                          capath=cfg.tls_ca_cert_dir or None)
-        except (OSError, ValueError) as exc:
-            raise TlsConfigError("Failed to configure CA certificate(s) file/directory: "
-                                 f"{cfg.tls_ca_cert_file or cfg.tls_ca_cert_dir}: "
-                                 f"{reason(exc)}") from None
-    context.verify_mode = auth
     if cfg.tls_ciphers:
         try:
             context.set_ciphers(cfg.tls_ciphers)
@@ -174,7 +176,67 @@ def build_context(cfg: Config) -> ssl.SSLContext:
             raise TlsConfigError(f"Failed to configure ciphers: {cfg.tls_ciphers}") from None
     if cfg.tls_ciphersuites:
         _set_ciphersuites(context, cfg.tls_ciphersuites)
+
+
+def build_context(cfg: Config) -> ssl.SSLContext:
+    """The server context for the client port, from the ``tls-*`` directives (Redis's rules
+    and messages), or ``TlsConfigError``."""
+    if not cfg.tls_cert_file:
+        raise TlsConfigError("No tls-cert-file configured!")
+    if not cfg.tls_key_file:
+        raise TlsConfigError("No tls-key-file configured!")
+    auth = _AUTH[cfg.tls_auth_clients]
+    cafile, capath = tls_path(cfg, "tls-ca-cert-file"), tls_path(cfg, "tls-ca-cert-dir")
+    if auth != ssl.CERT_NONE and not (cafile or capath):
+        raise TlsConfigError("Either tls-ca-cert-file or tls-ca-cert-dir must be specified "
+                             "when tls-auth-clients is enabled!")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _apply_policy(context, cfg)
+    _load_chain(context, tls_path(cfg, "tls-cert-file"), tls_path(cfg, "tls-key-file"),
+                cfg.tls_key_file_pass)
+    if cafile or capath:
+        _load_authorities(context, cafile, capath)
+    context.verify_mode = auth
     return context
+
+
+def http_context(cfg: Config) -> ssl.SSLContext:
+    """The HTTPS API's context (``http-tls yes``): the node's certificate, no client's asked
+    for (requests authenticate as ACL users, docs/security.md)."""
+    cert, key = tls_path(cfg, "tls-cert-file"), tls_path(cfg, "tls-key-file")
+    if not cert:
+        raise TlsConfigError("http-tls yes needs tls-cert-file and tls-key-file")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _apply_policy(context, cfg)
+    _load_chain(context, cert, key, cfg.tls_key_file_pass)
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+def bus_contexts(cfg: Config) -> BusContexts:
+    """The bus's contexts (``tls-cluster yes``): mutual TLS both ways, peers trusted for the
+    CA that signed them (dialled by address: no name check), as Redis's bus does."""
+    cert, key = tls_path(cfg, "tls-cert-file"), tls_path(cfg, "tls-key-file")
+    cafile, capath = tls_path(cfg, "tls-ca-cert-file"), tls_path(cfg, "tls-ca-cert-dir")
+    if not cert or not (cafile or capath):
+        raise TlsConfigError("tls-cluster yes needs tls-cert-file, tls-key-file and "
+                             "tls-ca-cert-file (or tls-ca-cert-dir)")
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    for context in (server, client):
+        _apply_policy(context, cfg)
+        context.verify_mode = ssl.CERT_REQUIRED
+        _load_authorities(context, cafile, capath)
+    client.check_hostname = False
+    server.num_tickets = 0  # links are long-lived and never resumed
+    _load_chain(server, cert, key, cfg.tls_key_file_pass)
+    client_cert = tls_path(cfg, "tls-client-cert-file")
+    if client_cert:
+        _load_chain(client, client_cert, tls_path(cfg, "tls-client-key-file"),
+                    cfg.tls_client_key_file_pass)
+    else:
+        _load_chain(client, cert, key, cfg.tls_key_file_pass)
+    return BusContexts(server, client)
 
 
 class TlsFront:
@@ -188,10 +250,10 @@ class TlsFront:
         self.handshaking: dict[TlsStream, Connection] = {}
         self.refusals = 0  # handshakes that failed or were abandoned
 
-    def reload(self) -> None:
-        """A new context from the directives as they are now, for new connections; the old
-        one stays on ``TlsConfigError``."""
-        self.context = build_context(self.config)
+    def build(self) -> ssl.SSLContext:
+        """A context from the directives as they are now (``TlsConfigError`` if they make
+        none), for the caller to install in ``context`` for new connections."""
+        return build_context(self.config)
 
     def wrap(self, sock: socket.socket, addr: str) -> TlsStream:
         return TlsStream(sock, self, addr)

@@ -188,7 +188,7 @@ def test_a_certificate_that_cannot_be_used_stops_the_start(tmp_path: Path) -> No
     missing = dict(settings, **{"tls-cert-file": str(tmp_path / "nowhere.crt")})
     mismatched = dict(settings, **{"tls-key-file": str(certs.nodes[1][1])})
     no_ca = {k: v for k, v in settings.items() if k != "tls-ca-cert-file"}
-    for directives, expect in ((missing, "nowhere.crt"), (mismatched, str(certs.nodes[0][0])),
+    for directives, expect in ((missing, "nowhere.crt"), (mismatched, str(certs.nodes[1][1])),
                                (no_ca, "tls-ca-cert-file")):
         argv = ["--port", str(free_port()), "--bind", "127.0.0.1", "--dir", str(tmp_path)]
         for name, value in directives.items():
@@ -239,7 +239,7 @@ def test_certificates_rotate_to_a_new_ca_without_a_split(local_cluster: Factory,
     # Node 0 trusts both CAs and shows its new certificate from now on.
     rotate(0, [old.ca_cert, new.ca_cert])
     assert c.call(0, "CONFIG", "SET", "tls-cert-file", str(live / "node-0.crt")) == b"OK"
-    assert "TLS certificates reloaded" in c.nodes[0].log()
+    assert "TLS configuration reloaded" in c.nodes[0].log()
     assert c.mesh_ok([0, 1], ids)  # the links up go on with their session
     # Node 1, restarted before it trusts the new CA, refuses node 0's new certificate.
     c.restart(1)
