@@ -168,7 +168,9 @@ class BodyFiles:
             raise BodyError(f"checksum mismatch ({ref.length} bytes at offset {ref.offset})")
         return data
 
-    def _failed(self, ref: BodyRef, exc: BodyError) -> str:
+    def failed(self, ref: BodyRef, exc: BodyError) -> str:
+        """Count and log (the first 100, then every 10,000th) a body that cannot be read
+        back; the text that says why."""
         self.failures += 1
         text = f"body unreadable from the append log: {exc}"
         if self.failures <= 100 or self.failures % 10_000 == 0:
@@ -180,7 +182,7 @@ class BodyFiles:
         try:
             return self.read(ref)
         except BodyError as exc:
-            return Error(f"ERR {self._failed(ref, exc)}")
+            return Error(f"ERR {self.failed(ref, exc)}")
 
     def for_record(self, value: Any) -> Any:
         """msgpack's ``default``: the bytes of a ``BodyRef``; raises ``BodyError`` (and
@@ -190,7 +192,7 @@ class BodyFiles:
         try:
             return self.read(value)
         except BodyError as exc:
-            raise BodyError(self._failed(value, exc)) from exc
+            raise BodyError(self.failed(value, exc)) from exc
 
 
 def body_of(value: Any) -> bytes:

@@ -147,11 +147,8 @@ class LogBroker(Protocol):
 
     def body_stored(self, job: Any, ref: BodyRef) -> None: ...
 
-    def body_loaded(self, job: Any, body: bytes) -> None: ...
-
-    def bodies_wanted_in_memory(self) -> list[Any]: ...
-
     log_size: Callable[[], int]
+    read_body: Callable[[BodyRef], bytes | None]
 
     @property
     def jobs(self) -> dict[bytes, Any]: ...
@@ -219,6 +216,7 @@ class Persistence(LogCore):
         if self.body_max:
             self.pack = aof.new_packer(self.bodies.for_record)
             self.body_of = self.bodies.for_record
+            self.broker.read_body = self._read_for_broker
             if exists:
                 self.bodies.gen = self.bodies.open(self.path)
         if self.enabled or self.enqueue_jobs_once or flagged:
@@ -295,16 +293,14 @@ class Persistence(LogCore):
             if job is not None and job.ref is not None:
                 job.ref = BodyRef(gen, base + at, size, crc)
 
-    def _policy_bodies_to_memory(self) -> None:
-        """Replay left every split record's body in the file, but a queue with a policy keeps
-        its jobs' bodies in memory (deduplication and redrive compare and copy them, and the
-        broker cannot read the log): read those back, as ``body_stored`` would have kept them."""
-        for job in self.broker.bodies_wanted_in_memory():
-            try:
-                self.broker.body_loaded(job, self.bodies.read(job.ref))
-            except BodyError as exc:
-                self.log.warning("Job %s: body left in the append log, unreadable: %s",
-                                 job.id.decode(errors="replace"), exc)
+    def _read_for_broker(self, ref: BodyRef) -> bytes | None:
+        """``Broker.read_body``: the bytes at ``ref`` for a queue policy (deduplication's
+        index, REDRIVE), or None, logged and counted as a reply's unreadable body is."""
+        try:
+            return self.bodies.read(ref)
+        except BodyError as exc:
+            self.bodies.failed(ref, exc)
+            return None
 
     def _keep_body(self, offset: int, length: int, crc: int) -> BodyRef:
         """Replay: a split record's body stays in the log; its job holds this."""
@@ -347,8 +343,6 @@ class Persistence(LogCore):
             raise StartupError(f"Cannot read the append only file {self.path}: {exc}") from exc
         finally:
             self.loading = False
-        if self.body_max:
-            self._policy_bodies_to_memory()
         enqueue = self.enqueue_jobs_once or flagged
         self.broker.finish_load(now_ms, enqueue)
         if flagged and end.header is not None:
