@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -56,6 +55,7 @@ from broker.core_api import BrokerCore
 from broker.dedup import SharedIndex
 from broker.effects import LogRecord
 from broker.job import BodyRef, Job, JobState
+from protocol.checksum import crc32
 from protocol.commands import INT32_MAX
 from protocol.jobid import is_valid, ttl_field
 
@@ -204,7 +204,7 @@ def same_body(job: Job, body: bytes) -> bool:
     ref = job.ref
     if ref is None:
         return job.body == body
-    return ref.length == len(body) and ref.crc == zlib.crc32(body)
+    return ref.length == len(body) and ref.crc == crc32(body)
 
 
 def dead_letter_id(original: bytes, ttl: int, retry: int) -> bytes:

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import os
-import zlib
 from typing import Any
 
 from broker.job import BodyRef
 from cluster import wire
+from protocol.checksum import crc32
 from protocol.resp import Error, register_lazy
 
 
@@ -85,7 +85,7 @@ def _for_reply(ref: Any) -> Any:
             data = _read(entry[0], ref)
         except OSError:
             data = b""
-        if len(data) == ref.length and zlib.crc32(data) == ref.crc:
+        if len(data) == ref.length and crc32(data) == ref.crc:
             return data
         return entry[1].for_reply(ref)
     return Error(f"ERR body unreadable from the append log: its file (generation "
@@ -155,7 +155,7 @@ class BodyFiles:
             raise BodyError(f"its log file (generation {ref.gen}) is closed")
         try:
             data = _read(fd, ref)
-            if len(data) == ref.length and zlib.crc32(data) == ref.crc:
+            if len(data) == ref.length and crc32(data) == ref.crc:
                 return data
             # Not as written, maybe only in the window (a failed write's bytes, since
             # overwritten): the file itself decides.
@@ -164,7 +164,7 @@ class BodyFiles:
             raise BodyError(f"read error: {exc.strerror or exc}") from exc
         if len(data) != ref.length:
             raise BodyError(f"short read ({len(data)} of {ref.length} bytes at {ref.offset})")
-        if zlib.crc32(data) != ref.crc:
+        if crc32(data) != ref.crc:
             raise BodyError(f"checksum mismatch ({ref.length} bytes at offset {ref.offset})")
         return data
 

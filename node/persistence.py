@@ -72,7 +72,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any, Protocol
@@ -85,6 +84,7 @@ from broker.job import REC_BODY, REC_ID, BodyRef
 from node import log_core, logfile, memory_use
 from node.bodies import BodyError, BodyFiles
 from node.log_core import Batch, BodyNote, LogCore, LogSettings
+from protocol.checksum import crc32
 
 REWRITE_SLICE = 200  # jobs taken from the snapshot between two checkpoints (well under 1 ms)
 REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per thread call
@@ -267,7 +267,7 @@ class Persistence(LogCore):
         if job is None or job.ref is not None or len(job.body) != size:
             return
         at = frame + aof.FRAME_HEADER_SIZE + log_core.body_offset(payload, size)
-        self.broker.body_stored(job, BodyRef(self.bodies.gen, at, size, zlib.crc32(body)))
+        self.broker.body_stored(job, BodyRef(self.bodies.gen, at, size, crc32(body)))
 
     def bodies_written(self, batch: Batch, offset: int) -> None:
         jobs = self.broker.jobs
