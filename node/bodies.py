@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Final
+
+from mypy_extensions import mypyc_attr
 
 from broker.job import BodyRef
 from cluster import wire
@@ -27,21 +29,22 @@ from protocol.checksum import crc32
 from protocol.resp import Error, register_lazy
 
 
+@mypyc_attr(native_class=False)  # compiled, a native class cannot derive from OSError
 class BodyError(OSError):
     """A body the log should hold cannot be read back as it was written."""
 
 
 # Generations are unique in the process (tests run several nodes in one), so one resolver
 # registered with the RESP encoder serves them all.
-_FILES: dict[int, tuple[int, BodyFiles]] = {}  # generation -> (descriptor, owner)
+_FILES: Final[dict[int, tuple[int, BodyFiles]]] = {}  # generation -> (descriptor, owner)
 _last_gen = 0
 
 #: Bytes read at once when a body follows closely on the last one read (``_read``). 64 KiB:
 #: about 60 bodies of 1 KB for one system call; a lone body is still read on its own.
-WINDOW = 64 << 10
+WINDOW: Final = 64 << 10
 #: How far past the end of the last body read the next may start and still count as
 #: following it (the records between bodies: their headers, acknowledgements, deliveries).
-NEAR = 16 << 10
+NEAR: Final = 16 << 10
 
 
 class _Window:
@@ -54,10 +57,10 @@ class _Window:
     end = -1  # the end of the last body read, -1: none
 
 
-_window = _Window()
+_window: Final = _Window()
 
 
-def _read(fd: int, ref: Any) -> bytes:
+def _read(fd: int, ref: BodyRef) -> bytes:
     """The bytes at ``ref`` (unchecked), from the window when they lie in it."""
     w = _window
     offset = ref.offset
@@ -77,7 +80,7 @@ def _read(fd: int, ref: Any) -> bytes:
     return os.pread(fd, length, offset)
 
 
-def _for_reply(ref: Any) -> Any:
+def _for_reply(ref: BodyRef) -> Any:
     entry = _FILES.get(ref.gen)
     if entry is not None:
         # The common case inline: one lookup, no method calls.

@@ -164,7 +164,7 @@ class Persistence(LogCore):
                  clock: Callable[[], float] = time.time,
                  rewrite_step: Callable[[str], None] = lambda name: None) -> None:
         super().__init__(config, INLINE_FSYNC_MAX_USEC)
-        self.broker = broker
+        self.broker: LogBroker = broker
         self.log = logger or logging.getLogger("trisque.aof")
         self.enabled = bool(config.appendonly)
         if self.policy not in ("always", "everysec", "no"):
@@ -190,7 +190,7 @@ class Persistence(LogCore):
         self.last_bgrewrite_ok = True
         self.rewrites = 0
         self.loading = False
-        self.bodies = BodyFiles(self.log)  # bodies the log holds (body-memory-max)
+        self.bodies: BodyFiles = BodyFiles(self.log)  # bodies the log holds (body-memory-max)
         broker.info_sources.setdefault("persistence", self.info)
         broker.log_size = self.log_size  # maxdisk
 
@@ -268,15 +268,6 @@ class Persistence(LogCore):
             return
         at = frame + aof.FRAME_HEADER_SIZE + log_core.body_offset(payload, size)
         self.broker.body_stored(job, BodyRef(self.bodies.gen, at, size, crc32(body)))
-
-    def bodies_written(self, batch: Batch, offset: int) -> None:
-        jobs = self.broker.jobs
-        gen = self.bodies.gen
-        for job_id, _body, at, size, crc in batch.bodies:
-            job = jobs.get(job_id)
-            # A job's body never changes, so any record of it carries the same bytes.
-            if job is not None and job.ref is None and len(job.body) == size:
-                self.broker.body_stored(job, BodyRef(gen, offset + at, size, crc))
 
     def unencodable(self, records: Sequence[Any]) -> None:
         now_ms = int(self._clock() * 1000)
