@@ -157,6 +157,21 @@ class LogCore:
         self.broker: Any = None
         self.bodies: Any = None
 
+    # -- after a write ------------------------------------------------------------------------
+
+    def bodies_written(self, batch: Batch, offset: int) -> None:
+        """``batch``, holding bodies past body-memory-max, was written at ``offset``: the jobs
+        keep references instead of their bodies (compiled: once per body an ADDJOB adds)."""
+        broker = self.broker
+        jobs: dict[bytes, Job] = broker.jobs
+        stored = broker.body_stored
+        gen: int = self.bodies.gen
+        for job_id, _body, at, size, crc in batch.bodies:
+            job = jobs.get(job_id)
+            # A job's body never changes, so any record of it carries the same bytes.
+            if job is not None and job.ref is None and len(job.body) == size:
+                stored(job, BodyRef(gen, offset + at, size, crc))
+
     # -- hooks the interpreted subclass provides (each runs at most once per batch) -----------
 
     def wake_writer(self) -> None:
@@ -179,19 +194,6 @@ class LogCore:
     def unencodable(self, records: Sequence[Any]) -> None:
         """A command's ``records`` could not be encoded (a body the log holds could not be
         read back into one): undo them, so memory matches the log."""
-
-    def bodies_written(self, batch: Batch, offset: int) -> None:
-        """``batch``, holding bodies past body-memory-max, was written at ``offset``: the jobs
-        keep references instead of their bodies (compiled: once per body an ADDJOB adds)."""
-        broker = self.broker
-        jobs: dict[bytes, Job] = broker.jobs
-        stored = broker.body_stored
-        gen: int = self.bodies.gen
-        for job_id, _body, at, size, crc in batch.bodies:
-            job = jobs.get(job_id)
-            # A job's body never changes, so any record of it carries the same bytes.
-            if job is not None and job.ref is None and len(job.body) == size:
-                stored(job, BodyRef(gen, offset + at, size, crc))
 
     # -- for the interpreted callers ------------------------------------------------------------
 
