@@ -77,7 +77,6 @@ from __future__ import annotations
 
 import errno
 import struct
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Final, Protocol
@@ -85,6 +84,7 @@ from typing import Any, BinaryIO, Final, Protocol
 import msgpack
 
 from broker.job import REC_BODY, REC_ID
+from protocol.checksum import crc32
 
 MAGIC: Final = b"TRISQLOG"
 # 2: the file may end in a zero-filled tail (its writer preallocates). 3: a job record's body
@@ -153,7 +153,7 @@ class LogVersionError(LogError):
 
 def encode_header(flags: int = 0, version: int = FORMAT_VERSION) -> bytes:
     head = _HEADER.pack(MAGIC, version, flags, 0)[:12]
-    return head + struct.pack(">I", zlib.crc32(head))
+    return head + struct.pack(">I", crc32(head))
 
 
 def encode_frame(kind: str, data: Any, version: int = FORMAT_VERSION) -> bytes:
@@ -161,14 +161,14 @@ def encode_frame(kind: str, data: Any, version: int = FORMAT_VERSION) -> bytes:
     payload: bytes = msgpack.packb((kind, data), use_bin_type=True)
     n = len(payload)
     if version == 1:
-        return _FRAME.pack(n, n ^ _MASK, zlib.crc32(payload)) + payload
-    return _FRAME.pack(n ^ _MASK, n, zlib.crc32(payload)) + payload
+        return _FRAME.pack(n, n ^ _MASK, crc32(payload)) + payload
+    return _FRAME.pack(n ^ _MASK, n, crc32(payload)) + payload
 
 
 # Bound once (Final: a C static when compiled): records are encoded for every command that
 # changes a job, and each name looked up per call was a dictionary lookup and a bound method.
 _PACK_FRAME: Final = _FRAME.pack
-_CRC32: Final = zlib.crc32
+_CRC32: Final = crc32
 _PACKER: Final = msgpack.Packer
 # Packers ready for use. A Packer keeps a buffer between calls and a rewrite or a snapshot
 # encodes in a worker thread while the event loop encodes new records, so each call takes one
@@ -287,7 +287,7 @@ def decode_header(data: bytes, path: str) -> Header | None:
     magic, version, flags, crc = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise LogError(f"{path} is not a trisque append log (bad magic)")
-    if zlib.crc32(data[:12]) != crc:
+    if crc32(data[:12]) != crc:
         raise LogCorrupt(path, 0, "header checksum mismatch")
     if version > FORMAT_VERSION:
         raise LogVersionError(
@@ -376,7 +376,7 @@ def read_records(f: BinaryIO, path: str, end: ReadEnd | None = None,
         end.state, end.offset, end.reason = "torn", 0, "incomplete header"
         return
     end.header = header
-    unpackb, unpack_frame, crc32 = msgpack.unpackb, _FRAME.unpack_from, zlib.crc32
+    unpackb, unpack_frame = msgpack.unpackb, _FRAME.unpack_from
     complement_first = header.version >= 2  # the frame layout (module docstring)
     split = header.version >= 3
     file_size = f.seek(0, 2)

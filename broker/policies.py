@@ -9,7 +9,9 @@ its body: the original queue's policy applies, counters start from zero, so it i
 dead-lettered again at once), then the dead letter is acknowledged. The new job's record
 comes before the ACK's in the same log batch, so a crash between them can leave both, never
 neither: a job may be delivered twice, never lost. Dead letters being processed (not queued)
-and jobs added to the dead-letter queue by hand (no origin) stay where they are.
+and jobs added to the dead-letter queue by hand (no origin) stay where they are. A body the
+append log holds (``body-memory-max``) is read back through the node (``read_body``) for the
+new job; one that cannot be read keeps its dead letter in place.
 """
 
 from __future__ import annotations
@@ -200,16 +202,18 @@ def redrive_dead_letters(b: PolicyBroker, dlq: bytes, count: int | None, client:
         if (origin is None or b.jobs.get(job.id) is not job or job.state is not JobState.QUEUED
                 or job.queue != dlq):
             continue
-        if job.ref is not None:
-            # Its body is in the append log (its queue got a policy after the body went
-            # there): the broker cannot copy it into a new job, so the dead letter stays.
-            b.warn("redrive-body-on-disk", f"QPOLICY REDRIVE left dead letter "
+        ref = job.ref
+        body = job.body if ref is None else b.read_body(ref)  # a body the log holds: read back
+        if body is None:
+            # Unreadable (the node logged why): moved back without its body it would be lost
+            # for good, so the dead letter stays.
+            b.warn("redrive-body-unreadable", f"QPOLICY REDRIVE left dead letter "
                    f"{job.id.decode(errors='replace')} in {dlq.decode(errors='replace')}: "
-                   "its body is in the append log (body-memory-max)")
+                   "its body cannot be read back from the append log")
             continue
         # On a cluster the new job is replicated in the background (ASYNC): the command must
         # not block, and the dead letter is acknowledged only after its copy exists here.
-        add = AddJob(origin[1], job.body, 0, None, 0, None, None, None,
+        add = AddJob(origin[1], body, 0, None, 0, None, None, None,
                      b.replication is not None, priority=job.priority)
         reply = addjob(b, add, client, now_ms)
         if isinstance(reply, Error):

@@ -54,7 +54,8 @@ from typing import Any, Final, Protocol
 from broker.core_api import BrokerCore
 from broker.dedup import SharedIndex
 from broker.effects import LogRecord
-from broker.job import Job, JobState
+from broker.job import BodyRef, Job, JobState
+from protocol.checksum import crc32
 from protocol.commands import INT32_MAX
 from protocol.jobid import is_valid, ttl_field
 
@@ -196,6 +197,16 @@ def validate_record(data: Any) -> str | None:
     return None
 
 
+def same_body(job: Job, body: bytes) -> bool:
+    """Whether ``job``, found under ``body``'s SHA-1, holds ``body``. A body the log holds is
+    compared by its length and CRC-32 (the reference keeps them), not read back: with the
+    digest's match, as sure as comparing the bytes, and an ADDJOB makes no read."""
+    ref = job.ref
+    if ref is None:
+        return job.body == body
+    return ref.length == len(body) and ref.crc == crc32(body)
+
+
 def dead_letter_id(original: bytes, ttl: int, retry: int) -> bytes:
     """The dead letter's ID: a function of the original's, so every holder computes the same.
     It keeps the original's node field and is a valid Disque ID (TTL field included)."""
@@ -266,35 +277,38 @@ class PolicyTable:
 
     # -- deduplication ---------------------------------------------------------------------------
 
-    def find_duplicate(self, b: BrokerCore, queue: bytes, body: bytes,
+    def find_duplicate(self, b: PolicyBroker, queue: bytes, body: bytes,
                        now_ms: int = 0) -> bytes | None:
         if self.shared.entries:
             # The cluster's entry first: after a partition every node answers the same job.
             found = self.shared.find(queue, hashlib.sha1(body).digest(), now_ms)
             if found is not None:
                 job = b.jobs.get(found)
-                if job is None or (job.state is not JobState.ACKED and job.ref is None
-                                   and job.body == body):
+                if job is None or (job.state is not JobState.ACKED and same_body(job, body)):
                     return found
         return self._find_local(b, queue, body)
 
-    def _find_local(self, b: BrokerCore, queue: bytes, body: bytes) -> bytes | None:
+    def _find_local(self, b: PolicyBroker, queue: bytes, body: bytes) -> bytes | None:
         if queue not in self._indexed:
             # First use since start (or since deduplication was turned on): index the jobs of
             # the queue this node holds. (When turned on by a command, the table is marked
-            # indexed at once: as mqs says, jobs already there are not considered.)
+            # indexed at once: as mqs says, jobs already there are not considered.) A body the
+            # log holds is read back for its digest, not kept.
             self._indexed.add(queue)
             mine = b"D-" + b.node_id[:8].encode()
             for job in b.jobs.values():
                 if (job.queue == queue and job.state is not JobState.ACKED
-                        and job.id.startswith(mine) and job.ref is None):
-                    self._dedup[(queue, hashlib.sha1(job.body).digest())] = job.id
+                        and job.id.startswith(mine)):
+                    ref = job.ref
+                    content = job.body if ref is None else b.read_body(ref)
+                    if content is not None:
+                        self._dedup[(queue, hashlib.sha1(content).digest())] = job.id
         job_id = self._dedup.get((queue, hashlib.sha1(body).digest()))
         if job_id is None:
             return None
         found = b.jobs.get(job_id)
-        if (found is None or found.queue != queue or found.body != body
-                or found.ref is not None or found.state is JobState.ACKED):
+        if (found is None or found.queue != queue or found.state is JobState.ACKED
+                or not same_body(found, body)):
             return None
         return job_id
 
@@ -381,3 +395,4 @@ class PolicyBroker(BrokerCore, Protocol):
 
     policies: PolicyTable
     warn: Callable[[str, str], None]
+    read_body: Callable[[BodyRef], bytes | None]

@@ -132,6 +132,10 @@ def _no_log() -> int:
     return 0
 
 
+def _no_bodies(ref: BodyRef) -> bytes | None:
+    return None
+
+
 class BrokerState:
     def __init__(self, config: Config, node_id: str, seed: bytes, *, now_ms: int,
                  rng: random.Random | None = None) -> None:
@@ -177,6 +181,11 @@ class BrokerState:
         self.disk_body_bytes = 0
         # The append log's size as the node knows it (set by node/persistence.py; ``maxdisk``).
         self.log_size: Callable[[], int] = _no_log
+        # The bytes of a body the log holds, read back by the node (set by
+        # node/persistence.py with body-memory-max); None when they cannot be (the node logs
+        # and counts why). Only queue policies call it: deduplication's index after a restart
+        # and REDRIVE, which need a body's bytes, not its place.
+        self.read_body: Callable[[BodyRef], bytes | None] = _no_bodies
         self.runtime_bytes = 0
         self.eviction = eviction.Walk()  # past 95 %: the jobs looked at to free (eviction.py)
         self.info_sources: dict[str, Callable[[], list[tuple[str, Any]]]] = {}
@@ -326,38 +335,13 @@ class BrokerState:
 
     def body_stored(self, job: Job, ref: BodyRef) -> None:
         """The append log holds ``job``'s body at ``ref`` (written, not necessarily synced):
-        memory keeps the reference instead of the bytes (``body-memory-max``). Not for a job
-        of a queue with a policy: deduplication and redrive compare and copy bodies."""
-        if self.policies.live and self.policies.get(job.queue) is not None:
-            return
+        memory keeps the reference instead of the bytes (``body-memory-max``)."""
         self.job_bytes -= self._job_cost(job)
         job.body = b""
         if job.ref is None:
             self.disk_bodies += 1
             self.disk_body_bytes += ref.length
         job.ref = ref
-        self.job_bytes += self._job_cost(job)
-
-    def bodies_wanted_in_memory(self) -> list[Job]:
-        """The jobs whose body the log holds but memory should: those of a queue with a
-        policy (a replay gives every long body a reference)."""
-        policies = self.policies
-        if not policies.live:
-            return []
-        return [job for job in self.jobs.values()
-                if job.ref is not None and policies.get(job.queue) is not None]
-
-    def body_loaded(self, job: Job, body: bytes) -> None:
-        """``job``'s body, read back from the log by the runtime, kept in memory again (after
-        a replay, for a queue with a policy): the inverse of ``body_stored``."""
-        ref = job.ref
-        if ref is None:
-            return
-        self.job_bytes -= self._job_cost(job)
-        self.disk_bodies -= 1
-        self.disk_body_bytes -= ref.length
-        job.ref = None
-        job.body = body
         self.job_bytes += self._job_cost(job)
 
     def job_ended(self, job: Job, now_ms: int) -> None:

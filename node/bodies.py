@@ -19,29 +19,32 @@ from __future__ import annotations
 
 import logging
 import os
-import zlib
-from typing import Any
+from typing import Any, Final
+
+from mypy_extensions import mypyc_attr
 
 from broker.job import BodyRef
 from cluster import wire
+from protocol.checksum import crc32
 from protocol.resp import Error, register_lazy
 
 
+@mypyc_attr(native_class=False)  # compiled, a native class cannot derive from OSError
 class BodyError(OSError):
     """A body the log should hold cannot be read back as it was written."""
 
 
 # Generations are unique in the process (tests run several nodes in one), so one resolver
 # registered with the RESP encoder serves them all.
-_FILES: dict[int, tuple[int, BodyFiles]] = {}  # generation -> (descriptor, owner)
+_FILES: Final[dict[int, tuple[int, BodyFiles]]] = {}  # generation -> (descriptor, owner)
 _last_gen = 0
 
 #: Bytes read at once when a body follows closely on the last one read (``_read``). 64 KiB:
 #: about 60 bodies of 1 KB for one system call; a lone body is still read on its own.
-WINDOW = 64 << 10
+WINDOW: Final = 64 << 10
 #: How far past the end of the last body read the next may start and still count as
 #: following it (the records between bodies: their headers, acknowledgements, deliveries).
-NEAR = 16 << 10
+NEAR: Final = 16 << 10
 
 
 class _Window:
@@ -54,10 +57,10 @@ class _Window:
     end = -1  # the end of the last body read, -1: none
 
 
-_window = _Window()
+_window: Final = _Window()
 
 
-def _read(fd: int, ref: Any) -> bytes:
+def _read(fd: int, ref: BodyRef) -> bytes:
     """The bytes at ``ref`` (unchecked), from the window when they lie in it."""
     w = _window
     offset = ref.offset
@@ -77,7 +80,7 @@ def _read(fd: int, ref: Any) -> bytes:
     return os.pread(fd, length, offset)
 
 
-def _for_reply(ref: Any) -> Any:
+def _for_reply(ref: BodyRef) -> Any:
     entry = _FILES.get(ref.gen)
     if entry is not None:
         # The common case inline: one lookup, no method calls.
@@ -85,7 +88,7 @@ def _for_reply(ref: Any) -> Any:
             data = _read(entry[0], ref)
         except OSError:
             data = b""
-        if len(data) == ref.length and zlib.crc32(data) == ref.crc:
+        if len(data) == ref.length and crc32(data) == ref.crc:
             return data
         return entry[1].for_reply(ref)
     return Error(f"ERR body unreadable from the append log: its file (generation "
@@ -155,7 +158,7 @@ class BodyFiles:
             raise BodyError(f"its log file (generation {ref.gen}) is closed")
         try:
             data = _read(fd, ref)
-            if len(data) == ref.length and zlib.crc32(data) == ref.crc:
+            if len(data) == ref.length and crc32(data) == ref.crc:
                 return data
             # Not as written, maybe only in the window (a failed write's bytes, since
             # overwritten): the file itself decides.
@@ -164,11 +167,13 @@ class BodyFiles:
             raise BodyError(f"read error: {exc.strerror or exc}") from exc
         if len(data) != ref.length:
             raise BodyError(f"short read ({len(data)} of {ref.length} bytes at {ref.offset})")
-        if zlib.crc32(data) != ref.crc:
+        if crc32(data) != ref.crc:
             raise BodyError(f"checksum mismatch ({ref.length} bytes at offset {ref.offset})")
         return data
 
-    def _failed(self, ref: BodyRef, exc: BodyError) -> str:
+    def failed(self, ref: BodyRef, exc: BodyError) -> str:
+        """Count and log (the first 100, then every 10,000th) a body that cannot be read
+        back; the text that says why."""
         self.failures += 1
         text = f"body unreadable from the append log: {exc}"
         if self.failures <= 100 or self.failures % 10_000 == 0:
@@ -180,7 +185,7 @@ class BodyFiles:
         try:
             return self.read(ref)
         except BodyError as exc:
-            return Error(f"ERR {self._failed(ref, exc)}")
+            return Error(f"ERR {self.failed(ref, exc)}")
 
     def for_record(self, value: Any) -> Any:
         """msgpack's ``default``: the bytes of a ``BodyRef``; raises ``BodyError`` (and
@@ -190,7 +195,7 @@ class BodyFiles:
         try:
             return self.read(value)
         except BodyError as exc:
-            raise BodyError(self._failed(value, exc)) from exc
+            raise BodyError(self.failed(value, exc)) from exc
 
 
 def body_of(value: Any) -> bytes:

@@ -36,7 +36,7 @@ from mypy_extensions import mypyc_attr
 
 from broker import aof
 from broker.effects import Effect, LogRecord, Reply
-from broker.job import REC_ID, REC_QUEUE
+from broker.job import REC_ID, REC_QUEUE, BodyRef, Job
 from broker.stats import LATENCY_BUCKETS, Histogram
 
 _ADVISORY: Final = aof.ADVISORY_KINDS
@@ -151,6 +151,26 @@ class LogCore:
         # where the bodies in them are (offsets in that stream), for the new references.
         self.rewrite_streamed = 0
         self.rewrite_bodies: list[BodyNote] = []
+        # Set by Persistence: the broker (its ``jobs`` and ``body_stored``, for the
+        # references) and the read descriptors (``node.bodies.BodyFiles``: the current file's
+        # generation); typed Any, as the log sees the broker through a Protocol.
+        self.broker: Any = None
+        self.bodies: Any = None
+
+    # -- after a write ------------------------------------------------------------------------
+
+    def bodies_written(self, batch: Batch, offset: int) -> None:
+        """``batch``, holding bodies past body-memory-max, was written at ``offset``: the jobs
+        keep references instead of their bodies (compiled: once per body an ADDJOB adds)."""
+        broker = self.broker
+        jobs: dict[bytes, Job] = broker.jobs
+        stored = broker.body_stored
+        gen: int = self.bodies.gen
+        for job_id, _body, at, size, crc in batch.bodies:
+            job = jobs.get(job_id)
+            # A job's body never changes, so any record of it carries the same bytes.
+            if job is not None and job.ref is None and len(job.body) == size:
+                stored(job, BodyRef(gen, offset + at, size, crc))
 
     # -- hooks the interpreted subclass provides (each runs at most once per batch) -----------
 
@@ -174,10 +194,6 @@ class LogCore:
     def unencodable(self, records: Sequence[Any]) -> None:
         """A command's ``records`` could not be encoded (a body the log holds could not be
         read back into one): undo them, so memory matches the log."""
-
-    def bodies_written(self, batch: Batch, offset: int) -> None:
-        """``batch``, holding bodies past body-memory-max, was written at ``offset``: the jobs
-        may keep references instead of their bodies."""
 
     # -- for the interpreted callers ------------------------------------------------------------
 

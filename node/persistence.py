@@ -72,7 +72,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any, Protocol
@@ -85,6 +84,7 @@ from broker.job import REC_BODY, REC_ID, BodyRef
 from node import log_core, logfile, memory_use
 from node.bodies import BodyError, BodyFiles
 from node.log_core import Batch, BodyNote, LogCore, LogSettings
+from protocol.checksum import crc32
 
 REWRITE_SLICE = 200  # jobs taken from the snapshot between two checkpoints (well under 1 ms)
 REWRITE_BUFFER_CHUNK = 1 << 20  # rewrite buffer bytes moved to the new file per thread call
@@ -147,11 +147,8 @@ class LogBroker(Protocol):
 
     def body_stored(self, job: Any, ref: BodyRef) -> None: ...
 
-    def body_loaded(self, job: Any, body: bytes) -> None: ...
-
-    def bodies_wanted_in_memory(self) -> list[Any]: ...
-
     log_size: Callable[[], int]
+    read_body: Callable[[BodyRef], bytes | None]
 
     @property
     def jobs(self) -> dict[bytes, Any]: ...
@@ -167,7 +164,7 @@ class Persistence(LogCore):
                  clock: Callable[[], float] = time.time,
                  rewrite_step: Callable[[str], None] = lambda name: None) -> None:
         super().__init__(config, INLINE_FSYNC_MAX_USEC)
-        self.broker = broker
+        self.broker: LogBroker = broker
         self.log = logger or logging.getLogger("trisque.aof")
         self.enabled = bool(config.appendonly)
         if self.policy not in ("always", "everysec", "no"):
@@ -193,7 +190,7 @@ class Persistence(LogCore):
         self.last_bgrewrite_ok = True
         self.rewrites = 0
         self.loading = False
-        self.bodies = BodyFiles(self.log)  # bodies the log holds (body-memory-max)
+        self.bodies: BodyFiles = BodyFiles(self.log)  # bodies the log holds (body-memory-max)
         broker.info_sources.setdefault("persistence", self.info)
         broker.log_size = self.log_size  # maxdisk
 
@@ -219,6 +216,7 @@ class Persistence(LogCore):
         if self.body_max:
             self.pack = aof.new_packer(self.bodies.for_record)
             self.body_of = self.bodies.for_record
+            self.broker.read_body = self._read_for_broker
             if exists:
                 self.bodies.gen = self.bodies.open(self.path)
         if self.enabled or self.enqueue_jobs_once or flagged:
@@ -269,16 +267,7 @@ class Persistence(LogCore):
         if job is None or job.ref is not None or len(job.body) != size:
             return
         at = frame + aof.FRAME_HEADER_SIZE + log_core.body_offset(payload, size)
-        self.broker.body_stored(job, BodyRef(self.bodies.gen, at, size, zlib.crc32(body)))
-
-    def bodies_written(self, batch: Batch, offset: int) -> None:
-        jobs = self.broker.jobs
-        gen = self.bodies.gen
-        for job_id, _body, at, size, crc in batch.bodies:
-            job = jobs.get(job_id)
-            # A job's body never changes, so any record of it carries the same bytes.
-            if job is not None and job.ref is None and len(job.body) == size:
-                self.broker.body_stored(job, BodyRef(gen, offset + at, size, crc))
+        self.broker.body_stored(job, BodyRef(self.bodies.gen, at, size, crc32(body)))
 
     def unencodable(self, records: Sequence[Any]) -> None:
         now_ms = int(self._clock() * 1000)
@@ -295,16 +284,14 @@ class Persistence(LogCore):
             if job is not None and job.ref is not None:
                 job.ref = BodyRef(gen, base + at, size, crc)
 
-    def _policy_bodies_to_memory(self) -> None:
-        """Replay left every split record's body in the file, but a queue with a policy keeps
-        its jobs' bodies in memory (deduplication and redrive compare and copy them, and the
-        broker cannot read the log): read those back, as ``body_stored`` would have kept them."""
-        for job in self.broker.bodies_wanted_in_memory():
-            try:
-                self.broker.body_loaded(job, self.bodies.read(job.ref))
-            except BodyError as exc:
-                self.log.warning("Job %s: body left in the append log, unreadable: %s",
-                                 job.id.decode(errors="replace"), exc)
+    def _read_for_broker(self, ref: BodyRef) -> bytes | None:
+        """``Broker.read_body``: the bytes at ``ref`` for a queue policy (deduplication's
+        index, REDRIVE), or None, logged and counted as a reply's unreadable body is."""
+        try:
+            return self.bodies.read(ref)
+        except BodyError as exc:
+            self.bodies.failed(ref, exc)
+            return None
 
     def _keep_body(self, offset: int, length: int, crc: int) -> BodyRef:
         """Replay: a split record's body stays in the log; its job holds this."""
@@ -347,8 +334,6 @@ class Persistence(LogCore):
             raise StartupError(f"Cannot read the append only file {self.path}: {exc}") from exc
         finally:
             self.loading = False
-        if self.body_max:
-            self._policy_bodies_to_memory()
         enqueue = self.enqueue_jobs_once or flagged
         self.broker.finish_load(now_ms, enqueue)
         if flagged and end.header is not None:

@@ -5,7 +5,8 @@ Theory of operation
 ``make build`` (``tools/build_core.py``, which ``pip install`` also runs through ``setup.py``)
 compiles the core modules of ``protocol/``, ``broker/`` and ``cluster/``, and the node's hot
 path (``node/conn_core.py``, ``node/conn_state.py``, ``node/reactor_core.py``,
-``node/round_core.py``, ``node/log_core.py``: ``PARTLY_COMPILED``), with mypyc into extension modules beside their sources, plus one shared library holding all of their code
+``node/round_core.py``, ``node/log_core.py``, ``node/bus_core.py``, ``node/bodies.py``:
+``PARTLY_COMPILED``), with mypyc into extension modules beside their sources, plus one shared library holding all of their code
 (``trisque_core__mypyc``), and then writes ``STAMP`` beside this file: the SHA-256 of every
 source it compiled. Python prefers an extension module to the ``.py`` of the same name, so an
 extension left behind after its source was edited would silently run the old code. This
@@ -54,10 +55,9 @@ PURE = "pure"
 PACKAGES = ("protocol", "broker", "cluster", "node")
 #: Of those, the packages compiled only in part, and the modules of theirs that are: node/ is
 #: trio code but for its hot path, which is kept free of trio so that mypyc can compile it.
-PARTLY_COMPILED = {"node": ("node/bus_core.py", "node/conn_core.py", "node/conn_state.py",
-                            "node/reactor_core.py",
-                            "node/round_core.py", "node/log_core.py",
-                            "node/tls_stream.py")}
+PARTLY_COMPILED = {"node": ("node/bodies.py", "node/bus_core.py", "node/conn_core.py",
+                            "node/conn_state.py", "node/reactor_core.py",
+                            "node/round_core.py", "node/log_core.py", "node/tls_stream.py")}
 #: The build stamp, beside this file: written by tools/build_core.py after a build succeeded.
 STAMP = "compiled-core.json"
 #: The shared library mypyc builds for the group (tools/build_core.py names the group after it).

@@ -38,7 +38,8 @@ PACKAGES = ("protocol", "client", "broker", "cluster", "node", "cli", "pipeline"
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 # Third-party distributions the project declares (pyproject.toml), by import name.
 DECLARED = frozenset({"trio", "hiredis", "msgpack", "cryptography", "pyspark", "hypercorn",
-                      "starlette", "jinja2", "prometheus_client", "mypy_extensions"})
+                      "starlette", "jinja2", "prometheus_client", "mypy_extensions",
+                      "zlib_ng"})
 # Standard modules that read the clock, open sockets or touch the OS: the sans-IO packages
 # take time and messages as arguments instead.
 IO_MODULES = {
@@ -60,8 +61,9 @@ def allowed(package: str, module_file: str, imported: str) -> bool:
     if imported == package or imported in STDLIB:
         return True
     if package == "protocol":
-        # mypy_extensions: mypyc's class attributes (protocol/resp.py's str subclasses).
-        return imported in ("hiredis", "msgpack", "mypy_extensions")
+        # mypy_extensions: mypyc's class attributes (protocol/resp.py's str subclasses);
+        # zlib_ng: the log's CRC-32 (protocol/checksum.py).
+        return imported in ("hiredis", "msgpack", "mypy_extensions", "zlib_ng")
     if package == "client":
         return imported == "protocol" or (imported == "trio" and "aio" in module_file)
     if package == "broker":

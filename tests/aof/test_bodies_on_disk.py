@@ -269,24 +269,42 @@ def test_maxdisk_refuses_addjob_past_it_and_qstat_shows_the_bytes_a_queue_holds(
         assert isinstance(send_command(srv.port, "ADDJOB", "q", os.urandom(1000), 0), bytes)
 
 
-def test_redrive_leaves_a_dead_letter_whose_body_is_in_the_log_where_it_is():
-    """A queue that gets a policy after its bodies went to the log: its dead letter shares the
-    reference, which the broker cannot copy into a new job; REDRIVE leaves it (and says so)
-    rather than move it back with an empty body."""
+def test_redrive_moves_back_a_dead_letter_whose_body_is_in_the_log():
+    """A dead letter shares its original's reference; REDRIVE reads the body back through the
+    node for the new job, whose body goes to the log in turn."""
     with ServerProcess(appendonly="yes") as srv:
+        send_command(srv.port, "QPOLICY", "CREATE", "dlq")
+        send_command(srv.port, "QPOLICY", "CREATE", "q", "REDRIVE", "1", "dlq")
         body = os.urandom(1000)
         job_id = _add(srv.port, [body])[0]
         assert _info(srv.port)["jobs_bodies_on_disk"] == "1"
-        send_command(srv.port, "QPOLICY", "CREATE", "dlq")
-        send_command(srv.port, "QPOLICY", "CREATE", "q", "REDRIVE", "1", "dlq")
         assert send_command(srv.port, "GETJOB", "FROM", "q")[0][2] == body
         send_command(srv.port, "NACK", job_id)  # a second receive: dead-lettered
+        assert send_command(srv.port, "QPEEK", "dlq", 1)[0][2] == body
+        assert _info(srv.port)["jobs_bodies_on_disk"] == "1"  # the dead letter's
+        assert send_command(srv.port, "QPOLICY", "REDRIVE", "dlq") == 1
+        assert send_command(srv.port, "QLEN", "dlq") == 0
+        moved = send_command(srv.port, "GETJOB", "FROM", "q")[0]
+        assert moved[1] != job_id and moved[2] == body
+        assert _info(srv.port)["jobs_bodies_on_disk"] == "1"  # the new job's
+
+
+def test_redrive_leaves_a_dead_letter_whose_body_is_damaged_where_it_is():
+    with ServerProcess(appendonly="yes", appendfsync="always") as srv:
+        send_command(srv.port, "QPOLICY", "CREATE", "dlq")
+        send_command(srv.port, "QPOLICY", "CREATE", "q", "REDRIVE", "1", "dlq")
+        body = os.urandom(1000)
+        job_id = _add(srv.port, [body])[0]
+        send_command(srv.port, "GETJOB", "FROM", "q")
+        send_command(srv.port, "NACK", job_id)
         assert send_command(srv.port, "QLEN", "dlq") == 1
-        assert send_command(srv.port, "QPEEK", "dlq", 1)[0][2] == body
+        _damage(srv, body)
         assert send_command(srv.port, "QPOLICY", "REDRIVE", "dlq") == 0
-        assert send_command(srv.port, "QLEN", "q") == 0
-        assert send_command(srv.port, "QPEEK", "dlq", 1)[0][2] == body
-        assert "its body is in the append log" in srv.log()
+        assert send_command(srv.port, "QLEN", "dlq") == 1 and send_command(srv.port, "QLEN", "q") == 0
+        log = srv.log()
+        assert "its body cannot be read back from the append log" in log
+        assert "checksum mismatch" in log and int(_info(srv.port)["bodies_unreadable"]) == 1
+        srv.kill()
 
 
 def test_a_version_2_log_is_rewritten_as_version_3_with_its_bodies_split():
@@ -314,10 +332,10 @@ def test_a_version_2_log_is_rewritten_as_version_3_with_its_bodies_split():
         assert [_show_body(srv.port, i) for i in ids] == bodies
 
 
-def test_a_queue_with_a_policy_has_its_bodies_in_memory_again_after_a_restart():
-    """Replay leaves split bodies in the file, but a queue with a policy keeps its bodies in
-    memory: after a kill -9 and restart, deduplication still finds the job, and the dead
-    letter's body is in memory again for REDRIVE to copy."""
+def test_a_queue_with_a_policy_keeps_its_bodies_in_the_log_across_a_restart():
+    """Policy queues' bodies stay in the log like any other: after a kill -9 and restart,
+    deduplication still finds the job (its index reads the body back for its digest), and
+    REDRIVE moves the dead letter back with its body."""
     with ServerProcess(appendonly="yes", appendfsync="always") as srv:
         send_command(srv.port, "QPOLICY", "CREATE", "dlq")
         send_command(srv.port, "QPOLICY", "CREATE", "q", "REDRIVE", "1", "dlq")
@@ -328,12 +346,33 @@ def test_a_queue_with_a_policy_has_its_bodies_in_memory_again_after_a_restart():
         send_command(srv.port, "NACK", job_id)  # a second receive: dead-lettered
         assert send_command(srv.port, "QLEN", "dlq") == 1
         deduped = _add(srv.port, [other], queue="d")[0]
+        assert _add(srv.port, [other], queue="d") == [deduped]
         plain = _add(srv.port, [os.urandom(1000)], queue="plain")[0]
-        assert _info(srv.port)["jobs_bodies_on_disk"] == "1"  # only the plain queue's
+        assert _info(srv.port)["jobs_bodies_on_disk"] == "3"
         srv.kill()
         srv.start()
-        assert _info(srv.port)["jobs_bodies_on_disk"] == "1"
+        assert _info(srv.port)["jobs_bodies_on_disk"] == "3"
         assert len(_show_body(srv.port, plain)) == 1000
         assert _add(srv.port, [other], queue="d") == [deduped]
+        assert _add(srv.port, [other[:-1] + bytes([other[-1] ^ 1])], queue="d") != [deduped]
+        assert _info(srv.port)["jobs_bodies_on_disk"] == "4"  # the index kept no body
         dead = send_command(srv.port, "JSCAN", "QUEUE", "dlq", "REPLY", "all")[1]
         assert [dict(zip(j[::2], j[1::2], strict=True))[b"body"] for j in dead] == [body]
+        # A replayed job waits its retry before it is queued again: queue it now.
+        assert send_command(srv.port, "ENQUEUE", dead[0][dead[0].index(b"id") + 1]) == 1
+        assert send_command(srv.port, "QPOLICY", "REDRIVE", "dlq") == 1
+        assert send_command(srv.port, "GETJOB", "FROM", "q")[0][2] == body
+
+
+def test_a_throttled_queue_with_backoff_serves_its_bodies_from_the_log_across_a_restart():
+    with ServerProcess(appendonly="yes", appendfsync="always") as srv:
+        send_command(srv.port, "QPOLICY", "CREATE", "t", "MAXINFLIGHT", "1", "BACKOFF", "1", "2")
+        bodies = [os.urandom(700 + k) for k in range(3)]
+        ids = _add(srv.port, bodies, queue="t")
+        assert _info(srv.port)["jobs_bodies_on_disk"] == "3"
+        srv.restart()  # SIGTERM: the queues come back as they were
+        assert _info(srv.port)["jobs_bodies_on_disk"] == "3"
+        for job_id, body in zip(ids, bodies, strict=True):
+            got = send_command(srv.port, "GETJOB", "NOHANG", "COUNT", 3, "FROM", "t")
+            assert [g[1:] for g in got] == [[job_id, body]]  # one in flight at a time
+            assert send_command(srv.port, "ACKJOB", job_id) == 1
