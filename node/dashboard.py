@@ -23,7 +23,10 @@ its auth: an ACL user as Basic, the default user as Bearer; docs/security.md):
 * ``GET /static/<file>`` - dashboard.css and dashboard.js, from node/dashboard_assets (no CDN:
   the pages work offline).
 
-The redrive button posts to the HTTP API's ``POST /queues/<name>/redrive`` (node/http_api.py).
+The redrive button posts to the HTTP API's ``POST /queues/<name>/redrive`` (node/http_api.py),
+and the delete buttons send ``DELETE /messages/<id>``; both carry the page's CSRF token
+(``X-CSRF-Token``, from the page's ``csrf-token`` meta tag), which the API requires of every
+state-changing request a browser sends.
 
 Escaping: templates are Jinja2 with autoescape; the only markup not escaped by Jinja is the
 output HTML made by ``node/ansi.py``, which escapes the text itself. HTML responses carry a
@@ -35,7 +38,7 @@ from __future__ import annotations
 import html
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
@@ -118,8 +121,10 @@ def make_templates() -> jinja2.Environment:
 
 
 class Dashboard:
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, csrf_token: Callable[[], str] = str) -> None:
         self.server = server
+        # The CSRF token of the request being served (node/http_api.py, CsrfTokens).
+        self.csrf_token = csrf_token
         self.templates = make_templates()
         self.rates = view.RateTracker()
         self.streams = 0  # SSE streams open now
@@ -130,6 +135,7 @@ class Dashboard:
         # The context is plain data read on the event loop (dashboard_view); rendering it,
         # the long part with hundreds of queues, goes to a thread while the node serves on.
         page = self.templates.get_template(template)
+        context["csrf_token"] = self.csrf_token()  # for the user who loads the page
         body = await trio.to_thread.run_sync(lambda: page.render(**context),
                                              limiter=self.threads)
         return HTMLResponse(body, status_code=status, headers={

@@ -28,8 +28,11 @@ from __future__ import annotations
 import base64
 import binascii
 import contextvars
+import hashlib
+import hmac
 import json
 import logging
+import secrets
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
@@ -715,6 +718,36 @@ def cross_site(headers: list[tuple[bytes, bytes]]) -> bool:
     return origin == b"null" or origin.partition(b"://")[2].rstrip(b"/") != host
 
 
+def from_browser(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a browser sent the request: browsers add ``Sec-Fetch-Site`` (and ``Origin``
+    to a POST or DELETE); curl and programs send neither."""
+    return any(key in (b"sec-fetch-site", b"origin") for key, _ in headers)
+
+
+#: The header the dashboard's buttons carry their token in.
+CSRF_HEADER: Final = b"x-csrf-token"
+
+
+class CsrfTokens:
+    """The token a browser's state-changing request must carry: an HMAC of the user's name
+    under a key made at start, which the dashboard's pages embed for the user who loaded them.
+    A page of another site can neither read it (the same-origin policy) nor compute it, so
+    even a request the browser does not mark as cross-site cannot act for the operator. A
+    restart makes a new key: a page loaded before it must be reloaded."""
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self.key = key if key is not None else secrets.token_bytes(32)
+
+    def token(self, user: User) -> str:
+        name = user.name.encode("utf-8", "surrogateescape")
+        return hmac.new(self.key, name, hashlib.sha256).hexdigest()
+
+    def valid(self, user: User, headers: list[tuple[bytes, bytes]]) -> bool:
+        expected = self.token(user).encode()
+        return any(key == CSRF_HEADER and hmac.compare_digest(value, expected)
+                   for key, value in headers)
+
+
 # The user of the request being served (set by _Auth, read by Bridge._client): each request
 # runs in its own task, and a task has its own context.
 REQUEST_USER: Final[contextvars.ContextVar[User | None]] = contextvars.ContextVar(
@@ -725,8 +758,8 @@ class _Auth:
     """Every route but /openapi.json runs as the request's ACL user (``request_user``); 401
     without one."""
 
-    def __init__(self, app: ASGIApp, users: Users) -> None:
-        self.app, self.users = app, users
+    def __init__(self, app: ASGIApp, users: Users, csrf: CsrfTokens) -> None:
+        self.app, self.users, self.csrf = app, users, csrf
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] == "/openapi.json":
@@ -742,6 +775,11 @@ class _Auth:
                 "WWW-Authenticate": 'Basic realm="trisque", Bearer realm="trisque"'})
             await response(scope, receive, send)
             return
+        if scope.get("method") not in ("GET", "HEAD") and from_browser(headers) \
+                and not self.csrf.valid(user, headers):
+            response = _error(403, "CSRF token missing or wrong: reload the dashboard page")
+            await response(scope, receive, send)
+            return
         token = REQUEST_USER.set(user)
         try:
             await self.app(scope, receive, send)
@@ -755,7 +793,13 @@ def make_app(server: Server, api: Api | None = None) -> ASGIApp:
 
     if api is None:
         api = Api(Bridge(server))
-    dashboard = Dashboard(server)
+    csrf = CsrfTokens()
+
+    def csrf_token() -> str:
+        user = REQUEST_USER.get()
+        return csrf.token(user) if user is not None else ""
+
+    dashboard = Dashboard(server, csrf_token)
     routes = [
         Route("/openapi.json", _wrap(api.openapi), methods=["GET"]),
         # Prometheus metrics, and the dashboard's /, /jobs/... and /static/...
@@ -778,4 +822,4 @@ def make_app(server: Server, api: Api | None = None) -> ASGIApp:
         return _error(405, "method not allowed")
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
-    return _Auth(app, server.broker.acl)
+    return _Auth(app, server.broker.acl, csrf)

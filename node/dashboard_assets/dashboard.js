@@ -22,6 +22,11 @@
     }
   }, 1000);
 
+  // Every state-changing request carries the page's token (the API refuses a browser's
+  // without it: a page of another site cannot read it).
+  const csrf = document.querySelector('meta[name="csrf-token"]');
+  const CSRF = { "X-CSRF-Token": csrf ? csrf.content : "" };
+
   function flash(text, isError) {
     const box = document.getElementById("flash");
     if (!box) return;
@@ -54,7 +59,7 @@
       if (!button) return;
       button.disabled = true;
       try {
-        const r = await fetch(button.dataset.delete, { method: "DELETE" });
+        const r = await fetch(button.dataset.delete, { method: "DELETE", headers: CSRF });
         const body = r.status === 204 ? {} : await r.json().catch(() => ({}));
         flash(r.ok ? "Deleted." : `Delete failed: ${body.error || r.status}`, !r.ok);
       } catch (e) {
@@ -70,7 +75,7 @@
       button.disabled = true;
       try {
         const r = await fetch(button.dataset.redrive, {
-          method: "POST", headers: { "Content-Type": "application/json" }, body: "{}",
+          method: "POST", headers: { "Content-Type": "application/json", ...CSRF }, body: "{}",
         });
         const body = await r.json().catch(() => ({}));
         if (r.ok) {

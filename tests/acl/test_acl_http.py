@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import redis
 
 from tests.http.conftest import start
+from tests.support.dashboard import page_token
 
 
 def test_http_runs_each_request_as_its_acl_user() -> None:
@@ -49,7 +52,52 @@ def test_state_changing_requests_from_another_site_are_refused() -> None:
             assert c.post("/messages/dlq", content=b"x",
                           headers={"sec-fetch-site": "cross-site"}).status_code == 403
             same = {"origin": f"http://{host}", "sec-fetch-site": "same-origin"}
-            assert c.post("/messages/dlq", content=b"x", headers=same).status_code in (200, 201)
+            # A browser's own page must also carry the token its dashboard page holds.
+            refused = c.post("/messages/dlq", content=b"x", headers=same)
+            assert refused.status_code == 403 and "CSRF token" in refused.text
+            token = page_token(c.get("/").text)
+            ok = c.post("/messages/dlq", content=b"x", headers={**same, "x-csrf-token": token})
+            assert ok.status_code in (200, 201)
             assert c.get("/queues", headers=evil).status_code == 200  # reads are not refused
+            assert c.post("/messages/dlq", content=b"x").status_code in (200, 201)  # not a browser
+    finally:
+        srv.stop()
+
+
+def test_a_csrf_token_is_the_users_own() -> None:
+    """A token from one user's dashboard page does not carry another user's request, nor
+    does a made-up one; a restarted node refuses the old page's token."""
+    srv, base = start()
+    try:
+        r = redis.Redis(port=srv.port)
+        r.execute_command("ACL", "SETUSER", "ops", "on", ">o1", "~*", "+@all")
+        r.execute_command("ACL", "SETUSER", "dev", "on", ">d1", "~*", "+@all")
+        browser = {"sec-fetch-site": "same-origin"}
+        with httpx.Client(base_url=base, timeout=5) as c:
+            assert c.put("/queues/q", json={}).status_code == 201
+            ops_token = page_token(c.get("/", auth=("ops", "o1")).text)
+            dev_token = page_token(c.get("/", auth=("dev", "d1")).text)
+            assert len(ops_token) == 64 and ops_token != dev_token
+            for token in (dev_token, "0" * 64, ""):
+                assert c.post("/messages/q", content=b"x", auth=("ops", "o1"),
+                              headers={**browser, "x-csrf-token": token}).status_code == 403
+            assert c.post("/messages/q", content=b"x", auth=("ops", "o1"),
+                          headers={**browser, "x-csrf-token": ops_token}).status_code in (200, 201)
+        srv.stop()
+        srv.start()
+        # Users without an aclfile do not survive a restart: the same user again.
+        redis.Redis(port=srv.port).execute_command("ACL", "SETUSER", "ops", "on", ">o1", "~*",
+                                                   "+@all")
+        with httpx.Client(base_url=base, timeout=5) as c:
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    c.get("/openapi.json")
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, "the HTTP API did not come back"
+                    time.sleep(0.05)
+            assert c.post("/messages/q", content=b"x", auth=("ops", "o1"),
+                          headers={**browser, "x-csrf-token": ops_token}).status_code == 403
     finally:
         srv.stop()

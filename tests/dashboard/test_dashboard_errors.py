@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.cluster import wait_until
+from tests.support.dashboard import button_headers
 from tests.support.server import ServerProcess
 from tests.support.worker import WorkerProcess, add_job, run_record, script
 
@@ -51,7 +52,7 @@ def test_failed_jobs_are_listed_with_why_and_can_be_redriven_or_deleted(
             assert html.escape(f"/queues/{q}.err/redrive?job=") in row
         # Redrive one: it runs again as a new job of its queue, the other stays.
         redrive = f"/queues/{q}.err/redrive"
-        r = http.post(redrive, params={"job": parked[0]}, headers={"Origin": base})
+        r = http.post(redrive, params={"job": parked[0]}, headers=button_headers(http, base))
         assert r.status_code == 200 and r.json() == {"moved": 1}
         assert srv.call("QLEN", q) == 1 and srv.call("QLEN", f"{q}.err") == 1
         assert srv.call("QPEEK", q, 1)[0][2] == b"image 1.png"

@@ -16,6 +16,7 @@ from tests.dashboard.conftest import scrape, value
 from tests.dashboard.sse import events, read_until_end
 from tests.http.conftest import start
 from tests.support.cluster import wait_until
+from tests.support.dashboard import button_headers
 from tests.support.server import ServerProcess
 
 Node = tuple[ServerProcess, str]
@@ -181,8 +182,11 @@ def test_redrive_route(node: Node, http: httpx.Client) -> None:
     r = http.post("/queues/rd-dlq/redrive", headers={"Origin": "http://evil.example"})
     assert r.status_code == 403 and "error" in r.json()
     assert srv.call("QLEN", "rd-dlq") == 3
+    # The dashboard's own origin, but no token: a page that is not ours cannot read it.
+    r = http.post("/queues/rd-dlq/redrive", params={"count": 1}, headers={"Origin": base})
+    assert r.status_code == 403 and "CSRF" in r.json()["error"]
     r = http.post("/queues/rd-dlq/redrive", params={"count": 1},
-                  headers={"Origin": base})  # the dashboard itself
+                  headers=button_headers(http, base))  # the dashboard itself
     assert r.status_code == 200 and r.json() == {"moved": 1}
     assert http.post("/queues/rd-dlq/redrive").json() == {"moved": 2}  # curl: no Origin
     assert srv.call("QLEN", "rd-dlq") == 0 and srv.call("QLEN", "rd-src") == 3
