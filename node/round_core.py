@@ -86,6 +86,7 @@ def run_round(reactor: ReactorCore) -> None:
         # the next round, behind the others (a pass gathering more for the fdatasync below
         # finds it held and skips it; its release queues it again).
         full = False
+        ran = 1  # commands the last pass ran (the first pass always looks for more)
         while True:
             for _ in range(min(len(runnable), MAX_TURNS_PER_ROUND - turns)):
                 conn = cast(ConnCore, runnable.popleft())
@@ -96,8 +97,10 @@ def run_round(reactor: ReactorCore) -> None:
                     continue
                 turns += 1
                 try:
-                    budget -= turn(conn, budget if budget < MAX_COMMANDS_PER_TURN
-                                   else MAX_COMMANDS_PER_TURN)
+                    done = turn(conn, budget if budget < MAX_COMMANDS_PER_TURN
+                                else MAX_COMMANDS_PER_TURN)
+                    budget -= done
+                    ran += done
                 except Exception:
                     conn.crashed()
                 if budget <= 0 or perf_counter() > deadline:
@@ -105,12 +108,14 @@ def run_round(reactor: ReactorCore) -> None:
                     break
             # The round's records will wait for an fdatasync: the clients that became ready
             # meanwhile join the round (one fdatasync for all), within its bounds. A poll that
-            # finds no one ends it.
-            if full or turns >= MAX_TURNS_PER_ROUND or not append_log.sync_due():
+            # finds no one ends it, and so does a pass that ran nothing (only connections
+            # whose replies the round holds, which the epoll reports while they have input).
+            if full or not ran or turns >= MAX_TURNS_PER_ROUND or not append_log.sync_due():
                 break
             poll(reactor)
             if not runnable:
                 break
+            ran = 0
     finally:
         reactor.turns += turns
         append_log.round_open = False
