@@ -27,7 +27,8 @@ bus, the log's writer and the tasks below run.
 told their deadlines may have moved; nothing of it could run before the round ends anyway).
 The records the round's commands made are in the append log's open batch. If that batch
 will be fdatasynced (``sync_due``), the round first polls again and gives a turn to the clients
-that became ready while it ran (within its bounds, until a poll finds none), so that they share
+that became ready while it ran (within its bounds, until a poll finds none or a pass runs
+nothing), so that they share
 the fdatasync rather than wait a whole one more; Disque's loop commits what one ``epoll_wait``
 returned. The round then writes it (``Persistence.commit_now``: one ``write``, and under ``appendfsync always`` one
 ``fdatasync``, in this task, as Disque's ``beforeSleep`` flushes the AOF before it writes the
