@@ -206,6 +206,11 @@ class LogCore:
     def submit(self, records: Sequence[Any]) -> int:
         return submit(self, records)
 
+    def sync_due(self) -> bool:
+        """The open batch will be fdatasynced when committed: ``always``, and it holds a record
+        a reply waits for."""
+        return self.last_ticket == self.open_batch.ticket and self.config.appendfsync == "always"
+
     def failure(self, ticket: int) -> str | None:
         """The error of a finished batch whose write failed, None if it succeeded (asked right
         after it finished: only the last ``MAX_FAILURES_KEPT`` failures are kept)."""

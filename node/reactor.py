@@ -25,8 +25,12 @@ bus, the log's writer and the tasks below run.
 **Group commit at the end of each round.** The round ends by flushing the cluster bus once
 (``flush_bus``: the frames the round's commands queued for other nodes, the cluster cores' timers
 told their deadlines may have moved; nothing of it could run before the round ends anyway).
-The records the round's commands made are in the append log's open batch; the round then
-writes it (``Persistence.commit_now``: one ``write``, and under ``appendfsync always`` one
+The records the round's commands made are in the append log's open batch. If that batch
+will be fdatasynced (``sync_due``), the round first polls again and gives a turn to the clients
+that became ready while it ran (within its bounds, until a poll finds none or a pass runs
+nothing), so that they share
+the fdatasync rather than wait a whole one more; Disque's loop commits what one ``epoll_wait``
+returned. The round then writes it (``Persistence.commit_now``: one ``write``, and under ``appendfsync always`` one
 ``fdatasync``, in this task, as Disque's ``beforeSleep`` flushes the AOF before it writes the
 replies). Only then are the replies of the round's connections (``held``) written, ``-ERR``
 for a command whose write failed, followed by the replies the round's commands made for other

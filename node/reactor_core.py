@@ -83,6 +83,8 @@ class AppendLog(Protocol):
 
     def commit_now(self) -> bool: ...
 
+    def sync_due(self) -> bool: ...
+
 
 class Clock(Protocol):
     """What the reactor needs of the clock (``node.clock``)."""

@@ -5,7 +5,8 @@ Theory of operation
 ``node/reactor.py`` explains the reactor: one task, a level-triggered epoll, bounded rounds,
 the group commit at the end of each round. This module holds what runs for every request of
 it: queueing the connections the epoll reports (``poll``), the round itself (``run_round``: one
-turn per queued connection within the fairness bounds) and its end (``end_round``: the bus
+turn per queued connection within the fairness bounds, then, when its log batch waits for an
+fdatasync, one for each that became ready meanwhile) and its end (``end_round``: the bus
 flushed, the log committed, the held replies written).
 
 They are functions taking ``ReactorCore`` and ``ConnCore``, not methods, for one reason: the
@@ -66,8 +67,9 @@ def poll(reactor: ReactorCore) -> None:
 
 
 def run_round(reactor: ReactorCore) -> None:
-    """One turn for each connection queued when the round starts (within the bounds), then
-    the end of the round."""
+    """One turn for each connection queued when the round starts (within the bounds), then,
+    while the round's log batch waits for an fdatasync, one for each connection that became
+    ready meanwhile, then the end of the round."""
     reactor.rounds += 1
     clock = reactor.clock
     reactor.now = clock.monotonic()
@@ -81,22 +83,39 @@ def run_round(reactor: ReactorCore) -> None:
     turns = 0
     try:
         # Those queued when the round starts: a connection re-queued by its budget waits for
-        # the next round, behind the others.
-        for _ in range(min(len(runnable), MAX_TURNS_PER_ROUND)):
-            conn = cast(ConnCore, runnable.popleft())
-            if conn.fresh:
-                reactor.first_turn(conn)
-            conn.queued = False
-            if conn.state is CLOSED:
-                continue
-            turns += 1
-            try:
-                budget -= turn(conn, budget if budget < MAX_COMMANDS_PER_TURN
-                               else MAX_COMMANDS_PER_TURN)
-            except Exception:
-                conn.crashed()
-            if budget <= 0 or perf_counter() > deadline:
+        # the next round, behind the others (a pass gathering more for the fdatasync below
+        # finds it held and skips it; its release queues it again).
+        full = False
+        ran = 1  # commands the last pass ran (the first pass always looks for more)
+        while True:
+            for _ in range(min(len(runnable), MAX_TURNS_PER_ROUND - turns)):
+                conn = cast(ConnCore, runnable.popleft())
+                if conn.fresh:
+                    reactor.first_turn(conn)
+                conn.queued = False
+                if conn.state is CLOSED:
+                    continue
+                turns += 1
+                try:
+                    done = turn(conn, budget if budget < MAX_COMMANDS_PER_TURN
+                                else MAX_COMMANDS_PER_TURN)
+                    budget -= done
+                    ran += done
+                except Exception:
+                    conn.crashed()
+                if budget <= 0 or perf_counter() > deadline:
+                    full = True
+                    break
+            # The round's records will wait for an fdatasync: the clients that became ready
+            # meanwhile join the round (one fdatasync for all), within its bounds. A poll that
+            # finds no one ends it, and so does a pass that ran nothing (only connections
+            # whose replies the round holds, which the epoll reports while they have input).
+            if full or not ran or turns >= MAX_TURNS_PER_ROUND or not append_log.sync_due():
                 break
+            poll(reactor)
+            if not runnable:
+                break
+            ran = 0
     finally:
         reactor.turns += turns
         append_log.round_open = False

@@ -207,6 +207,52 @@ async def test_quit_in_a_pipeline_answers_what_came_before_and_runs_nothing_afte
         assert await other.call("QLEN", "quitq") == 1
 
 
+async def test_a_client_ready_during_the_round_shares_its_fdatasync(tmp_path) -> None:
+    """appendfsync always: a client whose ADDJOB arrives while a round runs joins that round
+    before its commit, so both commands' records are synced by one fdatasync."""
+    async with node(tmp_path, appendonly="yes", appendfsync="always") as (server, port):
+        first = await connect(port)
+        late = socket.create_connection(("127.0.0.1", port))
+        late.setblocking(False)
+        late.send(encode_command("PING"))
+        reader = ReplyReader()
+
+        async def late_reply() -> object:
+            with trio.fail_after(10):
+                while True:
+                    reply = reader.next()
+                    if reply is not NEED_DATA:
+                        return reply
+                    try:
+                        reader.feed(late.recv(65536))
+                    except BlockingIOError:
+                        await trio.sleep(0.001)
+
+        assert await late_reply() == b"PONG"
+        p = server.persistence
+        p.last_fsync_usec = 0  # a disk judged fast: the round syncs inline
+        sync_due = p.sync_due
+        sent = False
+
+        def arrives_during_the_round() -> bool:
+            nonlocal sent
+            if not sent:  # after the first client's turn, before the round's commit
+                sent = True
+                late.send(encode_command("ADDJOB", "q", "late", "0"))
+            return sync_due()
+
+        p.sync_due = arrives_during_the_round  # type: ignore[method-assign]
+        rounds, syncs = server.reactor.rounds, p.fsync_count
+        try:
+            assert bytes(await first.call("ADDJOB", "q", "first", 0)).startswith(b"D-")  # type: ignore[arg-type]
+            assert bytes(await late_reply()).startswith(b"D-")  # type: ignore[arg-type]
+        finally:
+            late.close()
+        assert sent
+        assert server.reactor.rounds - rounds == 1
+        assert p.fsync_count - syncs == 1
+
+
 async def test_the_bus_is_flushed_once_per_round_not_per_command(tmp_path) -> None:
     """200 pipelined commands run in a round or two: the cluster bus is flushed at the end of
     the round, not after each command, and what a command left for it (CLUSTER MEET's link
