@@ -220,12 +220,13 @@ class BodyRef:
 
 class JobExtra:
     """The fields most jobs keep at their default (no DELAY, never NACKed or queued again, not
-    replicated): held apart so a queued job's object stays small (``Job.extra``, None until
-    one of them is set)."""
+    replicated), and the nodes that may hold a copy: held apart so a queued job's object stays
+    small (``Job.more`` holds the nodes' tuple alone until one of the others is set)."""
 
-    __slots__ = ("delay", "nacks", "deliveries", "confirmed", "after")
+    __slots__ = ("delivered", "delay", "nacks", "deliveries", "confirmed", "after")
 
-    def __init__(self) -> None:
+    def __init__(self, delivered: tuple[str, ...]) -> None:
+        self.delivered = delivered
         self.delay = 0
         self.nacks = 0
         self.deliveries = 0  # Disque's "additional-deliveries"
@@ -251,6 +252,14 @@ _REPL_MASK: Final = 0xFFFF
 _HAS_DTIME: Final = 1 << 30
 _DTIME_SHIFT: Final = 31
 _BELOW_DTIME: Final = (1 << _DTIME_SHIFT) - 1
+
+# A body the log holds: ``Job.spot`` is the file's generation above the offset (40 bits: 1 TiB),
+# ``Job.data`` the length above the CRC-32. Compiled, each stays an unboxed word until a
+# generation past 2**22 or a body past 1 GiB (then the int is an object, still exact).
+_GEN_SHIFT: Final = 40
+_OFFSET_MASK: Final = (1 << _GEN_SHIFT) - 1
+_SIZE_SHIFT: Final = 32
+_CRC_MASK: Final = 0xFFFF_FFFF
 
 
 def _state_index(state: JobState) -> int:
@@ -284,11 +293,12 @@ def _shared(limits: int) -> int:
 class Job(Timed):
     # Memory per job is the reason for the layout (docs/benchmarks.md, "Memory"): small
     # integers share one word (``bits``: state, flags, priority, repl, dtime; ``limits``: TTL
-    # and retry), and the fields most jobs never set live in ``extra``. Compiled, a 128-byte
-    # object (208 with every field a word of its own). The properties keep each field's name.
+    # and retry), the fields most jobs never set live in ``extra``, which shares its word with
+    # the tuple of nodes holding a copy (``more``), and a body the log holds is two words
+    # (``data``, ``spot``). Compiled, a 128-byte object (208 with every field a word of its
+    # own). The properties keep each field's name.
     __slots__ = (
-        "id", "queue", "content", "bits", "limits", "ctime", "qtime", "awake", "delivered",
-        "extra",
+        "id", "queue", "data", "bits", "limits", "ctime", "qtime", "awake", "more", "spot",
     )
 
     def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
@@ -296,9 +306,11 @@ class Job(Timed):
                  state: JobState = JobState.ACTIVE) -> None:
         self.id = job_id
         self.queue = queue
-        # The body's bytes, or once the append log holds it instead of memory
-        # (``body-memory-max``) where it lies there: one word for both (``body``, ``ref``).
-        self.content: bytes | BodyRef = body
+        # The body's bytes; once the append log holds it instead of memory
+        # (``body-memory-max``), its length and CRC-32, and ``spot`` where it lies (``ref``):
+        # one int and one unboxed word, where a BodyRef was an object of 80 B per job.
+        self.data: bytes | int = body
+        self.spot = 0
         self.bits = ((repl - 1) & _REPL_MASK) << _REPL_SHIFT | _state_index(state)
         limits = ttl << 32 | retry
         if _BOXED:
@@ -307,8 +319,9 @@ class Job(Timed):
         self.ctime = ctime
         self.qtime = 0
         self.awake = 0
-        self.delivered = delivered  # nodes that may hold a copy
-        self.extra: JobExtra | None = None
+        # The nodes that may hold a copy (a tuple shared by a node's own jobs), or a JobExtra
+        # holding them once another of its fields is set.
+        self.more: tuple[str, ...] | JobExtra = delivered
         self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)
         if delay:
             self.delay = delay
@@ -350,11 +363,32 @@ class Job(Timed):
     def retry(self) -> int:
         return self.limits & _RETRY_MASK
 
+    @property
+    def extra(self) -> JobExtra | None:
+        more = self.more
+        return more if isinstance(more, JobExtra) else None
+
     def _extra(self) -> JobExtra:
-        extra = self.extra
-        if extra is None:
-            extra = self.extra = JobExtra()
+        more = self.more
+        if isinstance(more, JobExtra):
+            return more
+        extra = JobExtra(more)
+        self.more = extra
         return extra
+
+    @property
+    def delivered(self) -> tuple[str, ...]:
+        """The nodes that may hold a copy."""
+        more = self.more
+        return more.delivered if isinstance(more, JobExtra) else more
+
+    @delivered.setter
+    def delivered(self, value: tuple[str, ...]) -> None:
+        more = self.more
+        if isinstance(more, JobExtra):
+            more.delivered = value
+        else:
+            self.more = value
 
     @property
     def delay(self) -> int:
@@ -451,35 +485,54 @@ class Job(Timed):
         return at
 
     @property
+    def content(self) -> bytes | BodyRef:
+        """What a reply or a record carries for the body: its bytes, or where the log holds
+        them (a ``BodyRef`` made for the caller, which the node's encoders read)."""
+        data = self.data
+        if isinstance(data, bytes):
+            return data
+        spot = self.spot
+        return BodyRef(spot >> _GEN_SHIFT, spot & _OFFSET_MASK, data >> _SIZE_SHIFT,
+                       data & _CRC_MASK)
+
+    @property
     def body(self) -> bytes:
         """The body's bytes in memory; b"" while the log holds it (``ref``)."""
-        content = self.content
-        return content if isinstance(content, bytes) else b""
+        data = self.data
+        return data if isinstance(data, bytes) else b""
 
     @body.setter
     def body(self, value: bytes) -> None:
         # Emptying the body of a job whose body the log holds keeps the reference: only
         # ``ref = None`` drops it (the order BrokerState.unregister relies on).
-        if value or not isinstance(self.content, BodyRef):
-            self.content = value
+        if value or isinstance(self.data, bytes):
+            self.data = value
 
     @property
     def ref(self) -> BodyRef | None:
-        """Where the append log holds the body, or None while it is in memory."""
+        """Where the append log holds the body (made for the caller), or None while it is in
+        memory."""
         content = self.content
         return content if isinstance(content, BodyRef) else None
 
     @ref.setter
     def ref(self, value: BodyRef | None) -> None:
         if value is not None:
-            self.content = value
-        elif isinstance(self.content, BodyRef):
-            self.content = b""
+            self.spot = value.gen << _GEN_SHIFT | value.offset
+            self.data = value.length << _SIZE_SHIFT | value.crc
+        elif not isinstance(self.data, bytes):
+            self.data = b""
+            self.spot = 0
+
+    @property
+    def on_disk(self) -> bool:
+        """The append log holds the body (``ref`` without making one)."""
+        return not isinstance(self.data, bytes)
 
     @property
     def body_size(self) -> int:
-        content = self.content
-        return len(content) if isinstance(content, bytes) else content.length
+        data = self.data
+        return len(data) if isinstance(data, bytes) else data >> _SIZE_SHIFT
 
     # -- persistence ---------------------------------------------------------------------------
 

@@ -38,9 +38,9 @@ QUEUE_BYTES: Final = 1_030
 # and a copy received from a peer its own queue name: 3-node cluster, REPLICATE 3, pure core,
 # traced 918 B per copy of a 200-byte job, 810 without this (tests/cluster/jobsim.py).
 CLUSTER_JOB_BYTES: Final = 240
-# A job whose body the append log holds (body-memory-max): its BodyRef (4 ints) instead of
-# the body.
-BODY_REF_BYTES: Final = 72
+# A job whose body the append log holds (body-memory-max): the int holding the body's length
+# and CRC-32 in place of the body (its place in the log is a word the job has anyway).
+BODY_REF_BYTES: Final = 32
 # An ADDJOB blocked until its job is replicated: its wait record and table entry.
 REPL_WAIT_BYTES: Final = 200
 # A job outcome kept (broker/results.py): its list, table entry and ID, without the result:

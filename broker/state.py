@@ -278,16 +278,15 @@ class BrokerState:
         """What ``job`` adds to ``job_bytes`` (its ``repl`` never changes: a replicated job
         holds its own lists of nodes, a single copy shares this node's)."""
         cost = len(job.body) + self.job_overhead
-        if job.ref is not None:
+        if job.on_disk:
             cost += memory.BODY_REF_BYTES
         return cost + memory.CLUSTER_JOB_BYTES if job.repl > 1 else cost
 
     def register(self, job: Job, *, schedule: bool = True) -> None:
         self.job_bytes += self._job_cost(job)
-        ref = job.ref
-        if ref is not None:  # an undo of a job whose body is on disk
+        if job.on_disk:  # an undo of a job whose body is on disk
             self.disk_bodies += 1
-            self.disk_body_bytes += ref.length
+            self.disk_body_bytes += job.body_size
         self.jobs[job.id] = job
         self.job_scan.add(job)
         if schedule:
@@ -318,10 +317,9 @@ class BrokerState:
         self.job_scan.discard(self.job_alive)
         # The scan list may keep the object until it compacts; its body goes now.
         job.body = b""
-        ref = job.ref
-        if ref is not None:
+        if job.on_disk:
             self.disk_bodies -= 1
-            self.disk_body_bytes -= ref.length
+            self.disk_body_bytes -= job.body_size
             job.ref = None
 
     def body_stored(self, job: Job, ref: BodyRef) -> None:
@@ -332,7 +330,7 @@ class BrokerState:
             return
         self.job_bytes -= self._job_cost(job)
         job.body = b""
-        if job.ref is None:
+        if not job.on_disk:
             self.disk_bodies += 1
             self.disk_body_bytes += ref.length
         job.ref = ref
@@ -345,17 +343,16 @@ class BrokerState:
         if not policies.live:
             return []
         return [job for job in self.jobs.values()
-                if job.ref is not None and policies.get(job.queue) is not None]
+                if job.on_disk and policies.get(job.queue) is not None]
 
     def body_loaded(self, job: Job, body: bytes) -> None:
         """``job``'s body, read back from the log by the runtime, kept in memory again (after
         a replay, for a queue with a policy): the inverse of ``body_stored``."""
-        ref = job.ref
-        if ref is None:
+        if not job.on_disk:
             return
         self.job_bytes -= self._job_cost(job)
         self.disk_bodies -= 1
-        self.disk_body_bytes -= ref.length
+        self.disk_body_bytes -= job.body_size
         job.ref = None
         job.body = body
         self.job_bytes += self._job_cost(job)
@@ -605,10 +602,9 @@ class BrokerState:
             self.jobs[job.id] = job
             self.job_bytes += self._job_cost(job)
             self.job_scan.add(job)
-            ref = job.ref
-            if ref is not None:  # a body the log holds (a split record, broker/aof.py)
+            if job.on_disk:  # a body the log holds (a split record, broker/aof.py)
                 self.disk_bodies += 1
-                self.disk_body_bytes += ref.length
+                self.disk_body_bytes += job.body_size
         elif kind in ("ack", "del"):
             old = self.jobs.get(payload)
             if old is not None:
