@@ -128,11 +128,6 @@ def breakdown(jobs: int, body: int, on_disk: bool = False) -> list[tuple[str, fl
         rows.append(("boxed integers", float(sum(
             _allocated(size(v)) for v, w in values
             if type(v) is int and not -5 <= v <= 256 and v is not w))))
-    if on_disk:
-        # The body's length and CRC: an int of its own unless the core keeps it unboxed.
-        data = job.data
-        rows.append(("body's place (boxed int)", float(_allocated(size(data)))
-                     if type(data) is int and core_build.kind() == core_build.PURE else 0.0))
     rows.append(("all but the body", sum(b for _, b in rows)))
     if not on_disk:
         rows.append(("body (bytes)", float(_allocated(size(job.body)))))

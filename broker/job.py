@@ -15,7 +15,8 @@ so a bug shows up as an exception instead of a silently wrong job.
 Times are integers in milliseconds on the node's wall clock, passed in by the caller. ``ctime``
 is ``ms * 1_000_000 + n`` (n counts jobs created in the same millisecond), which orders jobs
 created on one node exactly. ``qtime`` is when the job is due to be queued again (0: never),
-``awake`` when the job next needs attention (its key in the timer wheel).
+``awake`` when the job next needs attention (its key in the timer wheel), computed from the
+others (``compute_awake``).
 """
 
 from __future__ import annotations
@@ -254,11 +255,13 @@ _DTIME_SHIFT: Final = 31
 _BELOW_DTIME: Final = (1 << _DTIME_SHIFT) - 1
 
 # A body the log holds: ``Job.spot`` is the file's generation above the offset (40 bits: 1 TiB),
-# ``Job.data`` the length above the CRC-32. Compiled, each stays an unboxed word until a
-# generation past 2**22 or a body past 1 GiB (then the int is an object, still exact).
+# ``Job.sized`` the length above a set bit above the CRC-32 (never 0, so 0 means "in memory").
+# Compiled, each stays an unboxed word until a generation past 2**22 or a body past 512 MiB
+# (then the int is an object, still exact).
 _GEN_SHIFT: Final = 40
 _OFFSET_MASK: Final = (1 << _GEN_SHIFT) - 1
-_SIZE_SHIFT: Final = 32
+_ON_DISK: Final = 1 << 32
+_SIZE_SHIFT: Final = 33
 _CRC_MASK: Final = 0xFFFF_FFFF
 
 
@@ -294,11 +297,11 @@ class Job(Timed):
     # Memory per job is the reason for the layout (docs/benchmarks.md, "Memory"): small
     # integers share one word (``bits``: state, flags, priority, repl, dtime; ``limits``: TTL
     # and retry), the fields most jobs never set live in ``extra``, which shares its word with
-    # the tuple of nodes holding a copy (``more``), and a body the log holds is two words
-    # (``data``, ``spot``). Compiled, a 128-byte object (208 with every field a word of its
-    # own). The properties keep each field's name.
+    # the tuple of nodes holding a copy (``more``), a body the log holds is two words
+    # (``spot``, ``sized``), and ``awake`` is computed. Compiled, a 128-byte object (224 with
+    # every field a word of its own). The properties keep each field's name.
     __slots__ = (
-        "id", "queue", "data", "bits", "limits", "ctime", "qtime", "awake", "more", "spot",
+        "id", "queue", "data", "bits", "limits", "ctime", "qtime", "more", "spot", "sized",
     )
 
     def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
@@ -306,11 +309,12 @@ class Job(Timed):
                  state: JobState = JobState.ACTIVE) -> None:
         self.id = job_id
         self.queue = queue
-        # The body's bytes; once the append log holds it instead of memory
-        # (``body-memory-max``), its length and CRC-32, and ``spot`` where it lies (``ref``):
-        # one int and one unboxed word, where a BodyRef was an object of 80 B per job.
-        self.data: bytes | int = body
+        # The body's bytes (b"" once the append log holds it instead of memory,
+        # ``body-memory-max``); then ``spot`` is where it lies and ``sized`` its length and
+        # CRC-32 (``ref``): two unboxed words, where a BodyRef was an object of 80 B per job.
+        self.data = body
         self.spot = 0
+        self.sized = 0  # 0: the body is in memory
         self.bits = ((repl - 1) & _REPL_MASK) << _REPL_SHIFT | _state_index(state)
         limits = ttl << 32 | retry
         if _BOXED:
@@ -318,7 +322,6 @@ class Job(Timed):
         self.limits = limits
         self.ctime = ctime
         self.qtime = 0
-        self.awake = 0
         # The nodes that may hold a copy (a tuple shared by a node's own jobs), or a JobExtra
         # holding them once another of its fields is set.
         self.more: tuple[str, ...] | JobExtra = delivered
@@ -472,6 +475,13 @@ class Job(Timed):
             raise ValueError(f"job {self.id!r}: {old.value} -> {new.value} is not allowed")
         self.state = new
 
+    @property
+    def awake(self) -> int:
+        """When the job next needs attention (``compute_awake``): computed, not kept, so the
+        job has no word for it. A job in WAIT_REPL is woken by its replication's own timer
+        (broker/cluster_jobs.py), which this does not know."""
+        return self.compute_awake()
+
     def compute_awake(self) -> int:
         """The next time this job needs attention: requeue (a little early, see
         WILLQUEUE_ADVANCE_MS), the end of its delay, or expiry."""
@@ -488,25 +498,25 @@ class Job(Timed):
     def content(self) -> bytes | BodyRef:
         """What a reply or a record carries for the body: its bytes, or where the log holds
         them (a ``BodyRef`` made for the caller, which the node's encoders read)."""
-        data = self.data
-        if isinstance(data, bytes):
-            return data
+        sized = self.sized
+        if not sized:
+            return self.data
         spot = self.spot
-        return BodyRef(spot >> _GEN_SHIFT, spot & _OFFSET_MASK, data >> _SIZE_SHIFT,
-                       data & _CRC_MASK)
+        return BodyRef(spot >> _GEN_SHIFT, spot & _OFFSET_MASK, sized >> _SIZE_SHIFT,
+                       sized & _CRC_MASK)
 
     @property
     def body(self) -> bytes:
         """The body's bytes in memory; b"" while the log holds it (``ref``)."""
-        data = self.data
-        return data if isinstance(data, bytes) else b""
+        return self.data
 
     @body.setter
     def body(self, value: bytes) -> None:
-        # Emptying the body of a job whose body the log holds keeps the reference: only
-        # ``ref = None`` drops it (the order BrokerState.unregister relies on).
-        if value or isinstance(self.data, bytes):
-            self.data = value
+        # Bytes in memory replace a reference; emptying the body keeps it: only ``ref = None``
+        # drops it (the order BrokerState.unregister relies on).
+        if value:
+            self.spot = self.sized = 0
+        self.data = value
 
     @property
     def ref(self) -> BodyRef | None:
@@ -519,20 +529,20 @@ class Job(Timed):
     def ref(self, value: BodyRef | None) -> None:
         if value is not None:
             self.spot = value.gen << _GEN_SHIFT | value.offset
-            self.data = value.length << _SIZE_SHIFT | value.crc
-        elif not isinstance(self.data, bytes):
+            self.sized = value.length << _SIZE_SHIFT | _ON_DISK | value.crc
             self.data = b""
-            self.spot = 0
+        else:
+            self.spot = self.sized = 0
 
     @property
     def on_disk(self) -> bool:
         """The append log holds the body (``ref`` without making one)."""
-        return not isinstance(self.data, bytes)
+        return self.sized != 0
 
     @property
     def body_size(self) -> int:
-        data = self.data
-        return len(data) if isinstance(data, bytes) else data >> _SIZE_SHIFT
+        sized = self.sized
+        return sized >> _SIZE_SHIFT if sized else len(self.data)
 
     # -- persistence ---------------------------------------------------------------------------
 
