@@ -395,32 +395,32 @@ class Job(Timed):
 
     @property
     def delay(self) -> int:
-        extra = self.extra
-        return extra.delay if extra is not None else 0
+        more = self.more
+        return more.delay if isinstance(more, JobExtra) else 0
 
     @delay.setter
     def delay(self, value: int) -> None:
-        if value or self.extra is not None:
+        if value or isinstance(self.more, JobExtra):
             self._extra().delay = value
 
     @property
     def nacks(self) -> int:
-        extra = self.extra
-        return extra.nacks if extra is not None else 0
+        more = self.more
+        return more.nacks if isinstance(more, JobExtra) else 0
 
     @nacks.setter
     def nacks(self, value: int) -> None:
-        if value or self.extra is not None:
+        if value or isinstance(self.more, JobExtra):
             self._extra().nacks = value
 
     @property
     def deliveries(self) -> int:
-        extra = self.extra
-        return extra.deliveries if extra is not None else 0
+        more = self.more
+        return more.deliveries if isinstance(more, JobExtra) else 0
 
     @deliveries.setter
     def deliveries(self, value: int) -> None:
-        if value or self.extra is not None:
+        if value or isinstance(self.more, JobExtra):
             self._extra().deliveries = value
 
     @property
@@ -441,23 +441,23 @@ class Job(Timed):
     @property
     def confirmed(self) -> tuple[str, ...]:
         """The nodes that confirmed holding a copy (replication)."""
-        extra = self.extra
-        return extra.confirmed if extra is not None else ()
+        more = self.more
+        return more.confirmed if isinstance(more, JobExtra) else ()
 
     @confirmed.setter
     def confirmed(self, value: tuple[str, ...]) -> None:
-        if value or self.extra is not None:
+        if value or isinstance(self.more, JobExtra):
             self._extra().confirmed = value
 
     @property
     def after(self) -> tuple[bytes, ...]:
         """The parents not done yet (ADDJOB ... AFTER)."""
-        extra = self.extra
-        return extra.after if extra is not None else ()
+        more = self.more
+        return more.after if isinstance(more, JobExtra) else ()
 
     @after.setter
     def after(self, value: tuple[bytes, ...]) -> None:
-        if value or self.extra is not None:
+        if value or isinstance(self.more, JobExtra):
             self._extra().after = value
 
     @property
@@ -552,16 +552,25 @@ class Job(Timed):
         ``after`` follows it, ``after`` (the parents) while there are any. A job using neither
         keeps the 16 fields nodes wrote before them. A body held by the log is its
         ``BodyRef``, which the node's packers read."""
-        rec: list[Any] = [
-            self.id, self.queue, self.content, state_name(self.state),
-            self.repl, self.ttl, self.retry,
-            self.delay, self.ctime, self.qtime, self.nacks, self.deliveries,
-            list(self.delivered), list(self.confirmed), self.flags, self.dtime,
-        ]
-        if self.after:
-            rec.append(self.priority)
-            rec.append(list(self.after))
-        elif self.priority:
+        more = self.more  # read once: every record is built here (ADDJOB, ACKJOB, GETJOB)
+        if isinstance(more, JobExtra):
+            rec: list[Any] = [
+                self.id, self.queue, self.content, state_name(self.state),
+                self.repl, self.ttl, self.retry,
+                more.delay, self.ctime, self.qtime, more.nacks, more.deliveries,
+                list(more.delivered), list(more.confirmed), self.flags, self.dtime,
+            ]
+            if more.after:
+                rec.append(self.priority)
+                rec.append(list(more.after))
+                return rec
+        else:
+            rec = [
+                self.id, self.queue, self.content, state_name(self.state),
+                self.repl, self.ttl, self.retry,
+                0, self.ctime, self.qtime, 0, 0, list(more), [], self.flags, self.dtime,
+            ]
+        if self.priority:
             rec.append(self.priority)
         return rec
 
