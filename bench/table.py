@@ -10,7 +10,9 @@ https://github.com/antirez/disque); redis-server, the yardstick, always. 50 conn
   (b) ADDJOB, pipeline 16                       Disque: ADDJOB        redis: LPUSH
   (c) GETJOB NOHANG on a preloaded queue        Disque: GETJOB NOHANG redis: RPOP
       (as many jobs as requests: every request takes one)
-  (d) resident memory per queued job, RSS growth over 200,000 ADDJOBs (redis: LPUSH)
+  (d) resident memory per queued job, RSS growth over 200,000 ADDJOBs (redis: LPUSH); (d2)
+      the same with the bodies in the append log (appendonly yes, body-memory-max 8): what
+      a job costs without its body, against the same Disque figure
   (e) ADDJOB with appendonly yes, appendfsync always: against Disque and redis-server with
       the same settings, and (e1) against trisque without the log
   (m) RSS growth per million jobs processed (ADDJOB, GETJOB, ACKJOB) with an empty queue:
@@ -56,6 +58,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import trio
 
@@ -285,13 +288,19 @@ def throughput_case(title: str, contenders: list[Contender], s: Settings, c_gen:
 # The memory case
 
 
-def memory_case(kinds: list[tuple[str, str | None]], jobs: int) -> dict[str, Figures]:
-    """(d): RSS growth per job over ``jobs`` ADDJOBs (LPUSHes) on a fresh server of each kind."""
+# (d2): every 16-byte body goes to the log; the log is on so that it can hold them.
+ON_DISK_SETTINGS: Final = {"appendonly": "yes", "body-memory-max": "8"}
+
+
+def memory_case(kinds: list[tuple[str, str, str | None]], jobs: int) -> dict[str, Figures]:
+    """(d): RSS growth per job over ``jobs`` ADDJOBs (LPUSHes) on a fresh server of each
+    ``(name, kind, Disque binary)``; the name "trisque-disk" runs with ``ON_DISK_SETTINGS``."""
     out: dict[str, Figures] = {}
-    for kind, binary in kinds:
+    for name, kind, binary in kinds:
+        settings = ON_DISK_SETTINGS if name == "trisque-disk" else {}
         server = (DisqueServer(binary, "disque (memory)") if binary
-                  else BenchServer(kind, f"{kind} (memory)"))
-        figures = out[kind] = Figures()
+                  else BenchServer(kind, f"{name} (memory)", **settings))
+        figures = out[name] = Figures()
         with server:
             if not server.ok:
                 figures.failure = server.failure
@@ -308,7 +317,7 @@ def memory_case(kinds: list[tuple[str, str | None]], jobs: int) -> dict[str, Fig
             after = server.rss()
             per_job = (after - before) / max(1, loaded)
             figures.samples.append(Sample(per_job, load=load))
-            log(f"  (d) memory: {kind}: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB "
+            log(f"  (d) memory: {name}: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB "
                 f"for {loaded:,} jobs = {per_job:.0f} B/job")
     return out
 
@@ -386,13 +395,18 @@ def run_table(s: Settings, disque: str | None, only: set[str], c_gen: bool
             server.stop()
     if "d" in only:
         log(f"(d) memory per queued job, {s.memory_jobs:,} jobs ...")
-        kinds: list[tuple[str, str | None]] = [("trisque", None), ("redis", None)]
+        kinds: list[tuple[str, str, str | None]] = [
+            ("trisque", "trisque", None), ("trisque-disk", "trisque", None),
+            ("redis", "redis", None)]
         if disque:
-            kinds.insert(1, ("disque", disque))
+            kinds.insert(2, ("disque", "disque", disque))
         mem = memory_case(kinds, s.memory_jobs)
         title = f"(d) RSS per queued {BODY}-byte job"
         if disque:
             vs_disque.append(Row("d", title, mem["trisque"], mem["disque"], unit="B/job",
+                                 target=DISQUE_TARGETS["d"]))
+            vs_disque.append(Row("d2", "(d2) the same, trisque's bodies in the log",
+                                 mem["trisque-disk"], mem["disque"], unit="B/job",
                                  target=DISQUE_TARGETS["d"]))
         vs_redis.append(Row("d", title, mem["trisque"], mem["redis"], unit="B/job",
                             target=REDIS_TARGETS["d"], absolute=True))
@@ -477,7 +491,9 @@ def table(s: Settings, disque: str | None, only: set[str], c_gen: bool, out: Pat
     footer = []
     if "d" in only:
         footer.append("(d): RSS growth of the server process / jobs queued; against Disque the "
-                      "target is the ratio, against redis trisque's own bytes.")
+                      "target is the ratio, against redis trisque's own bytes. (d2): the "
+                      "same with trisque's bodies in the append log (body-memory-max 8): "
+                      "the job without its body.")
     if "e" in only:
         footer.append("(e1): trisque with appendfsync always against the same binary without "
                       "the log.")

@@ -157,7 +157,6 @@ def addjob(b: ReplicatingBroker, cmd: AddJob, client: Client, now_ms: int, repli
                 b.enqueue_job(job, now_ms)
             else:
                 job.transition(_ACTIVE)
-                job.awake = job.compute_awake()
                 b.register(job)
             log_now = True
         else:
@@ -178,8 +177,8 @@ def _schedule_wait(b: ReplicatingBroker, job: Job, wait: ReplWait, now_ms: int) 
     at = max(wait.added + resend_period(job), now_ms + 1)
     if wait.deadline:
         at = min(at, wait.deadline)
-    job.awake = min(at, job.etime)
-    b.timers.schedule(job, job.awake)
+    # Not ``job.awake``: that is the job's own time, which a job in WAIT_REPL waits on here.
+    b.timers.schedule(job, min(at, job.etime))
 
 
 def replication_timer(b: ReplicatingBroker, job: Job, now_ms: int) -> None:
@@ -335,7 +334,6 @@ def dummy_ack(b: ReplicatingBroker, job_id: bytes, now_ms: int) -> Job | None:
               ctime=now_ms * 1_000_000, delivered=(), state=_ACKED)
     job.flags |= FLAG_REPLICA
     job.qtime = now_ms
-    job.awake = job.compute_awake()
     b.register(job)
     b.log_job(job, None)
     return job
@@ -415,7 +413,6 @@ def add_replica(b: ReplicatingBroker, job: Job, now_ms: int) -> None:
         job.qtime = b.requeue_time(job, base)
     if job.after:
         job.qtime = 0  # waiting for its parents (broker/chains.py)
-    job.awake = job.compute_awake()
     b.register(job)
     b.log_job(job, None)
     if job.after:

@@ -131,7 +131,6 @@ def import_job(b: BrokerCore, job: Job, myself: str, now_ms: int) -> bool:
             return False
         job.confirmed = ()
         job.flags |= FLAG_REPLICA
-        job.awake = job.compute_awake()
         b.register(job)
         prev = None
     if myself not in job.delivered:

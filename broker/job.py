@@ -15,7 +15,8 @@ so a bug shows up as an exception instead of a silently wrong job.
 Times are integers in milliseconds on the node's wall clock, passed in by the caller. ``ctime``
 is ``ms * 1_000_000 + n`` (n counts jobs created in the same millisecond), which orders jobs
 created on one node exactly. ``qtime`` is when the job is due to be queued again (0: never),
-``awake`` when the job next needs attention (its key in the timer wheel).
+``awake`` when the job next needs attention (its key in the timer wheel), computed from the
+others (``compute_awake``).
 """
 
 from __future__ import annotations
@@ -220,12 +221,13 @@ class BodyRef:
 
 class JobExtra:
     """The fields most jobs keep at their default (no DELAY, never NACKed or queued again, not
-    replicated): held apart so a queued job's object stays small (``Job.extra``, None until
-    one of them is set)."""
+    replicated), and the nodes that may hold a copy: held apart so a queued job's object stays
+    small (``Job.more`` holds the nodes' tuple alone until one of the others is set)."""
 
-    __slots__ = ("delay", "nacks", "deliveries", "confirmed", "after")
+    __slots__ = ("delivered", "delay", "nacks", "deliveries", "confirmed", "after")
 
-    def __init__(self) -> None:
+    def __init__(self, delivered: tuple[str, ...]) -> None:
+        self.delivered = delivered
         self.delay = 0
         self.nacks = 0
         self.deliveries = 0  # Disque's "additional-deliveries"
@@ -251,6 +253,16 @@ _REPL_MASK: Final = 0xFFFF
 _HAS_DTIME: Final = 1 << 30
 _DTIME_SHIFT: Final = 31
 _BELOW_DTIME: Final = (1 << _DTIME_SHIFT) - 1
+
+# A body the log holds: ``Job.spot`` is the file's generation above the offset (40 bits: 1 TiB),
+# ``Job.sized`` the length above a set bit above the CRC-32 (never 0, so 0 means "in memory").
+# Compiled, each stays an unboxed word until a generation past 2**22 or a body past 512 MiB
+# (then the int is an object, still exact).
+_GEN_SHIFT: Final = 40
+_OFFSET_MASK: Final = (1 << _GEN_SHIFT) - 1
+_ON_DISK: Final = 1 << 32
+_SIZE_SHIFT: Final = 33
+_CRC_MASK: Final = 0xFFFF_FFFF
 
 
 def _state_index(state: JobState) -> int:
@@ -284,11 +296,12 @@ def _shared(limits: int) -> int:
 class Job(Timed):
     # Memory per job is the reason for the layout (docs/benchmarks.md, "Memory"): small
     # integers share one word (``bits``: state, flags, priority, repl, dtime; ``limits``: TTL
-    # and retry), and the fields most jobs never set live in ``extra``. Compiled, a 128-byte
-    # object (208 with every field a word of its own). The properties keep each field's name.
+    # and retry), the fields most jobs never set live in ``extra``, which shares its word with
+    # the tuple of nodes holding a copy (``more``), a body the log holds is two words
+    # (``spot``, ``sized``), and ``awake`` is computed. Compiled, a 128-byte object (224 with
+    # every field a word of its own). The properties keep each field's name.
     __slots__ = (
-        "id", "queue", "content", "bits", "limits", "ctime", "qtime", "awake", "delivered",
-        "extra",
+        "id", "queue", "data", "bits", "limits", "ctime", "qtime", "more", "spot", "sized",
     )
 
     def __init__(self, job_id: bytes, queue: bytes, body: bytes, *, repl: int, ttl: int,
@@ -296,9 +309,12 @@ class Job(Timed):
                  state: JobState = JobState.ACTIVE) -> None:
         self.id = job_id
         self.queue = queue
-        # The body's bytes, or once the append log holds it instead of memory
-        # (``body-memory-max``) where it lies there: one word for both (``body``, ``ref``).
-        self.content: bytes | BodyRef = body
+        # The body's bytes (b"" once the append log holds it instead of memory,
+        # ``body-memory-max``); then ``spot`` is where it lies and ``sized`` its length and
+        # CRC-32 (``ref``): two unboxed words, where a BodyRef was an object of 80 B per job.
+        self.data = body
+        self.spot = 0
+        self.sized = 0  # 0: the body is in memory
         self.bits = ((repl - 1) & _REPL_MASK) << _REPL_SHIFT | _state_index(state)
         limits = ttl << 32 | retry
         if _BOXED:
@@ -306,9 +322,9 @@ class Job(Timed):
         self.limits = limits
         self.ctime = ctime
         self.qtime = 0
-        self.awake = 0
-        self.delivered = delivered  # nodes that may hold a copy
-        self.extra: JobExtra | None = None
+        # The nodes that may hold a copy (a tuple shared by a node's own jobs), or a JobExtra
+        # holding them once another of its fields is set.
+        self.more: tuple[str, ...] | JobExtra = delivered
         self.timer_key = NOT_SCHEDULED  # the wheel's (broker/timers.py)
         if delay:
             self.delay = delay
@@ -350,40 +366,61 @@ class Job(Timed):
     def retry(self) -> int:
         return self.limits & _RETRY_MASK
 
+    @property
+    def extra(self) -> JobExtra | None:
+        more = self.more
+        return more if isinstance(more, JobExtra) else None
+
     def _extra(self) -> JobExtra:
-        extra = self.extra
-        if extra is None:
-            extra = self.extra = JobExtra()
+        more = self.more
+        if isinstance(more, JobExtra):
+            return more
+        extra = JobExtra(more)
+        self.more = extra
         return extra
 
     @property
+    def delivered(self) -> tuple[str, ...]:
+        """The nodes that may hold a copy."""
+        more = self.more
+        return more.delivered if isinstance(more, JobExtra) else more
+
+    @delivered.setter
+    def delivered(self, value: tuple[str, ...]) -> None:
+        more = self.more
+        if isinstance(more, JobExtra):
+            more.delivered = value
+        else:
+            self.more = value
+
+    @property
     def delay(self) -> int:
-        extra = self.extra
-        return extra.delay if extra is not None else 0
+        more = self.more
+        return more.delay if isinstance(more, JobExtra) else 0
 
     @delay.setter
     def delay(self, value: int) -> None:
-        if value or self.extra is not None:
+        if value or isinstance(self.more, JobExtra):
             self._extra().delay = value
 
     @property
     def nacks(self) -> int:
-        extra = self.extra
-        return extra.nacks if extra is not None else 0
+        more = self.more
+        return more.nacks if isinstance(more, JobExtra) else 0
 
     @nacks.setter
     def nacks(self, value: int) -> None:
-        if value or self.extra is not None:
+        if value or isinstance(self.more, JobExtra):
             self._extra().nacks = value
 
     @property
     def deliveries(self) -> int:
-        extra = self.extra
-        return extra.deliveries if extra is not None else 0
+        more = self.more
+        return more.deliveries if isinstance(more, JobExtra) else 0
 
     @deliveries.setter
     def deliveries(self, value: int) -> None:
-        if value or self.extra is not None:
+        if value or isinstance(self.more, JobExtra):
             self._extra().deliveries = value
 
     @property
@@ -404,23 +441,23 @@ class Job(Timed):
     @property
     def confirmed(self) -> tuple[str, ...]:
         """The nodes that confirmed holding a copy (replication)."""
-        extra = self.extra
-        return extra.confirmed if extra is not None else ()
+        more = self.more
+        return more.confirmed if isinstance(more, JobExtra) else ()
 
     @confirmed.setter
     def confirmed(self, value: tuple[str, ...]) -> None:
-        if value or self.extra is not None:
+        if value or isinstance(self.more, JobExtra):
             self._extra().confirmed = value
 
     @property
     def after(self) -> tuple[bytes, ...]:
         """The parents not done yet (ADDJOB ... AFTER)."""
-        extra = self.extra
-        return extra.after if extra is not None else ()
+        more = self.more
+        return more.after if isinstance(more, JobExtra) else ()
 
     @after.setter
     def after(self, value: tuple[bytes, ...]) -> None:
-        if value or self.extra is not None:
+        if value or isinstance(self.more, JobExtra):
             self._extra().after = value
 
     @property
@@ -438,6 +475,13 @@ class Job(Timed):
             raise ValueError(f"job {self.id!r}: {old.value} -> {new.value} is not allowed")
         self.state = new
 
+    @property
+    def awake(self) -> int:
+        """When the job next needs attention (``compute_awake``): computed, not kept, so the
+        job has no word for it. A job in WAIT_REPL is woken by its replication's own timer
+        (broker/cluster_jobs.py), which this does not know."""
+        return self.compute_awake()
+
     def compute_awake(self) -> int:
         """The next time this job needs attention: requeue (a little early, see
         WILLQUEUE_ADVANCE_MS), the end of its delay, or expiry."""
@@ -451,35 +495,54 @@ class Job(Timed):
         return at
 
     @property
+    def content(self) -> bytes | BodyRef:
+        """What a reply or a record carries for the body: its bytes, or where the log holds
+        them (a ``BodyRef`` made for the caller, which the node's encoders read)."""
+        sized = self.sized
+        if not sized:
+            return self.data
+        spot = self.spot
+        return BodyRef(spot >> _GEN_SHIFT, spot & _OFFSET_MASK, sized >> _SIZE_SHIFT,
+                       sized & _CRC_MASK)
+
+    @property
     def body(self) -> bytes:
         """The body's bytes in memory; b"" while the log holds it (``ref``)."""
-        content = self.content
-        return content if isinstance(content, bytes) else b""
+        return self.data
 
     @body.setter
     def body(self, value: bytes) -> None:
-        # Emptying the body of a job whose body the log holds keeps the reference: only
-        # ``ref = None`` drops it (the order BrokerState.unregister relies on).
-        if value or not isinstance(self.content, BodyRef):
-            self.content = value
+        # Bytes in memory replace a reference; emptying the body keeps it: only ``ref = None``
+        # drops it (the order BrokerState.unregister relies on).
+        if value:
+            self.spot = self.sized = 0
+        self.data = value
 
     @property
     def ref(self) -> BodyRef | None:
-        """Where the append log holds the body, or None while it is in memory."""
+        """Where the append log holds the body (made for the caller), or None while it is in
+        memory."""
         content = self.content
         return content if isinstance(content, BodyRef) else None
 
     @ref.setter
     def ref(self, value: BodyRef | None) -> None:
         if value is not None:
-            self.content = value
-        elif isinstance(self.content, BodyRef):
-            self.content = b""
+            self.spot = value.gen << _GEN_SHIFT | value.offset
+            self.sized = value.length << _SIZE_SHIFT | _ON_DISK | value.crc
+            self.data = b""
+        else:
+            self.spot = self.sized = 0
+
+    @property
+    def on_disk(self) -> bool:
+        """The append log holds the body (``ref`` without making one)."""
+        return self.sized != 0
 
     @property
     def body_size(self) -> int:
-        content = self.content
-        return len(content) if isinstance(content, bytes) else content.length
+        sized = self.sized
+        return sized >> _SIZE_SHIFT if sized else len(self.data)
 
     # -- persistence ---------------------------------------------------------------------------
 
@@ -489,16 +552,25 @@ class Job(Timed):
         ``after`` follows it, ``after`` (the parents) while there are any. A job using neither
         keeps the 16 fields nodes wrote before them. A body held by the log is its
         ``BodyRef``, which the node's packers read."""
-        rec: list[Any] = [
-            self.id, self.queue, self.content, state_name(self.state),
-            self.repl, self.ttl, self.retry,
-            self.delay, self.ctime, self.qtime, self.nacks, self.deliveries,
-            list(self.delivered), list(self.confirmed), self.flags, self.dtime,
-        ]
-        if self.after:
-            rec.append(self.priority)
-            rec.append(list(self.after))
-        elif self.priority:
+        more = self.more  # read once: every record is built here (ADDJOB, ACKJOB, GETJOB)
+        if isinstance(more, JobExtra):
+            rec: list[Any] = [
+                self.id, self.queue, self.content, state_name(self.state),
+                self.repl, self.ttl, self.retry,
+                more.delay, self.ctime, self.qtime, more.nacks, more.deliveries,
+                list(more.delivered), list(more.confirmed), self.flags, self.dtime,
+            ]
+            if more.after:
+                rec.append(self.priority)
+                rec.append(list(more.after))
+                return rec
+        else:
+            rec = [
+                self.id, self.queue, self.content, state_name(self.state),
+                self.repl, self.ttl, self.retry,
+                0, self.ctime, self.qtime, 0, 0, list(more), [], self.flags, self.dtime,
+            ]
+        if self.priority:
             rec.append(self.priority)
         return rec
 

@@ -8,7 +8,8 @@ no room at all. The RSS is reported beside it (``used_memory_rss``, and
 Counted, and how:
 
 * jobs: body length plus ``job_overhead()`` each (the job object, its ID, its table, scan list,
-  timer and queue entries), added and removed as jobs are registered and freed, so a burst of
+  timer and queue entries, the body's object), or ``disk_job()`` for a job whose body the
+  append log holds, added and removed as jobs are registered and freed, so a burst of
   ADDJOBs is judged before the next sample; a job replicated to other nodes (``repl`` > 1)
   ``CLUSTER_JOB_BYTES`` more (its own lists of the nodes holding and confirming a copy);
 * queues: ``QUEUE_BYTES`` each; ADDJOBs waiting for their replication: ``REPL_WAIT_BYTES`` each;
@@ -27,10 +28,18 @@ from typing import Final
 
 from protocol import core_build
 
-# A job's cost beyond its body: traced 451 B queued / 474 B active on the pure core, 325 / 316
-# on the compiled one (RSS growth 360-400 B compiled, 495 pure; 50,000 jobs).
-JOB_OVERHEAD_PURE: Final = 480
+# A job's cost beyond its body's length while the body is in memory (the body's bytes object
+# adds its header and the allocator's rounding, about 45 B): traced 417 B queued / 441 B
+# active on the pure core, 323 / 315 on the compiled one (RSS growth 351-374 B compiled, 452
+# pure; 100,000 jobs of 100 bytes).
+JOB_OVERHEAD_PURE: Final = 450
 JOB_OVERHEAD_COMPILED: Final = 350
+# A job whose body the append log holds (body-memory-max), its body's place included (two
+# words of the job's own compiled, two int objects interpreted): traced 290 B queued / 282 B
+# active compiled (RSS growth 301 / 334), 448 / 472 pure (RSS 471); 100,000 jobs. The job
+# table's share per job shrinks as it fills, so 10 million such jobs take less each.
+DISK_JOB_PURE: Final = 470
+DISK_JOB_COMPILED: Final = 300
 # A queue: the object, its name, its list, waiters deque, table and scan entries (traced
 # about 1,030 B for a 12-byte name, either core).
 QUEUE_BYTES: Final = 1_030
@@ -38,9 +47,6 @@ QUEUE_BYTES: Final = 1_030
 # and a copy received from a peer its own queue name: 3-node cluster, REPLICATE 3, pure core,
 # traced 918 B per copy of a 200-byte job, 810 without this (tests/cluster/jobsim.py).
 CLUSTER_JOB_BYTES: Final = 240
-# A job whose body the append log holds (body-memory-max): its BodyRef (4 ints) instead of
-# the body.
-BODY_REF_BYTES: Final = 72
 # An ADDJOB blocked until its job is replicated: its wait record and table entry.
 REPL_WAIT_BYTES: Final = 200
 # A job outcome kept (broker/results.py): its list, table entry and ID, without the result:
@@ -54,6 +60,11 @@ CLIENT_BYTES: Final = 1_000
 def job_overhead() -> int:
     """The per-job constant of the core that runs (the compiled core's objects are smaller)."""
     return JOB_OVERHEAD_COMPILED if core_build.kind() == "compiled" else JOB_OVERHEAD_PURE
+
+
+def disk_job() -> int:
+    """What a job whose body the log holds costs, on the core that runs."""
+    return DISK_JOB_COMPILED if core_build.kind() == "compiled" else DISK_JOB_PURE
 
 
 def warning_level(used: int, limit: int) -> int:

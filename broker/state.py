@@ -11,7 +11,8 @@ append-log records and replies to other clients, typed in ``broker/effects.py``.
 ``undo_entry()`` puts back the state before a record whose write failed.
 
 Invariants: a job is in ``jobs`` iff it is registered; it is in its queue iff its state is
-QUEUED; every registered job has exactly one timer (``job.awake``) and an unregistered job or
+QUEUED; every registered job has exactly one timer (at ``job.awake``, or its replication's
+while in WAIT_REPL) and an unregistered job or
 a served client none (``TimerWheel.cancel``); a queue with
 neither jobs, waiters nor pause flags is evicted after ``QUEUE_IDLE_EVICT_MS``.
 """
@@ -175,6 +176,7 @@ class BrokerState:
         # ADDJOBs, or one huge body, is judged before it is accepted), what the runtime holds
         # (client and log buffers) as the driver last sampled it.
         self.job_overhead = memory.job_overhead()
+        self.disk_job = memory.disk_job()  # a job whose body the log holds
         self.job_bytes = 0  # bodies plus job_overhead per registered job
         # Jobs whose body the append log holds (body-memory-max), and those bodies' bytes.
         self.disk_bodies = 0
@@ -236,7 +238,8 @@ class BrokerState:
         timers = self.timers
         item: Any
         jobs = self.jobs
-        for _key, items in timers.pop_due(now_ms):
+        resolution = timers.resolution
+        for key, items in timers.pop_due(now_ms):
             for item in items:
                 if item.timer_key != NOT_SCHEDULED:
                     continue  # armed again by a timer run before it in this tick
@@ -253,8 +256,12 @@ class BrokerState:
                 job: Job = item
                 if jobs.get(job.id) is not job:
                     continue  # gone with a timer run before it in this tick
-                if job.awake > now_ms:
-                    timers.schedule(job, job.awake)
+                # Not quite due (its bucket, a later ms): again at that ms. A job whose time
+                # moved since it was armed, or one in WAIT_REPL (its replication's timer,
+                # robust to an early call), has its timer run now, which arms it again.
+                awake = job.awake
+                if awake > now_ms and awake // resolution == key and job.state is not _WAIT_REPL:
+                    timers.schedule(job, awake)
                 else:
                     self._job_timer(job, now_ms)
         if self.policies.throttles:
@@ -286,17 +293,14 @@ class BrokerState:
     def _job_cost(self, job: Job) -> int:
         """What ``job`` adds to ``job_bytes`` (its ``repl`` never changes: a replicated job
         holds its own lists of nodes, a single copy shares this node's)."""
-        cost = len(job.body) + self.job_overhead
-        if job.ref is not None:
-            cost += memory.BODY_REF_BYTES
+        cost = self.disk_job if job.on_disk else len(job.body) + self.job_overhead
         return cost + memory.CLUSTER_JOB_BYTES if job.repl > 1 else cost
 
     def register(self, job: Job, *, schedule: bool = True) -> None:
         self.job_bytes += self._job_cost(job)
-        ref = job.ref
-        if ref is not None:  # an undo of a job whose body is on disk
+        if job.on_disk:  # an undo of a job whose body is on disk
             self.disk_bodies += 1
-            self.disk_body_bytes += ref.length
+            self.disk_body_bytes += job.body_size
         self.jobs[job.id] = job
         self.job_scan.add(job)
         if schedule:
@@ -327,10 +331,9 @@ class BrokerState:
         self.job_scan.discard(self.job_alive)
         # The scan list may keep the object until it compacts; its body goes now.
         job.body = b""
-        ref = job.ref
-        if ref is not None:
+        if job.on_disk:
             self.disk_bodies -= 1
-            self.disk_body_bytes -= ref.length
+            self.disk_body_bytes -= job.body_size
             job.ref = None
 
     def body_stored(self, job: Job, ref: BodyRef) -> None:
@@ -338,7 +341,7 @@ class BrokerState:
         memory keeps the reference instead of the bytes (``body-memory-max``)."""
         self.job_bytes -= self._job_cost(job)
         job.body = b""
-        if job.ref is None:
+        if not job.on_disk:
             self.disk_bodies += 1
             self.disk_body_bytes += ref.length
         job.ref = ref
@@ -365,7 +368,6 @@ class BrokerState:
         return self.jobs.get(job.id) is job
 
     def reschedule(self, job: Job) -> None:
-        job.awake = job.compute_awake()
         self.timers.schedule(job, job.awake)
 
     def queue_for(self, name: bytes, now_ms: int) -> Queue:
@@ -556,7 +558,6 @@ class BrokerState:
     def _restore(self, job: Job, now_ms: int) -> None:
         """Register a job again exactly as recorded (undo of a failed log write)."""
         queued = job.state is _QUEUED
-        job.awake = job.compute_awake()
         self.register(job)
         if queued:
             q = self.queue_for(job.queue, now_ms)
@@ -591,10 +592,9 @@ class BrokerState:
             self.jobs[job.id] = job
             self.job_bytes += self._job_cost(job)
             self.job_scan.add(job)
-            ref = job.ref
-            if ref is not None:  # a body the log holds (a split record, broker/aof.py)
+            if job.on_disk:  # a body the log holds (a split record, broker/aof.py)
                 self.disk_bodies += 1
-                self.disk_body_bytes += ref.length
+                self.disk_body_bytes += job.body_size
         elif kind in ("ack", "del"):
             old = self.jobs.get(payload)
             if old is not None:
@@ -632,7 +632,6 @@ class BrokerState:
                 if self.replication is not None and job.flags & FLAG_REPLICA:
                     # A cluster ACK is kept until every holder knows (ack GC, started again).
                     job.qtime = now_ms
-                    job.awake = job.compute_awake()
                     self.timers.schedule(job, job.awake)
                 else:
                     self.unregister(job)
@@ -640,7 +639,6 @@ class BrokerState:
             if job.after:
                 # Waiting for its parents: watched again below, never queued before they end.
                 job.qtime = 0
-                job.awake = job.compute_awake()
                 self.timers.schedule(job, job.awake)
                 continue
             was_queued = job.state is _QUEUED
@@ -648,7 +646,6 @@ class BrokerState:
                 job.transition(_ACTIVE)  # nothing is in a queue until it is put back below
             if enqueue_jobs_once and was_queued:
                 job.transition(_QUEUED)
-                job.awake = job.compute_awake()
                 self.timers.schedule(job, job.awake)
                 q = self.queue_for(job.queue, now_ms)
                 q.push(job)
@@ -658,7 +655,6 @@ class BrokerState:
                 job.qtime = self.requeue_time(job, now_ms) + job.delay * 1000
             else:
                 job.qtime = 0
-            job.awake = job.compute_awake()
             self.timers.schedule(job, job.awake)
         self.policies.forget_gone(self.jobs)
         for job in [j for j in self.jobs.values() if j.after]:
@@ -769,7 +765,6 @@ class BrokerState:
         if cmd.delay or cmd.after:
             if cmd.after:
                 chains.hold(self, job, cmd.after, now_ms)
-            job.awake = job.compute_awake()
             self.register(job)
         else:
             self.register(job, schedule=False)  # the enqueue arms its timer

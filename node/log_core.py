@@ -169,7 +169,7 @@ class LogCore:
         for job_id, _body, at, size, crc in batch.bodies:
             job = jobs.get(job_id)
             # A job's body never changes, so any record of it carries the same bytes.
-            if job is not None and job.ref is None and len(job.body) == size:
+            if job is not None and not job.on_disk and len(job.body) == size:
                 stored(job, BodyRef(gen, offset + at, size, crc))
 
     # -- hooks the interpreted subclass provides (each runs at most once per batch) -----------

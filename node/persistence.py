@@ -266,7 +266,7 @@ class Persistence(LogCore):
         if size <= self.body_max:
             return
         job = self.broker.jobs.get(payload[REC_ID])
-        if job is None or job.ref is not None or len(job.body) != size:
+        if job is None or job.on_disk or len(job.body) != size:
             return
         at = frame + aof.FRAME_HEADER_SIZE + log_core.body_offset(payload, size)
         self.broker.body_stored(job, BodyRef(self.bodies.gen, at, size, crc32(body)))
@@ -283,7 +283,7 @@ class Persistence(LogCore):
         jobs = self.broker.jobs
         for job_id, _body, at, size, crc in notes:
             job = jobs.get(job_id)
-            if job is not None and job.ref is not None:
+            if job is not None and job.on_disk:
                 job.ref = BodyRef(gen, base + at, size, crc)
 
     def _read_for_broker(self, ref: BodyRef) -> bytes | None:
