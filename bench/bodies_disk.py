@@ -3,9 +3,9 @@
 checking each body; it is killed with SIGKILL half way and restarted. Each phase prints its
 time, rate and the node's RSS (and its peak).
 
-Phases: add half the jobs; get and acknowledge a quarter; kill -9 and restart (the replay: no
-acknowledged job may be lost, none acknowledged may come back); add the other half; get and
-acknowledge the rest. Then, on ``--compare`` jobs, ADDJOB and GETJOB + ACKJOB throughput of the
+Phases: add every job (all held at once); get and acknowledge half of them; kill -9 and
+restart (the replay: no acknowledged job may be lost, none acknowledged may come back); get
+and acknowledge the rest. Then, on ``--compare`` jobs, ADDJOB and GETJOB + ACKJOB throughput of the
 same build with every body in memory (``body-memory-max 0``) against bodies on disk with a warm
 page cache and with a cold one (``/proc/sys/vm/drop_caches``, needs root: said when refused).
 ``python -m bench.bodies_disk --help``; the data lives under ``--dir`` and is removed after.
@@ -196,7 +196,7 @@ class Report:
 
 def scale_run(n: int, size: int, directory: str, maxmemory: str, fsync: str, deadline: float,
               out: Callable[[str], None], port: int = 0) -> dict[str, float]:
-    """The 5 phases on one node; returns each phase's seconds."""
+    """The 4 phases on one node; returns each phase's seconds."""
     pad = random.Random(7).randbytes(2048)
     seen = bytearray(n)
     report = Report(out)
@@ -211,17 +211,18 @@ def scale_run(n: int, size: int, directory: str, maxmemory: str, fsync: str, dea
     with node:
         if not node.ok:
             raise BenchFailed(f"node: {node.failure}")
-        half, quarter = n // 2, n // 4
+        half = n // 2
         t = time.perf_counter()
-        add_jobs(node.port, range(half), size, pad, deadline)
+        add_jobs(node.port, range(n), size, pad, deadline)
         times["add"] = time.perf_counter() - t
-        report.phase(f"ADDJOB {half:,} (pipelined)", times["add"], half, node)
-        t = time.perf_counter()
-        take_jobs(node.port, quarter, size, pad, seen, deadline)
-        times["take"] = time.perf_counter() - t
-        report.phase(f"GETJOB+ACKJOB {quarter:,}", times["take"], quarter, node)
+        report.phase(f"ADDJOB {n:,} (pipelined)", times["add"], n, node)
         info = _info(node.port, "persistence")
-        out(f"  on disk: {info.get('jobs_bodies_on_disk')} bodies, log {int(info['log_bytes']) / GB:.2f} GB")
+        out(f"  all {n:,} held: {info.get('jobs_bodies_on_disk')} bodies on disk, log "
+            f"{int(info['log_bytes']) / GB:.2f} GB")
+        t = time.perf_counter()
+        take_jobs(node.port, half, size, pad, seen, deadline)
+        times["take"] = time.perf_counter() - t
+        report.phase(f"GETJOB+ACKJOB {half:,}", times["take"], half, node)
         assert node.proc is not None
         node.proc.kill()
         node.proc.wait()
@@ -235,22 +236,18 @@ def scale_run(n: int, size: int, directory: str, maxmemory: str, fsync: str, dea
         if answering != str(node.pid):
             raise BenchFailed(f"another process (pid {answering}) answers on port {node.port} "
                               "after the restart: give the bench a --port of its own")
-        report.phase("kill -9, restart (replay)", times["restart"], half - quarter, node)
+        report.phase("kill -9, restart (replay)", times["restart"], n - half, node)
         left = int(command(node.port, "QLEN", QUEUE, timeout=60))
-        if left != half - quarter:
+        if left != n - half:
             with open(node.log_path, errors="replace") as f:
                 log = "".join(f.readlines()[-8:])
             raise BenchFailed(f"after the restart the queue holds {left:,} jobs, "
-                              f"{half - quarter:,} expected; INFO jobs: "
+                              f"{n - half:,} expected; INFO jobs: "
                               f"{_info(node.port, 'jobs')}; the node's log ends:\n{log}")
         t = time.perf_counter()
-        add_jobs(node.port, range(half, n), size, pad, deadline)
-        times["add2"] = time.perf_counter() - t
-        report.phase(f"ADDJOB {n - half:,} (pipelined)", times["add2"], n - half, node)
-        t = time.perf_counter()
-        take_jobs(node.port, n - quarter, size, pad, seen, deadline)
+        take_jobs(node.port, n - half, size, pad, seen, deadline)
         times["take2"] = time.perf_counter() - t
-        report.phase(f"GETJOB+ACKJOB {n - quarter:,}", times["take2"], n - quarter, node)
+        report.phase(f"GETJOB+ACKJOB {n - half:,}", times["take2"], n - half, node)
         if seen.count(1) != n or int(command(node.port, "QLEN", QUEUE)) != 0:
             raise BenchFailed(f"{seen.count(1):,} distinct jobs served, {n:,} added")
         out(f"every one of {n:,} bodies served once and right; peak RSS "

@@ -14,11 +14,11 @@ def test_a_small_run_prints_every_phase_and_the_ratios(tmp_path) -> None:
     lines: list[str] = []
     times = bodies_disk.scale_run(2_000, 1024, str(tmp_path), "1gb", "everysec",
                                   bodies_disk.time.monotonic() + 300, lines.append)
-    assert set(times) == {"add", "take", "restart", "add2", "take2"}
+    assert set(times) == {"add", "take", "restart", "take2"}
     text = "\n".join(lines)
     assert "kill -9, restart (replay)" in text and "RSS" in text
     assert "every one of 2,000 bodies served once and right" in text
-    assert "on disk: 500 bodies" in text  # a quarter taken of the first half's 1,000
+    assert "all 2,000 held: 2000 bodies on disk" in text  # every one held at once
     result = bodies_disk.compare(str(tmp_path), 500, 1024, "everysec", 1,
                                  bodies_disk.time.monotonic() + 300, lines.append)
     assert all(result[f"ratio_{m}_{op}"] > 0 and result[f"cpu_ratio_{m}_{op}"] >= 0
