@@ -13,7 +13,8 @@ a demonstration) is reported with the command that starts it again by hand; this
 not restart it and stops only the processes it started.
 
 ``--tls``: the bus runs with ``tls-cluster yes``, each node with its certificate from
-``<dir>/certs/`` (made by ``cli.certs`` the first time: a CA and one certificate per port).
+``<dir>/certs/`` (made by ``cli.certs`` the first time: a CA, one certificate per port and a
+client certificate), and each node serves TLS clients on its port + 100 as well.
 """
 
 from __future__ import annotations
@@ -44,13 +45,17 @@ def server_argv(config: str, port: int, directory: Path, node_timeout: int) -> l
             "--cluster-node-timeout", str(node_timeout)]
 
 
-def tls_argv(certs: Path, index: int) -> list[str]:
+#: With --tls, each node also serves TLS clients on its port + this (7811-7813 by default).
+TLS_PORT_OFFSET = 100
+
+
+def tls_argv(certs: Path, index: int, port: int) -> list[str]:
     """``tls-cluster yes`` with node ``index``'s certificate (1-based, as ``cli.certs`` names
-    them)."""
+    them), and a TLS client port beside the plain one (which the join uses)."""
     cert, key = certs / f"node-{index}.crt", certs / f"node-{index}.key"
     if not cert.exists():
         raise SystemExit(f"{cert} is missing: remove {certs} to make a new set")
-    return ["--tls-cluster", "yes", "--tls-cert-file", str(cert.resolve()), "--tls-key-file",
+    return ["--tls-cluster", "yes", "--tls-port", str(port + TLS_PORT_OFFSET), "--tls-cert-file", str(cert.resolve()), "--tls-key-file",
             str(key.resolve()), "--tls-ca-cert-file", str((certs / "ca.crt").resolve())]
 
 
@@ -130,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="cluster-node-timeout in ms (default 5000)")
     parser.add_argument("--join-timeout", type=float, default=30.0)
     parser.add_argument("--tls", action="store_true",
-                        help="mutual TLS on the bus, certificates in <dir>/certs")
+                        help="mutual TLS on the bus, TLS clients on port + 100, certificates in "
+                             "<dir>/certs")
     args = parser.parse_args(argv)
 
     # Both stop the nodes, even when started from a shell that ignores SIGINT in background jobs.
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             directory.mkdir(parents=True, exist_ok=True)
             commands[port] = server_argv(args.config, port, directory, args.node_timeout)
             if args.tls:
-                commands[port] += tls_argv(certs, index)
+                commands[port] += tls_argv(certs, index, port)
             procs[port] = subprocess.Popen(commands[port], start_new_session=True, env=env)
         deadline = time.monotonic() + 30.0
         for port, proc in procs.items():
