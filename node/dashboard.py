@@ -55,6 +55,7 @@ from node.ansi import AnsiToHtml
 from protocol.jobid import is_valid
 
 if TYPE_CHECKING:
+    from broker.acl import User
     from node.server import Server
 
 ASSETS: Final = Path(__file__).with_name("dashboard_assets")
@@ -121,10 +122,12 @@ def make_templates() -> jinja2.Environment:
 
 
 class Dashboard:
-    def __init__(self, server: Server, csrf_token: Callable[[], str] = str) -> None:
+    def __init__(self, server: Server, csrf_token: Callable[[], str] = str,
+                 user: Callable[[], User | None] = lambda: None) -> None:
         self.server = server
-        # The CSRF token of the request being served (node/http_api.py, CsrfTokens).
+        # The CSRF token and the ACL user of the request being served (node/http_api.py).
         self.csrf_token = csrf_token
+        self.user = user
         self.templates = make_templates()
         self.rates = view.RateTracker()
         self.streams = 0  # SSE streams open now
@@ -144,8 +147,14 @@ class Dashboard:
 
     # -- pages --------------------------------------------------------------------------------
 
+    def visible(self) -> view.Visible:
+        """The queues the request's user may see: those their queue patterns allow (an ACL
+        user sees on the dashboard what they could read over RESP)."""
+        user = self.user()
+        return view.everything if user is None or user.all_queues else user.may_use
+
     async def overview(self, request: Request) -> Response:
-        data = view.overview(self.server, self.rates)
+        data = view.overview(self.server, self.rates, self.visible())
         template = "overview_main.html" if request.query_params.get("part") == "main" \
             else "overview.html"
         return await self._html(template, **data)
@@ -158,7 +167,7 @@ class Dashboard:
         job_id = self._job_id(request)
         if job_id is None:
             return await self._html("missing.html", 400, what="This is not a job ID (D-...).")
-        data = view.job_page(self.server, job_id)
+        data = view.job_page(self.server, job_id, self.visible())
         if data is None:
             return await self._html("missing.html", 404,
                               what="This node holds no such job and has no run of it.")
@@ -178,7 +187,8 @@ class Dashboard:
         if job_id is None:
             return Response("not a job ID", status_code=400, media_type="text/plain")
         broker = self.server.broker
-        if broker.runs.get(job_id) is None and job_id not in broker.jobs:
+        if broker.runs.get(job_id) is None and job_id not in broker.jobs \
+                or view.job_page(self.server, job_id, self.visible()) is None:
             return Response("no such job or run", status_code=404, media_type="text/plain")
         if self.streams >= MAX_STREAMS:
             return Response(f"too many log streams open (at most {MAX_STREAMS})",

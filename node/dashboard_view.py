@@ -17,6 +17,7 @@ A counter that went down (the queue was evicted and came back) restarts its samp
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
@@ -98,20 +99,32 @@ def short_id(node_id: str) -> str:
 # The overview page
 
 
-def overview(server: Server, rates: RateTracker) -> dict[str, Any]:
+Visible = Callable[[bytes], bool]
+
+
+def everything(queue: bytes) -> bool:
+    return True
+
+
+def overview(server: Server, rates: RateTracker, visible: Visible = everything) -> dict[str, Any]:
+    """The overview's data, of the queues ``visible`` lets the page's user see (an ACL user's
+    queue patterns: what they could read over RESP); outcomes of jobs no longer held name no
+    queue, so only a user who sees every queue sees them."""
     now = server.clock.now_ms()
     broker = server.broker
+    results = _results(broker, now, visible) if visible is everything else {
+        "results": [], "results_total": 0, "waiting": [], "waiting_parents": 0}
     return {
         "now_ms": now,
         "node": _node(server, now),
         "nodes": _nodes(server),
-        **_queues(broker, rates, now),
-        "dead_letter_queues": _dead_letter_queues(broker),
-        "timers": _timers(broker, now),
-        **_results(broker, now),
-        "running": [run_row(r, now) for r in broker.runs.running()],
+        **_queues(broker, rates, now, visible),
+        "dead_letter_queues": _dead_letter_queues(broker, visible),
+        "timers": [t for t in _timers(broker, now) if visible(t.pop("_queue"))],
+        **results,
+        "running": [run_row(r, now) for r in broker.runs.running() if visible(r.queue)],
         "recent": [run_row(r, now) for r in broker.runs.recent(RECENT_RUNS)
-                   if r.state != "running"],
+                   if r.state != "running" and visible(r.queue)],
     }
 
 
@@ -152,9 +165,10 @@ def _nodes(server: Server) -> list[dict[str, Any]]:
     return rows
 
 
-def _queues(broker: Broker, rates: RateTracker, now: int) -> dict[str, Any]:
+def _queues(broker: Broker, rates: RateTracker, now: int, visible: Visible) -> dict[str, Any]:
     policies = broker.policies
-    names = set(broker.queues) | {p.name for p in policies.policies()}
+    names = {n for n in set(broker.queues) | {p.name for p in policies.policies()}
+             if visible(n)}
     ordered = sorted(names)
     shown = ordered[:MAX_QUEUES_SHOWN]
     counters: dict[bytes, tuple[int, int]] = {}
@@ -192,7 +206,7 @@ def _throttle(broker: Broker, p: Policy | None, q: Queue | None, now: int) -> An
             "held": q is not None and throttle.holds(broker, q, now)}
 
 
-def _dead_letter_queues(broker: Broker) -> list[dict[str, Any]]:
+def _dead_letter_queues(broker: Broker, visible: Visible) -> list[dict[str, Any]]:
     """Dead-letter queues (named by a redrive policy) and the error queues script workers
     park failed jobs in (``<queue>.err`` with a policy, broker/parking.py)."""
     policies = broker.policies
@@ -207,6 +221,8 @@ def _dead_letter_queues(broker: Broker) -> list[dict[str, Any]]:
                 froms.append(source)
     out = []
     for dlq, froms in sorted(sources.items()):
+        if not visible(dlq):
+            continue
         q = broker.queues.get(dlq)
         redrive_url = "/queues/" + quote(dlq, safe="") + "/redrive"
         letters = []
@@ -245,12 +261,12 @@ def _timers(broker: Broker, now: int) -> list[dict[str, Any]]:
             "last_fired_ms": t.last_fired_due_ms,
             "owner": short_id(t.owner) if t.owner else "",
             "owner_is_me": t.owner == broker.node_id, "paused": t.paused,
-            "last_error": getattr(t, "last_error", ""),
+            "last_error": getattr(t, "last_error", ""), "_queue": t.queue,
         })
     return rows
 
 
-def _results(broker: Broker, now: int) -> dict[str, Any]:
+def _results(broker: Broker, now: int, visible: Visible) -> dict[str, Any]:
     """The newest outcomes kept (RESOLVE, WAITJOB) and the chained jobs still waiting here."""
     outcomes = broker.results.outcomes
     rows = []
@@ -264,7 +280,8 @@ def _results(broker: Broker, now: int) -> dict[str, Any]:
     for children in broker.results.children.values():
         for child_id in sorted(children):
             job = broker.jobs.get(child_id)
-            if job is None or child_id in seen or len(waiting) >= RECENT_RUNS:
+            if job is None or child_id in seen or len(waiting) >= RECENT_RUNS \
+                    or not visible(job.queue):
                 continue
             seen.add(child_id)
             waiting.append({"job_id": child_id.decode("ascii", "replace"),
@@ -290,14 +307,19 @@ def run_row(run: Any, now: int) -> dict[str, Any]:
 # A job's page
 
 
-def job_page(server: Server, job_id: bytes) -> dict[str, Any] | None:
+def job_page(server: Server, job_id: bytes,
+             visible: Visible = everything) -> dict[str, Any] | None:
     """The job (if this node holds it) and its newest run (if one was recorded here); None
-    when the node knows neither."""
+    when the node knows neither, or the job's queue is not ``visible`` to the page's user
+    (nor, for a job no longer held, every queue)."""
     broker = server.broker
     now = server.clock.now_ms()
     job = broker.jobs.get(job_id)
     run = broker.runs.get(job_id)
     if job is None and run is None and job_id not in broker.results.outcomes:
+        return None
+    queue = job.queue if job is not None else run.queue if run is not None else None
+    if visible is not everything and (queue is None or not visible(queue)):
         return None
     return {
         "job_id": job_id.decode("ascii", "replace"),

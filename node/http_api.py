@@ -799,7 +799,7 @@ def make_app(server: Server, api: Api | None = None) -> ASGIApp:
         user = REQUEST_USER.get()
         return csrf.token(user) if user is not None else ""
 
-    dashboard = Dashboard(server, csrf_token)
+    dashboard = Dashboard(server, csrf_token, REQUEST_USER.get)
     routes = [
         Route("/openapi.json", _wrap(api.openapi), methods=["GET"]),
         # Prometheus metrics, and the dashboard's /, /jobs/... and /static/...

@@ -101,3 +101,24 @@ def test_a_csrf_token_is_the_users_own() -> None:
                           headers={**browser, "x-csrf-token": ops_token}).status_code == 403
     finally:
         srv.stop()
+
+
+def test_the_dashboard_shows_a_user_only_the_queues_they_may_use() -> None:
+    srv, base = start()
+    try:
+        r = redis.Redis(port=srv.port)
+        r.execute_command("ACL", "SETUSER", "eu", "on", ">e1", "~orders:eu*", "+@all")
+        mine = r.execute_command("ADDJOB", "orders:eu", "visible body", 0).decode()
+        theirs = r.execute_command("ADDJOB", "payroll", "secret body", 0).decode()
+        with httpx.Client(base_url=base, timeout=5) as c:
+            everyone = c.get("/").text  # the default user: every queue
+            assert "orders:eu" in everyone and "payroll" in everyone
+            page = c.get("/", auth=("eu", "e1")).text
+            assert "orders:eu" in page and "payroll" not in page
+            assert c.get(f"/jobs/{mine}", auth=("eu", "e1")).status_code == 200
+            for path in (f"/jobs/{theirs}", f"/jobs/{theirs}/log"):
+                denied = c.get(path, auth=("eu", "e1"))
+                assert denied.status_code == 404 and "secret body" not in denied.text
+            assert "secret body" in c.get(f"/jobs/{theirs}").text
+    finally:
+        srv.stop()
