@@ -143,6 +143,8 @@ class BrokerState:
         self.config = config
         self.node_id = node_id
         self.myself: tuple[str, ...] = (node_id,)
+        # While the log replays: queue names and holder tuples, one object each (load_record).
+        self.loading_shared: dict[Any, Any] = {node_id: node_id, self.myself: self.myself}
         self.ids = IdGenerator(node_id, seed)
         self.rng = rng or random.Random(seed)
         self.jobs: dict[bytes, Job] = {}
@@ -584,6 +586,14 @@ class BrokerState:
         kind, payload = record[0], record[1]
         if kind == "job":
             job = Job.from_record(payload)
+            # One object per queue name and per set of holders, as live jobs share them: a
+            # replay otherwise gives each job its own copies (about 180 bytes a job, which
+            # took a 10-million-job replay 1.8 GB over the node's running size).
+            shared = self.loading_shared
+            job.queue = shared.setdefault(job.queue, job.queue)
+            holders = job.delivered
+            if holders:
+                job.delivered = shared.setdefault(holders, holders)
             old = self.jobs.get(job.id)
             if old is not None:
                 self.unregister(old)
@@ -627,6 +637,7 @@ class BrokerState:
         controlled restart (``enqueue_jobs_once``: the log was written by SHUTDOWN REWRITE-AOF
         with no client connected) the queues are restored exactly, at-most-once jobs included.
         """
+        self.loading_shared = {}
         for job in list(self.jobs.values()):
             if job.state is _ACKED:
                 if self.replication is not None and job.flags & FLAG_REPLICA:
