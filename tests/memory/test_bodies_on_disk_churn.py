@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from bench import churn
 from protocol import core_build
-from tests.memory.footprint import assert_flat, footprint
+from tests.memory.footprint import MIB, assert_flat, footprint
 from tests.support.server import ServerProcess, send_command
 
 WARM_UP = 10_000
@@ -33,4 +33,7 @@ def test_jobs_with_bodies_on_disk_leave_the_footprint_flat() -> None:
             after = footprint(srv.port, srv.proc.pid)
             on_disk = _on_disk(srv.port)
         assert on_disk == 0
-        assert_flat(before, after, JOBS)
+        # The rewrites this run starts leave RSS 1-3 MiB off, either way, however many jobs
+        # (their buffers and the heap's trim): 4 MiB is still under 21 bytes a job, less
+        # than any object a job could leave behind, and the blocks count catches those.
+        assert_flat(before, after, JOBS, rss_slack=4 * MIB)
