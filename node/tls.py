@@ -79,10 +79,18 @@ def _openssl(context: ssl.SSLContext, function: str) -> tuple[Any, int]:
     library the ``_ssl`` extension is linked with; AttributeError or OSError if absent."""
     import _ssl
 
-    call = getattr(ctypes.CDLL(_ssl.__file__), function)
+    library = ctypes.CDLL(_ssl.__file__)
+    call = getattr(library, function)
     handle = ctypes.c_void_p.from_address(id(context) + object.__basicsize__).value
     if not handle:
         raise OSError("no SSL_CTX")
+    # The pointer is the context's only if OpenSSL reads the options Python set on it back:
+    # a CPython whose layout moved gets Python's behaviour, not a call on the wrong object.
+    get_options = library.SSL_CTX_get_options
+    get_options.argtypes = [ctypes.c_void_p]
+    get_options.restype = ctypes.c_uint64
+    if get_options(handle) != int(context.options) & 0xFFFF_FFFF_FFFF_FFFF:
+        raise OSError("the SSLContext's layout is not the one expected")
     return call, handle
 
 
