@@ -234,6 +234,9 @@ class PolicyTable:
         # What every node added, for a duplicate added on another node (broker/dedup.py).
         self.shared = SharedIndex()
         self._indexed: set[bytes] = set()
+        # Jobs indexed since the start whose body the log holds, by (queue, length, CRC-32),
+        # which their references keep: indexing them reads nothing; a hit is read once.
+        self._on_disk: dict[tuple[bytes, int, int], bytes] = {}
         self.last_duplicate = False  # the last ADDJOB returned an existing job (HTTP: 200)
         # Jobs moved to a dead-letter queue, per original queue (read by /metrics; bounded
         # by the queues that ever had a redrive policy).
@@ -293,29 +296,54 @@ class PolicyTable:
             # First use since start (or since deduplication was turned on): index the jobs of
             # the queue this node holds. (When turned on by a command, the table is marked
             # indexed at once: as mqs says, jobs already there are not considered.) A body the
-            # log holds is read back for its digest, not kept.
+            # log holds is indexed by what its reference knows, so this reads no file.
             self._indexed.add(queue)
             mine = b"D-" + b.node_id[:8].encode()
             for job in b.jobs.values():
                 if (job.queue == queue and job.state is not JobState.ACKED
                         and job.id.startswith(mine)):
                     ref = job.ref
-                    content = job.body if ref is None else b.read_body(ref)
-                    if content is not None:
-                        self._dedup[(queue, hashlib.sha1(content).digest())] = job.id
-        job_id = self._dedup.get((queue, hashlib.sha1(body).digest()))
+                    if ref is None:
+                        self._dedup[(queue, hashlib.sha1(job.body).digest())] = job.id
+                    else:
+                        self._on_disk[(queue, ref.length, ref.crc)] = job.id
+        digest = hashlib.sha1(body).digest()
+        job_id = self._dedup.get((queue, digest))
         if job_id is None:
-            return None
+            if not self._on_disk:
+                return None
+            return self._find_on_disk(b, queue, body, digest)
         found = b.jobs.get(job_id)
         if (found is None or found.queue != queue or found.state is JobState.ACKED
                 or not same_body(found, body)):
             return None
         return job_id
 
+    def _find_on_disk(self, b: PolicyBroker, queue: bytes, body: bytes,
+                      digest: bytes) -> bytes | None:
+        """A job indexed at the start with the same length and CRC-32 as ``body``: its body
+        is read back once and compared (a CRC-32 is no digest), then indexed by its SHA-1."""
+        key = (queue, len(body), crc32(body))
+        job_id = self._on_disk.get(key)
+        if job_id is None:
+            return None
+        found = b.jobs.get(job_id)
+        if found is None or found.queue != queue or found.state is JobState.ACKED:
+            del self._on_disk[key]
+            return None
+        ref = found.ref
+        content = found.body if ref is None else b.read_body(ref)
+        if content != body:
+            return None  # another body, or unreadable (the node logged why): not a duplicate
+        del self._on_disk[key]
+        self._dedup[(queue, digest)] = job_id
+        return job_id
+
     def remember(self, b: BrokerCore, queue: bytes, body: bytes, job_id: bytes,
                  now_ms: int = 0) -> None:
-        if len(self._dedup) > 2 * len(b.jobs) + 1024:
+        if len(self._dedup) + len(self._on_disk) > 2 * len(b.jobs) + 1024:
             self._dedup = {k: v for k, v in self._dedup.items() if v in b.jobs}
+            self._on_disk = {k: v for k, v in self._on_disk.items() if v in b.jobs}
         digest = hashlib.sha1(body).digest()
         self._dedup[(queue, digest)] = job_id
         job = b.jobs.get(job_id)
@@ -359,6 +387,7 @@ class PolicyTable:
         self.origins = {k: v for k, v in self.origins.items() if k in live_jobs}
         self.content_types = {k: v for k, v in self.content_types.items() if k in live_jobs}
         self._dedup = {k: v for k, v in self._dedup.items() if v in live_jobs}
+        self._on_disk = {k: v for k, v in self._on_disk.items() if v in live_jobs}
 
     def load(self, data: list[Any]) -> None:
         if data[0] == "ctype":

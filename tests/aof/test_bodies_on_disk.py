@@ -334,7 +334,8 @@ def test_a_version_2_log_is_rewritten_as_version_3_with_its_bodies_split():
 
 def test_a_queue_with_a_policy_keeps_its_bodies_in_the_log_across_a_restart():
     """Policy queues' bodies stay in the log like any other: after a kill -9 and restart,
-    deduplication still finds the job (its index reads the body back for its digest), and
+    deduplication still finds the job (a candidate of the same length and CRC-32 is read back
+    and compared), and
     REDRIVE moves the dead letter back with its body."""
     with ServerProcess(appendonly="yes", appendfsync="always") as srv:
         send_command(srv.port, "QPOLICY", "CREATE", "dlq")
