@@ -29,7 +29,7 @@ and time, following the contract of ``cluster/effects.py``:
   ``first_frame_timeout``); a peer that fails it is closed, counted and logged, and never
   becomes a ``Link``, so none of its bytes reach a decoder. A link then holds a
   ``TlsChannel`` (an ``ssl.SSLObject`` over memory BIOs) and its reads and writes stay
-  direct: ``_read_tls`` decrypts what each read brought, ``bus_core.write_tls`` and
+  direct: ``_read`` decrypts (``_take_tls``) what each read brought, ``bus_core.write_tls`` and
   ``_write_all_tls`` turn frames into records, the records the socket did not take waiting in
   the channel for the writer task.
 * **Sends never block the node.** ``Send``/``Answer`` encode the frame and append its buffers
@@ -230,7 +230,7 @@ class Link(LinkCore):
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._guarded, self._write)
-                    await self._guarded(self._read if self.tls is None else self._read_tls)
+                    await self._guarded(self._read)
                     nursery.cancel_scope.cancel()
         finally:
             self.close()
@@ -261,10 +261,17 @@ class Link(LinkCore):
         the socket empty: the task waits for it at once (that wait lets the other tasks run,
         as trio's own ``recv`` would), without a checkpoint and a read that would only find
         nothing - each a trip through trio's run loop per frame. The deadlines of inbound
-        links are the ticker's (``Bus.close_timed_out``), not a cancel scope per wait."""
+        links are the ticker's (``Bus.close_timed_out``), not a cancel scope per wait.
+        Under TLS each read's records are decrypted first (``_take_tls``), starting with what
+        arrived with the handshake's last read: the peer may have sent frames right behind it."""
         fd = self.fd
         decoder = self.decoder
         wait_readable = trio.lowlevel.wait_readable
+        take = self._take_plain
+        if self.tls is not None:
+            take = self._take_tls
+            if not take(b""):
+                return
         while not self.closed:
             size = min(max(decoder.missing(), READ_SIZE), BIG_READ_SIZE)
             try:
@@ -275,39 +282,17 @@ class Link(LinkCore):
             if not data:
                 decoder.truncated_at_eof()
                 return
-            bus_core.take_frames(self, data)
-            if self.closed:
+            if not take(data):
                 return
             if len(data) < size:
                 await wait_readable(fd)
             else:
                 await trio.lowlevel.checkpoint()
 
-    async def _read_tls(self) -> None:
-        """``_read`` under TLS: the same direct reads, each one's records decrypted at once
-        and the plaintext handed to the cores (``_take_tls``). First what arrived with the
-        handshake's last read: the peer may have sent frames right behind it."""
-        fd = self.fd
-        decoder = self.decoder
-        wait_readable = trio.lowlevel.wait_readable
-        if not self._take_tls(b""):
-            return
-        while True:
-            size = min(max(decoder.missing(), READ_SIZE), BIG_READ_SIZE)
-            try:
-                data = os.read(fd, size)
-            except BlockingIOError:
-                await wait_readable(fd)
-                continue
-            if not data:
-                decoder.truncated_at_eof()
-                return
-            if not self._take_tls(data):
-                return
-            if len(data) < size:
-                await wait_readable(fd)
-            else:
-                await trio.lowlevel.checkpoint()
+    def _take_plain(self, data: bytes) -> bool:
+        """Hand ``data``'s frames over; False when the link ends here."""
+        bus_core.take_frames(self, data)
+        return not self.closed
 
     def _take_tls(self, data: bytes) -> bool:
         """Decrypt ``data`` and hand its frames over; False when the link ends here."""
