@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import redis
 
-from tests.http.conftest import start
+from tests.http.conftest import start, wait_http
 from tests.support.dashboard import page_token
 
 
@@ -88,15 +86,8 @@ def test_a_csrf_token_is_the_users_own() -> None:
         # Users without an aclfile do not survive a restart: the same user again.
         redis.Redis(port=srv.port).execute_command("ACL", "SETUSER", "ops", "on", ">o1", "~*",
                                                    "+@all")
+        wait_http(srv, base)
         with httpx.Client(base_url=base, timeout=5) as c:
-            deadline = time.monotonic() + 15
-            while True:
-                try:
-                    c.get("/openapi.json")
-                    break
-                except httpx.TransportError:
-                    assert time.monotonic() < deadline, "the HTTP API did not come back"
-                    time.sleep(0.05)
             assert c.post("/messages/q", content=b"x", auth=("ops", "o1"),
                           headers={**browser, "x-csrf-token": ops_token}).status_code == 403
     finally:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import ssl
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -21,6 +20,7 @@ import pytest
 from cli.certs import CertSet
 from protocol.resp import Error
 from tests.e2e.test_startup import run_server
+from tests.http.conftest import wait_http
 from tests.support.certs import make_certs
 from tests.support.server import ServerProcess, free_port
 
@@ -30,16 +30,8 @@ def start_https(certs: CertSet, cert: Path, key: Path) -> tuple[ServerProcess, s
     srv = ServerProcess(http_port=port, http_tls="yes", tls_cert_file=str(cert),
                         tls_key_file=str(key)).start()
     base = f"https://127.0.0.1:{port}"
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            httpx.get(base + "/openapi.json", timeout=2, verify=trusting(certs))
-            return srv, base
-        except httpx.TransportError:
-            if time.monotonic() > deadline:
-                srv.stop()
-                raise
-            time.sleep(0.05)
+    wait_http(srv, base, trusting(certs))
+    return srv, base
 
 
 def trusting(certs: CertSet) -> ssl.SSLContext:
