@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 from client.blocking import Client
+from tests.support.server import free_port
 
 TARGET = 0.8
 
@@ -220,11 +221,7 @@ class _Progress:
 
 def _start_node() -> tuple[subprocess.Popen[bytes], int, str]:
     """A fresh trisque-server on a free loopback port, its data in a temporary directory."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # its bus port, port + 10000, must be free (and valid) too
     directory = tempfile.mkdtemp(prefix="trisque-pipeline-bench-")
     proc = subprocess.Popen([sys.executable, "-m", "cli.server", "--port", str(port),
                              "--bind", "127.0.0.1", "--dir", directory],
