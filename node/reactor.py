@@ -242,6 +242,7 @@ class Reactor(ReactorCore):
             self._nursery = nursery
             task_status.started()
             polled = settled = False
+            wake_at = 0.0
             clock = time.perf_counter
             quantum_end = clock() + QUANTUM_S
             while True:
@@ -262,14 +263,17 @@ class Reactor(ReactorCore):
                             self.waiting = self.woken = False
                     elif loop.idle(settled):
                         # trio has nothing to run either: sleep here until a socket, trio's
-                        # own epoll or trio's next deadline (see "Sleeping" above).
-                        settled = True
-                        timeout = loop.timeout()
+                        # own epoll or trio's next deadline (see "Sleeping" above). Its
+                        # deadlines are read once per hand-over: only its tasks change them.
+                        if not settled:
+                            settled = True
+                            wake_at = clock() + loop.timeout()
+                        timeout = wake_at - clock()
                         if timeout > 0:
                             self.trio_ready = False
                             poll(self, min(timeout, MAX_SLEEP_S))
                             polled = True
-                            if not self.trio_ready and (self.runnable or loop.timeout() > 0):
+                            if not self.trio_ready and (self.runnable or clock() < wake_at):
                                 quantum_end = clock() + QUANTUM_S
                                 continue
                         await trio.lowlevel.checkpoint()
