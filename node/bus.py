@@ -134,6 +134,7 @@ from node.bus_core import (
 )
 from node.bus_tls import BusContexts, TlsChannel, describe
 from node.clock import Clock
+from node.reactor_core import ReactorCore
 
 log = logging.getLogger("trisque.bus")
 
@@ -226,13 +227,20 @@ class Link(LinkCore):
         self._scope.cancel()
 
     async def run(self) -> None:
+        reactor = self.owner.reactor if self.tls is None else None
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._guarded, self._write)
+                    if reactor is not None:
+                        # The reactor reads it (``bus_core.read_link``) until it closes.
+                        reactor.add_link(self)
+                        await trio.sleep_forever()
                     await self._guarded(self._read)
                     nursery.cancel_scope.cancel()
         finally:
+            if reactor is not None:
+                reactor.forget_link(self)
             self.close()
             self.queue.clear()
             self.owner.links.pop(self.id, None)
@@ -490,6 +498,9 @@ class Bus(BusCore):
         self._next_link = 0
         self.limiter = LogLimiter(log, clock)
         self._nursery: trio.Nursery | None = None
+        # The node's reactor (node/reactor.py), which reads the plain links in its loop;
+        # without it (a bus on its own) each link's task reads it.
+        self.reactor: ReactorCore | None = None
         # tls-cluster: every link's handshake uses these (``node/bus_tls.py``); CONFIG SET of
         # a tls-* file replaces them for the links opened after it.
         self.tls = tls

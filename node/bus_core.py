@@ -114,6 +114,8 @@ class LinkCore:
         self.spoke = False
         self.last_frame = now
         self.closed = False
+        # In the reactor's ``ready_links`` (a plain link the reactor reads: ``read_link``).
+        self.ready = False
         # Under tls-cluster, the link's ``node.bus_tls.TlsChannel``: the bytes on the socket
         # are its records (``write_tls``; the reader decrypts).
         self.tls: Any = None
@@ -211,6 +213,31 @@ def bad_frame(link: LinkCore, exc: WireError) -> None:
     reason = type(exc).__name__
     bus.log_warning(f"wire:{link.peer_ip}:{reason}",
                     f"Cluster bus: dropping link with {link.peer_ip}: {reason} ({exc})")
+
+
+def read_link(link: LinkCore) -> bool:
+    """One read of a plain link the reactor serves (its epoll reported it readable), its
+    complete frames handed to the cores at once; False when the link ends here (the peer
+    closed it, a bad frame, an error)."""
+    size = min(max(link.decoder.missing(), READ_SIZE), BIG_READ_SIZE)
+    try:
+        data = os.read(link.fd, size)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    try:
+        if not data:
+            link.decoder.truncated_at_eof()
+            return False
+        take_frames(link, data)
+    except WireError as exc:
+        bad_frame(link, exc)
+        return False
+    except Exception:  # the reactor calls this: one link's bug must not stop the node
+        link.bus.core_error(read_link)
+        return False
+    return not link.closed
 
 
 def take_frames(link: LinkCore, data: bytes) -> None:

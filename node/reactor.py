@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 A trio task per connection costs a trip through trio's scheduler for every request, and every
 wait re-arms a one-shot registration in trio's epoll (an ``epoll_ctl``). The reactor replaces
-them with one task and one level-triggered ``select.epoll`` holding the client sockets
-(registered once per connection): trio waits on that epoll's descriptor (``wait_readable``)
-only when no connection has anything to do.
+them with one task and one level-triggered ``select.epoll`` holding the client sockets and
+the cluster bus's plain links (registered once each), in which the task itself sleeps when
+nothing is ready (below, "Sleeping").
 
 **Rounds.** The loop polls the epoll without waiting, queues the connections it reports
 (``runnable``, a FIFO, one entry per connection) and runs a *round*: each queued connection
@@ -19,8 +19,9 @@ after ``MAX_ROUND_S``, and in a turn at most ``MAX_COMMANDS_PER_TURN`` commands 
 to the back of the queue and reads nothing more until they have run, so a flooding pipeliner
 is served in slices behind the others and never buffered without bound. Rounds follow one
 another without a trip through trio's scheduler for a ``QUANTUM_S`` (a client whose next
-request is already there is served at once); then the task checkpoints, so the timers, the
-bus, the log's writer and the tasks below run.
+request is already there is served at once); then the task writes the bus and, if trio has
+anything to run (its epoll ready, a task scheduled, a deadline passed), checkpoints, so the
+timers, the links' writers, the log's writer and the tasks below run.
 
 **Group commit at the end of each round.** The round ends by flushing the cluster bus once
 (``flush_bus``: the frames the round's commands queued for other nodes, the cluster cores' timers
@@ -43,6 +44,27 @@ read, but execute nothing.
 are queued by ``flush_bus`` at the end of each round and written when the loop waits or lets
 the other tasks run (``write_bus``): at once after a lone request, once per quantum for all
 the rounds of a busy one (one write per link, as a link's own writer task would).
+
+**Sleeping.** When no connection has anything to do and trio has no task to run, the
+reactor sleeps in its own epoll (``poll`` with a timeout), trio's own epoll descriptor being
+registered in it, for at most the time to trio's next deadline: a client, a bus link, or
+anything trio waits for (a socket of a task, a worker thread's completion, a signal: they
+reach trio through descriptors in its epoll) wakes it, and it hands over to trio (one
+checkpoint) only when trio's epoll is ready or a deadline passed. Waking and sleeping again
+is then one ``epoll_wait``, with no trip through trio's run loop and no ``epoll_ctl``. While
+trio has tasks to run (a link's writer woken, tasks left in the batch the reactor was
+resumed in: ``TrioLoop.idle``) it checkpoints instead. This reads trio's internals
+(``trio_loop``: its epoll, run queue, tasks and deadlines, as in trio 0.35); with another trio
+version, another clock (the tests' autojump clock), in guest mode or for a second reactor in
+the same run (only one may sleep outside trio: it would not see the other's epoll) the
+reactor waits on its epoll's descriptor through trio (``wait_readable``), as before.
+
+**The cluster bus's plain links** (``node/bus.py``) are read here too: a link the epoll
+reports is read once per pass of the loop, before its round (``serve_links``:
+``bus_core.read_link``, its frames handed to the cores at once, the answers of the pass
+written with one write per link), not by a task of its own and not in a round. A link under
+TLS keeps its reader task, and every link its writer
+task for what must wait for the socket.
 
 **Leaving the reactor.** A connection that must wait for something else is *parked*: taken
 out of the epoll (its input is not read: a client that stops reading is paused, not buffered)
@@ -85,7 +107,9 @@ and the task that releases held connections when the log was not committed inlin
 
 from __future__ import annotations
 
+import select
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -106,12 +130,73 @@ from node.reactor_core import (
     ReactorCore,
     Served,
 )
-from node.round_core import poll, run_round
+from node.round_core import poll, run_round, serve_links
 
 # Rounds follow one another without a trip through trio's scheduler for up to this long (a
 # client whose next request is already there is served at once, as a connection's own loop
 # would); then the other tasks (timers, the bus, the log's writer) get their turn.
 QUANTUM_S = 0.001
+# The longest the reactor sleeps in its own epoll without a look at trio's deadlines (they
+# are read before each sleep; this only bounds a clock that jumps).
+MAX_SLEEP_S = 1.0
+MIN_IDLE_SLEEP_S = 0.001
+
+
+class TrioLoop:
+    """What the reactor reads of trio's run loop to sleep in its own epoll: internals of trio
+    0.35 (``trio_loop`` checks they are there)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.fd: int = runner.io_manager._epoll.fileno()
+
+    def idle(self, settled: bool = False) -> bool:
+        """No task is scheduled: none in the run queue, none left in the batch being run (a
+        scheduled task holds the value it will be resumed with until it is stepped: looked
+        for unless ``settled``, no other task having run since the last look), and no test
+        waits for all tasks to block."""
+        runner = self.runner
+        if runner.runq or runner.waiting_for_idle:
+            return False
+        if settled:
+            return True
+        for task in runner.tasks:
+            if task._next_send_fn is not None:
+                return False
+        return True
+
+    def timeout(self) -> float:
+        """Seconds to trio's next deadline (a timer, a timeout; inf if none)."""
+        runner = self.runner
+        return float(runner.deadlines.next_deadline() - runner.current_time())
+
+
+# The run loops in which a reactor sleeps in its own epoll: one per loop, since a reactor
+# asleep there is blind to another's epoll (the others wait through trio, whose epoll the
+# sleeping one watches).
+_claimed: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def trio_loop() -> TrioLoop | None:
+    """trio's run loop as ``TrioLoop``, claimed for the calling reactor, or None where the
+    reactor waits through trio: another trio version, a clock other than the system's (the
+    tests' autojump clock), guest mode, another reactor in the same run (tests)."""
+    if not trio.__version__.startswith("0.35."):
+        return None
+    try:
+        from trio._core import _run
+
+        runner = _run.GLOBAL_RUN_CONTEXT.runner
+        if (runner.is_guest or type(runner.clock) is not _run.SystemClock
+                or runner in _claimed):
+            return None
+        loop = TrioLoop(runner)
+        loop.timeout()
+        loop.idle()
+    except (ImportError, AttributeError, TypeError, OSError):
+        return None
+    _claimed.add(runner)
+    return loop
 
 
 class Reactor(ReactorCore):
@@ -140,36 +225,82 @@ class Reactor(ReactorCore):
         self._room.set()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        loop = trio_loop()
+        if loop is not None:
+            # Registered before anything waits on this epoll through trio: trio keeps a
+            # descriptor it waited on in its epoll, and epolls may not hold each other.
+            self.epoll.register(loop.fd, select.EPOLLIN)
+            self.trio_fd = loop.fd
+        try:
+            await self._run(loop, task_status)
+        finally:
+            if loop is not None:
+                _claimed.discard(loop.runner)
+
+    async def _run(self, loop: TrioLoop | None, task_status: Any) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            polled = False
+            polled = settled = False
+            wake_at = 0.0
             clock = time.perf_counter
             quantum_end = clock() + QUANTUM_S
             while True:
                 if not polled:
                     poll(self)
                 polled = False
+                if self.ready_links:
+                    serve_links(self)
                 if not self.runnable:
                     self.write_bus()
-                    # Nothing to do: trio runs the others and wakes us when a socket in the
-                    # epoll is ready (or schedule() writes to the wake-up descriptor).
-                    self.waiting = True
-                    try:
-                        await trio.lowlevel.wait_readable(self.epoll)
-                    finally:
-                        self.waiting = self.woken = False
+                    if loop is None:
+                        # Nothing to do: trio runs the others and wakes us when a socket in
+                        # the epoll is ready (or schedule() writes to the wake-up descriptor).
+                        self.waiting = True
+                        try:
+                            await trio.lowlevel.wait_readable(self.epoll)
+                        finally:
+                            self.waiting = self.woken = False
+                    elif loop.idle(settled):
+                        # trio has nothing to run either: sleep here until a socket, trio's
+                        # own epoll or trio's next deadline (see "Sleeping" above). Its
+                        # deadlines are read once per hand-over: only its tasks change them.
+                        if not settled:
+                            settled = True
+                            wake_at = clock() + loop.timeout()
+                        timeout = wake_at - clock()
+                        if timeout > 0:
+                            self.trio_ready = False
+                            poll(self, min(timeout, MAX_SLEEP_S))
+                            polled = True
+                            if not self.trio_ready and (self.runnable or clock() < wake_at):
+                                quantum_end = clock() + QUANTUM_S
+                                continue
+                        await trio.lowlevel.checkpoint()
+                        self.trio_ready = False
+                    elif loop.runner.waiting_for_idle:
+                        # A test waits for every task to block: trio must see none runnable
+                        # for its cushion.
+                        await trio.sleep(max(2 * loop.runner.waiting_for_idle.keys()[0][0],
+                                             MIN_IDLE_SLEEP_S))
+                    else:
+                        await trio.lowlevel.checkpoint()  # others to run: their turn
+                    settled = False
                     quantum_end = clock() + QUANTUM_S
                     continue
                 run_round(self)
                 poll(self)
                 polled = True
                 if self.runnable and clock() > quantum_end:
-                    self.write_bus()
-                    # More to do, and the other tasks have waited a quantum: let them run
-                    # (one trip through trio's scheduler then, not one per round).
-                    await trio.lowlevel.checkpoint()
                     quantum_end = clock() + QUANTUM_S
+                    self.write_bus()
+                    if (loop is None or self.trio_ready or not loop.idle()
+                            or loop.timeout() <= 0):
+                        # More to do, and the other tasks have waited a quantum: let them
+                        # run (one trip through trio's scheduler then, not one per round).
+                        await trio.lowlevel.checkpoint()
+                        self.trio_ready = settled = False
+                        quantum_end = clock() + QUANTUM_S
 
     def release_later(self, held: list[Served]) -> None:
         assert self._nursery is not None

@@ -26,6 +26,7 @@ from typing import Final, Protocol
 from mypy_extensions import mypyc_attr
 
 from broker.effects import Reply
+from node.bus_core import LinkCore
 from node.conn_state import CLOSED, ConnState, is_draining, is_held, is_waiting
 
 # Fairness bounds of one round (see node/reactor.py). A turn of an unpipelined client runs one
@@ -130,6 +131,14 @@ class ReactorCore:
         self.epoll.register(self.wake_fd, select.EPOLLIN)
         self.waiting = False
         self.woken = False
+        # trio's own epoll, when the reactor sleeps in its epoll rather than through trio
+        # (node/reactor.py, "Sleeping"): reported ready, trio has something to run.
+        self.trio_fd = -1
+        self.trio_ready = False
+        # The cluster bus's plain links, by descriptor: read in the reactor's loop, not by a
+        # task each (node/bus.py), the ones the last poll reported in ``ready_links``.
+        self.links: dict[int, LinkCore] = {}
+        self.ready_links: list[LinkCore] = []
         # New connections with input that have not had their first turn yet (the accept
         # loop waits while there are MAX_NEW_WAITING).
         self.new_waiting = 0
@@ -168,6 +177,20 @@ class ReactorCore:
             del self.by_fd[conn.fd]
         if conn.fresh:
             self.first_turn(conn)
+
+    def add_link(self, link: LinkCore) -> None:
+        """Read a bus link in the loop from now on (level-triggered, registered once)."""
+        self.epoll.register(link.fd, select.EPOLLIN)
+        self.links[link.fd] = link
+
+    def forget_link(self, link: LinkCore) -> None:
+        """The link is closing: out of the epoll (before its socket is closed)."""
+        if self.links.get(link.fd) is link:
+            del self.links[link.fd]
+            try:
+                self.epoll.unregister(link.fd)
+            except (OSError, ValueError):
+                pass
 
     def stop_reading(self, conn: Served) -> None:
         """Its client sent its last byte: out of the epoll, turns only when scheduled."""

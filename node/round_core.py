@@ -29,6 +29,7 @@ import os
 import time
 from typing import cast
 
+from node.bus_core import read_link, write_pending
 from node.conn_core import ConnCore, release_if_durable, turn
 from node.conn_state import CLOSED
 from node.reactor_core import (
@@ -43,17 +44,25 @@ from node.reactor_core import (
 )
 
 
-def poll(reactor: ReactorCore) -> None:
-    """Queue the connections the epoll reports ready (without waiting)."""
+def poll(reactor: ReactorCore, timeout: float = 0.0) -> None:
+    """Queue the connections the epoll reports ready, waiting up to ``timeout`` seconds for
+    one (0: not at all); trio's own epoll reported ready sets ``trio_ready``."""
     runnable = reactor.runnable
     if len(runnable) >= MAX_TURNS_PER_ROUND:
         return  # level-triggered: those not queued now are reported again later
     by_fd = reactor.by_fd
-    for fd, flags in reactor.epoll.poll(0, MAX_EVENTS):
+    for fd, flags in reactor.epoll.poll(timeout, MAX_EVENTS):
         found = by_fd.get(fd)
         if found is None:
-            if fd == reactor.wake_fd:
+            link = reactor.links.get(fd)
+            if link is not None:
+                if not link.ready:
+                    link.ready = True
+                    reactor.ready_links.append(link)
+            elif fd == reactor.wake_fd:
                 os.eventfd_read(fd)
+            elif fd == reactor.trio_fd:
+                reactor.trio_ready = True
             continue
         conn = cast(ConnCore, found)
         conn.readable = True
@@ -64,6 +73,28 @@ def poll(reactor: ReactorCore) -> None:
             runnable.append(conn)
             if conn.fresh:
                 reactor.new_waiting += 1
+
+
+def serve_links(reactor: ReactorCore) -> None:
+    """One read of each bus link the last poll reported, its frames handed to the cores at
+    once (``bus_core.read_link``): no round and no task. A link that ended leaves the epoll
+    and is closed (its task cleans up)."""
+    ready = reactor.ready_links
+    reactor.ready_links = []
+    bus = ready[0].bus
+    # The frames the cores answer with are written once the pass has read every link: one
+    # write per link for all of them, not one per read.
+    bus.deferring = True
+    try:
+        for link in ready:
+            link.ready = False
+            if link.closed or not read_link(link):
+                reactor.forget_link(link)
+                if not link.closed:
+                    link.close()
+    finally:
+        bus.deferring = False
+    write_pending(bus)
 
 
 def run_round(reactor: ReactorCore) -> None:

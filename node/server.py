@@ -263,6 +263,7 @@ class Server:
         # The frames the rounds send are written when the reactor waits or yields (one write
         # per link for the rounds of a quantum).
         self.reactor.write_bus = functools.partial(bus_core.write_pending, self.bus)
+        self.bus.reactor = self.reactor  # its loop reads the bus's plain links
         self.nursery: trio.Nursery  # run() sets it; connections start their tasks there
         self.next_client_id = 0
         self.start_time = time.time()
