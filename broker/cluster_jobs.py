@@ -78,6 +78,7 @@ NOREPL_TIMEOUT: Final = Error(
 NOREPL_REMOVED: Final = Error(
     "NOREPL job removed (expired?) before the requested replication level was achieved")
 
+_new_tuple: Final = tuple.__new__
 _WAIT_REPL: Final = JobState.WAIT_REPL
 _ACTIVE: Final = JobState.ACTIVE
 _QUEUED: Final = JobState.QUEUED
@@ -224,7 +225,8 @@ def _finish(b: ReplicatingBroker, wait: ReplWait, reply: Any) -> None:
     for held in waits:
         if held.reply is None:
             break
-        b.outbox.append(Reply(held.client, held.reply))
+        # A plain tuple's constructor: a NamedTuple's own __new__ is interpreted code.
+        b.outbox.append(_new_tuple(Reply, (held.client, held.reply)))
         done += 1
     del waits[:done]
     if not waits:

@@ -69,6 +69,12 @@ class Send(NamedTuple):
     body: dict[str, Any]
 
 
+def new_send(node_id: str, mtype: MessageType, body: dict[str, Any]) -> Send:
+    """``Send(node_id, mtype, body)`` for compiled hot paths: a named tuple's own
+    constructor is an interpreted function (``namedtuple``'s generated ``__new__``)."""
+    return tuple.__new__(Send, (node_id, mtype, body))
+
+
 class Answer(NamedTuple):
     """Send a message back on the link a frame came from (dropped if it has closed)."""
 

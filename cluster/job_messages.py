@@ -93,7 +93,7 @@ class ReplJob:
     type: MessageType = MessageType.REPLJOB
 
     def body(self) -> dict[str, Any]:
-        return {"job": self.record, "noreply": self.noreply}
+        return repljob_body(self.record, self.noreply)
 
     def job(self) -> Job:
         return Job.from_record(self.record)
@@ -236,7 +236,8 @@ def parse(frame: Frame) -> JobMessage:
     if t in _REF_TYPES:
         return JobRef(t, _id(body))
     if t is MessageType.REPLJOB:
-        return ReplJob(_active_record(body.get("job"), "job"), _bool(body, "noreply"))
+        record, noreply = repljob_fields(body)
+        return ReplJob(record, noreply)
     if t is MessageType.ENQUEUE:
         return Enqueue(_id(body), int_field(body, "delay", 0, 2**31))
     if t is MessageType.QUEUED:
@@ -250,6 +251,18 @@ def parse(frame: Frame) -> JobMessage:
     if t in SINGLE_OF:
         return Batch(t, _items(body, SINGLE_OF[t]))
     raise MalformedBody(f"{t.name} is not a job message")
+
+
+def repljob_body(record: list[Any], noreply: bool) -> dict[str, Any]:
+    """A REPLJOB's wire body: what ``ReplJob.body`` makes, for the job core's hot path (a
+    frozen dataclass costs an interpreted ``__init__`` per message, even compiled)."""
+    return {"job": record, "noreply": noreply}
+
+
+def repljob_fields(body: dict[str, Any]) -> tuple[list[Any], bool]:
+    """A REPLJOB body's checked record and noreply flag (``parse`` without the message
+    object); MalformedBody if it is not one."""
+    return _active_record(body.get("job"), "job"), _bool(body, "noreply")
 
 
 def _items(body: dict[str, Any], single: MessageType) -> list[Any]:

@@ -46,7 +46,7 @@ from broker.cluster_jobs import (
 )
 from broker.core import Broker
 from broker.job import REC_CONFIRMED, REC_STATE, Job, JobState
-from cluster.effects import ClusterEffect, LinkId, LogLine, Send
+from cluster.effects import ClusterEffect, LinkId, LogLine, Send, new_send
 from cluster.job_messages import (
     BATCH_OF,
     JOB_TYPES,
@@ -62,10 +62,12 @@ from cluster.job_messages import (
     SetAck,
     batch_item,
     parse,
+    repljob_body,
+    repljob_fields,
 )
 from cluster.membership import Membership
 from cluster.peer_frames import accept, member
-from cluster.wire import Frame, MessageType, received_body
+from cluster.wire import Frame, MalformedBody, MessageType, received_body
 from protocol.jobid import is_valid
 
 _WAIT_REPL: Final = JobState.WAIT_REPL
@@ -106,18 +108,29 @@ class JobCore:
 
     def receive(self, frame: Frame, link: LinkId, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None:
-        if frame.type is MessageType.GOTJOB:
-            # The most frequent job message (one per replica of every replicated ADDJOB):
-            # its one field read here, no message object; anything odd takes ``accept``.
+        mtype = frame.type
+        if mtype is MessageType.GOTJOB or mtype is MessageType.REPLJOB:
+            # The most frequent job messages (one of each per replica of every replicated
+            # ADDJOB): their fields read here, no message object (a frozen dataclass's
+            # ``__init__`` is interpreted even when compiled); anything odd takes ``accept``.
             sender_id = member(self.membership, frame)
             body = received_body(frame)
             if sender_id is not None and type(body) is dict:
-                job_id = body.get("id")
-                if type(job_id) is bytes and is_valid(job_id):
-                    self.membership.messages_received += 1
-                    self.stats["received"] += 1
-                    self._got_job(job_id, sender_id, now_ms)
-                    return
+                if mtype is MessageType.GOTJOB:
+                    job_id = body.get("id")
+                    if type(job_id) is bytes and is_valid(job_id):
+                        self._count_received()
+                        self._got_job(job_id, sender_id, now_ms)
+                        return
+                else:
+                    try:
+                        record, noreply = repljob_fields(body)
+                    except MalformedBody:
+                        pass  # ``accept`` logs it
+                    else:
+                        self._count_received()
+                        self._repl_job(Job.from_record(record), noreply, sender_id, now_ms)
+                        return
         accepted = accept(self.membership, frame, peer_ip, parse, self.stats, self.outbox, "job")
         if accepted is not None:
             msg, sender_id = accepted
@@ -126,6 +139,11 @@ class JobCore:
                     _HANDLERS[one.type](self, one, sender_id, now_ms)
             else:
                 _HANDLERS[msg.type](self, msg, sender_id, now_ms)
+
+    def _count_received(self) -> None:
+        """What ``accept`` counts for a frame it lets through."""
+        self.membership.messages_received += 1
+        self.stats["received"] += 1
 
     # =========================================================================================
     # broker.replication.Replication
@@ -146,7 +164,7 @@ class JobCore:
         added = 0
         if count > 0:
             candidates = self._reachable()
-            self.rng.shuffle(candidates)
+            shuffle(self.rng, candidates)
             for node_id in candidates:
                 if node_id not in job.delivered:
                     job.delivered += (node_id,)
@@ -179,7 +197,7 @@ class JobCore:
             quiet = noreply or confirmed
             body = bodies[quiet]
             if body is None:
-                body = bodies[quiet] = ReplJob(record, quiet).body()
+                body = bodies[quiet] = repljob_body(record, quiet)
             self._send_body(node_id, MessageType.REPLJOB, body)
         return added
 
@@ -235,11 +253,13 @@ class JobCore:
     # Handlers: one per message type, Disque's README steps
 
     def _on_repljob(self, msg: ReplJob, sender: str, now_ms: int) -> None:
+        self._repl_job(msg.job(), msg.noreply, sender, now_ms)
+
+    def _repl_job(self, job: Job, noreply: bool, sender: str, now_ms: int) -> None:
         b = self.broker
         # Not while short of memory or leaving: no GOTJOB, the sender tries another node.
         if b.memory_level() > 0 or b.leaving:
             return
-        job = msg.job()
         q = b.queues.get(job.queue)
         if q is not None and q.pause & 1:  # paused in input
             return
@@ -252,8 +272,8 @@ class JobCore:
             return  # past maxdisk: no copy, no GOTJOB, as short of memory
         else:
             cluster_jobs.add_replica(b, job, now_ms)
-        if not msg.noreply:
-            self._send(sender, JobRef(MessageType.GOTJOB, job.id))
+        if not noreply:
+            self._send_body(sender, MessageType.GOTJOB, {"id": job.id})
 
     def _on_gotjob(self, msg: JobRef, sender: str, now_ms: int) -> None:
         self._got_job(msg.job_id, sender, now_ms)
@@ -375,7 +395,7 @@ class JobCore:
             runs[node_id] = [msg.type, len(self.outbox), [batch_item(msg)]]  # type: ignore[arg-type]
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
-        self.outbox.append(Send(node_id, msg.type, msg.body()))
+        self.outbox.append(new_send(node_id, msg.type, msg.body()))
 
     def _send_body(self, node_id: str, mtype: MessageType, body: dict[str, Any]) -> None:
         """Queue a message already made into its body (not one of ``BATCH_OF``'s types)."""
@@ -384,7 +404,7 @@ class JobCore:
             runs.pop(node_id, None)
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
-        self.outbox.append(Send(node_id, mtype, body))
+        self.outbox.append(new_send(node_id, mtype, body))
 
     def _to_delivered(self, job: Job, msg: JobMessage) -> None:
         me = self.membership.myself_id
@@ -394,6 +414,20 @@ class JobCore:
 
     def _log(self, level: str, text: str, key: str) -> None:
         self.outbox.append(LogLine(level, text, key))
+
+
+def shuffle(rng: random.Random, items: list[str]) -> None:
+    """``rng.shuffle(items)``, compiled: the same swaps from the same draws (so a seeded
+    harness picks the same nodes), without ``random.py``'s interpreted loop per ADDJOB."""
+    i = len(items) - 1
+    while i > 0:
+        n = i + 1
+        bits = n.bit_length()
+        j = rng.getrandbits(bits)
+        while j >= n:
+            j = rng.getrandbits(bits)
+        items[i], items[j] = items[j], items[i]
+        i -= 1
 
 
 _HANDLERS: Final[dict[MessageType, Any]] = {

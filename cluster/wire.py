@@ -179,6 +179,12 @@ class Frame(NamedTuple):
     body: dict[str, Any]
 
 
+def new_frame(kind: MessageType, sender: str, body: dict[str, Any]) -> Frame:
+    """``Frame(kind, sender, body)`` without the named tuple's interpreted ``__new__``: one
+    per frame received."""
+    return tuple.__new__(Frame, (kind, sender, body))
+
+
 def received_body(frame: Frame) -> object:
     """``frame.body`` as it came, for a parser that checks it is a map before reading it: the
     decoder refuses any other body, but a harness or a test may hand a core any frame. Read
@@ -213,7 +219,7 @@ def unbatch(frame: Frame) -> list[Frame]:
     for item in bodies:
         if not isinstance(item, dict):
             raise MalformedBody("field 'bodies' must be a list of maps")
-        out.append(Frame(kind, sender, item))
+        out.append(new_frame(kind, sender, item))
     return out
 
 
@@ -442,7 +448,7 @@ class FrameDecoder:
             raise MalformedBody(problem)
         if not isinstance(body, dict):
             raise MalformedBody("body is not a map")
-        return Frame(kind, sender_id, body)
+        return new_frame(kind, sender_id, body)
 
     def _hash_ahead(self, upto: int) -> None:
         """Add the frame's bytes up to ``upto`` to its MAC."""

@@ -175,6 +175,10 @@ class BusCore:
         self.shared_batch: list[dict[str, Any]] = []
         self.shared_type = MessageType.GOTJOB
         self.shared_frame = b""
+        # ``log_ticket()`` as read once in this flush (-1: not yet): no log record is routed
+        # between the cores' effects, so one read serves every GOTJOB of the flush (each read
+        # is a call into the interpreted server).
+        self.flush_ticket = -1
 
     @property
     def max_body(self) -> int:
@@ -315,12 +319,14 @@ def flush(bus: BusCore) -> None:
     bus.flushing = True
     try:
         bus.before_flush()
+        bus.flush_ticket = -1  # the broker's records were just routed: read it anew
         for core in bus.cores:
             if core.outbox:
                 for effect in core.take_effects():
                     route(bus, effect)
         bus.after_flush()
     finally:
+        bus.flush_ticket = -1  # nothing outside a flush (or after a nested one) reuses it
         if outer:
             end_flush(bus)
 
@@ -364,7 +370,11 @@ def route(bus: BusCore, effect: ClusterEffect) -> None:
     if t is Send:
         assert isinstance(effect, Send)
         if effect.type in WAIT_FOR_LOG:
-            ticket = bus.log_ticket()
+            ticket = bus.flush_ticket
+            if ticket < 0 or not bus.flushing:
+                ticket = bus.log_ticket()
+                if bus.flushing:
+                    bus.flush_ticket = ticket
             if ticket:
                 waiting = bus.held.get(ticket)
                 if waiting is not None:

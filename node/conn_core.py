@@ -40,12 +40,13 @@ directly.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Final, Protocol, final
 
 from mypy_extensions import mypyc_attr
 
-from broker.clients import Client, reply_wanted
+from broker.clients import REPLY_OFF, Client, reply_wanted
 from broker.config import Config, output_limits
 from broker.core import BLOCKED, Broker
 from broker.effects import Effect, Reply
@@ -604,6 +605,45 @@ def replies_came(conn: ConnCore) -> None:
         conn.reactor.schedule(conn)
     elif state is DRAINING:
         conn._after_turn()  # its end was read and everything it sent has run: it closes
+
+
+def dispatch_replies(replies: list[Reply], monotonic: Callable[[], float]) -> None:
+    """Write replies that came from elsewhere (a bus frame, a timer: ``Server.dispatch_now``)
+    to their clients, an HTTP request's stand-in included: compiled, as it runs for every
+    replicated ADDJOB's reply."""
+    replicated: list[ConnCore] = []  # connections with pipelined ADDJOBs answered
+    for client, value in replies:
+        handle = client.handle
+        if handle is None:
+            continue
+        if not isinstance(handle, ConnCore):  # an HTTP request's stand-in
+            if not handle.closing:
+                handle.send_nowait(encode(value, client.protover))
+            continue
+        conn: ConnCore = handle
+        if conn.state is CLOSED:
+            continue
+        if conn.awaited:
+            # One of its pipelined ADDJOBs: written in its place, with the others of this
+            # batch (one send).
+            reply_came(conn, encode(value, client.protover))
+            if not replicated or replicated[-1] is not conn:
+                replicated.append(conn)
+            continue
+        if not client.reply_flags & REPLY_OFF:
+            conn.send_nowait(encode(value, client.protover))
+            conn.last_active = monotonic()  # a reply is an interaction
+        # else CLIENT REPLY OFF: a blocked command's late reply is not sent either.
+        if client.waiter is None:
+            unblock(conn)
+        if not is_blocked(conn.state) and conn.parser.buffered:
+            # Pipelined commands waited behind the blocked command: their turn.
+            conn.reactor.schedule(conn)
+    if replicated:
+        now = monotonic()
+        for conn in replicated:
+            replies_came(conn)  # a connection twice in the list writes nothing the 2nd time
+            conn.last_active = now
 
 
 def flush_waiting(conn: ConnCore) -> None:

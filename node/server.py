@@ -70,7 +70,7 @@ from typing import Any
 
 import trio
 
-from broker.clients import REPLY_OFF, Client
+from broker.clients import Client
 from broker.command_table import ROWS
 from broker.config import Config
 from broker.core import VERSION, Broker
@@ -105,10 +105,8 @@ from node.clock import Clock, WallClock
 from node.conn_core import (
     CommandPath,
     NodeCounters,
-    replies_came,
-    reply_came,
+    dispatch_replies,
     transition,
-    unblock,
 )
 from node.conn_state import CLOSED, CLOSING_HELD, is_blocked
 from node.connection import MUST_WAIT, Connection, set_keepalive
@@ -117,7 +115,7 @@ from node.persistence import Persistence, PersistenceError
 from node.reactor import Reactor
 from node.tls import TlsConfigError, TlsFront, bus_contexts, http_context
 from protocol import core_build, errors
-from protocol.resp import OK, Status, encode
+from protocol.resp import OK, Status
 
 log = logging.getLogger("trisque")
 
@@ -341,38 +339,7 @@ class Server:
 
     def dispatch_now(self, replies: list[Reply]) -> None:
         """Write replies to clients that were blocked (an HTTP request's stand-in included)."""
-        replicated: list[Connection] = []  # connections with pipelined ADDJOBs answered
-        for client, reply in replies:
-            conn = client.handle
-            if conn is None:
-                continue
-            if type(conn) is not Connection:  # an HTTP request's stand-in
-                if not conn.closing:
-                    conn.send_nowait(encode(reply, client.protover))
-                continue
-            if conn.state is CLOSED:
-                continue
-            if conn.awaited:
-                # One of its pipelined ADDJOBs: written in its place (node/conn_core.py), with
-                # the others of this batch (one send).
-                reply_came(conn, encode(reply, client.protover))
-                if not replicated or replicated[-1] is not conn:
-                    replicated.append(conn)
-                continue
-            if not client.reply_flags & REPLY_OFF:
-                conn.send_nowait(encode(reply, client.protover))
-                conn.last_active = self.clock.monotonic()  # a reply is an interaction
-            # else CLIENT REPLY OFF: a blocked command's late reply is not sent either.
-            if client.waiter is None:
-                unblock(conn)
-            if not is_blocked(conn.state) and conn.parser.buffered:
-                # Pipelined commands waited behind the blocked command: their turn.
-                self.reactor.schedule(conn)
-        if replicated:
-            now = self.clock.monotonic()
-            for conn in replicated:
-                replies_came(conn)  # a connection twice in the list writes nothing the 2nd
-                conn.last_active = now
+        dispatch_replies(replies, self.clock.monotonic)
 
     def sample_memory(self) -> None:
         """What the runtime holds, for ``used_memory`` (node/memory_use.py)."""
