@@ -28,9 +28,9 @@ decides whom to ask:
   calls ``need_jobs(q, True)`` when a job taken leaves that many or fewer, so the next
   batch is asked for before the queue runs dry and no more is asked for than it takes.
 * **owed**: after an ad hoc request, the jobs asked for and not received yet. While some
-  are owed, no other ad hoc request goes (of any kind) until adhoc_min (or two round
-  trips) passed: a source short of jobs keeps the ask (below) and sends the rest as they
-  are queued, and asking again at each one doubled the messages per job.
+  are owed, no other ad hoc request goes (of any kind) for two round trips (adhoc_min
+  before one was measured): a source short of jobs keeps the ask (below) and sends the
+  rest as they are queued, and asking again at each one doubled the messages per job.
 
 Disque re-runs the "clients waiting" case from its client cron for every queue with a
 blocked client; here each such queue has an explicit due time (the earlier of its next
@@ -291,15 +291,16 @@ class FederationCore:
 
     def _ask_sources(self, q: Queue, st: _QueueFed, sources: list[str], count: int,
                      now_ms: int) -> None:
-        """An ad hoc NEEDJOBS to each source. No other goes until the jobs asked for came
-        or the ad hoc minimum delay passed (twice the round trip if longer): a source short of
-        jobs keeps the ask and sends the rest as they are queued, one YOURJOBS each, and
-        asking again at each one only doubled the messages."""
+        """An ad hoc NEEDJOBS to each source. No other goes until the jobs asked for came or
+        two round trips passed (the ad hoc minimum delay before one was measured): a source
+        short of jobs keeps the ask and sends the rest as they are queued, one YOURJOBS
+        each, and asking again at each one only doubled the messages. Not longer: the count
+        cannot tell an answer to this request from one to the previous, and jobs queued on a
+        source whose ask was filled wait for the next request."""
         st.adhoc_time = now_ms
         st.adhoc_attempt += 1
-        rtt = st.rtt if st.rtt >= 0 else 0
-        cfg = self.broker.config
-        st.fetch_until = now_ms + max(2 * int(rtt), int(cfg.needjobs_adhoc_min_delay))
+        wait = 2 * st.rtt if st.rtt >= 0 else int(self.broker.config.needjobs_adhoc_min_delay)
+        st.fetch_until = now_ms + max(wait, 1)
         st.owed = count * len(sources)
         for node_id in sources:
             st.asked[node_id] = now_ms
