@@ -13,7 +13,8 @@ then the single-node one, byte for byte (QSTAT shows ``import-from`` empty and
 
 The broker calls ``need_jobs`` where Disque calls ``needJobsForQueue``: a GETJOB finds a
 queue empty (``reached_zero`` False), and a job taken by GETJOB or by a blocked client
-leaves its queue empty (``reached_zero`` True); and ``job_queued`` when a job is queued with
+leaves its queue empty, or at its ``low_water`` mark if the core set one (``reached_zero``
+True); and ``job_queued`` when a job is queued with
 no client here to take it, so a node that asked for the queue lately gets it without asking
 again. The core only emits messages and updates its own state; it never calls back into a
 broker command.
@@ -50,7 +51,8 @@ from broker.queue import Queue
 class Federation(Protocol):
     def need_jobs(self, q: Queue, reached_zero: bool, now_ms: int) -> None:
         """The queue has no job for a client (``reached_zero`` False: a GETJOB found it
-        empty), or a client just took its last job (True). May emit NEEDJOBS."""
+        empty), or a client just took a job that left it at ``q.low_water`` jobs or fewer
+        (True: its last job, unless the core raised the mark). May emit NEEDJOBS."""
         ...
 
     def job_queued(self, q: Queue, now_ms: int) -> None:

@@ -93,7 +93,8 @@ class Lane:
 
 class Queue:
     __slots__ = ("name", "_items", "_head", "ctime", "atime", "jobs_in", "jobs_out",
-                 "nacks", "requeues", "pause", "waiters", "fed", "_upper", "_upper_len", "_top")
+                 "nacks", "requeues", "pause", "waiters", "fed", "low_water", "_upper",
+                 "_upper_len", "_top")
 
     def __init__(self, name: bytes, now_ms: int) -> None:
         self.name = name
@@ -110,6 +111,9 @@ class Queue:
         # Federation state (sources, backoff, import rate), owned by the cluster's federation
         # core (broker/federation.py); None until it needs some.
         self.fed: Any = None
+        # Taking a job that leaves this many or fewer tells the federation core (0: only the
+        # last one); the core raises it to what its consumers take in one bus round trip.
+        self.low_water = 0
         # Jobs with a priority: index n - 1 holds priority n (see the module's docstring).
         self._upper: list[Lane] | None = None
         self._upper_len = 0

@@ -814,7 +814,7 @@ class BrokerState:
                     if self.federation is not None:
                         self.federation.need_jobs(q, False, now_ms)
                     continue
-                if self.federation is not None and not len(q):
+                if self.federation is not None and len(q) <= q.low_water:
                     self.federation.need_jobs(q, True, now_ms)
                 self._deliver(job, q, now_ms)
                 if throttled:
@@ -860,7 +860,7 @@ class BrokerState:
             waiter = q.waiters[0]
             job = q.pop()
             assert job is not None
-            if self.federation is not None and not len(q):
+            if self.federation is not None and len(q) <= q.low_water:
                 self.federation.need_jobs(q, True, now_ms)
             self._deliver(job, q, now_ms)
             if throttled:

@@ -5,21 +5,32 @@ Theory of operation
 Jobs flow towards the nodes where consumers wait (Disque's README, "Federation"; its
 ``queue.c``: ``needJobsForQueue``, ``receiveNeedJobs``, ``receiveYourJobs``). The broker
 calls ``need_jobs`` (``broker.federation.Federation``) when a GETJOB finds a queue empty
-or a client takes a queue's last job; this core decides whom to ask:
+or a client takes a job that leaves it at its low water (0 unless importing); this core
+decides whom to ask:
 
 * **broadcast**: NEEDJOBS(queue, 1) to every other node with a link, to discover sources.
   Sent when ``now - bcast_time >= min(bcast_min << bcast_attempt, bcast_max)`` (at once the
   first time), and each send doubles the next delay (2, 4, 8, 16, 30, 30 s with Disque's
   defaults). A node never seen as a source answering resets ``bcast_attempt``.
 * **ad hoc**: NEEDJOBS(queue, n) to the queue's recent sources (nodes whose YOURJOBS for it
-  arrived within ``RESPONDER_TTL_MS``), n = import rate / sources, or the COUNTs of the
-  clients waiting / sources if more, within [5, 1000] (Disque: 100). Sent when ``now - adhoc_time >=
+  arrived within ``RESPONDER_TTL_MS``), n = twice the low water (below), or the COUNTs of
+  the clients waiting if more, shared among the sources, within [5, 1000] (Disque: a
+  second's worth at the import rate, up to 100). Sent when ``now - adhoc_time >=
   min(adhoc_min << adhoc_attempt, adhoc_max)`` (25 ms doubling to 2 s), or at once,
-  unthrottled, when a client took the queue's last job while the import rate is positive
-  (Disque's NEEDJOBS_REACHED_ZERO; with a zero rate that case does nothing), or when a
-  YOURJOBS leaves clients still waiting (``_ask_again``: one request per answer while the
-  demand lasts; a source with nothing left does not answer, which ends it). Any YOURJOBS
-  received resets ``adhoc_attempt``.
+  unthrottled, when a client took a job that left the queue at its low water or below while
+  the import rate is positive (Disque's NEEDJOBS_REACHED_ZERO, at zero; with a zero rate
+  that case does nothing), or when a YOURJOBS leaves clients still waiting (``_ask_again``).
+  Any YOURJOBS received resets ``adhoc_attempt``.
+* **low water** (``Queue.low_water``, set at each YOURJOBS): the jobs consumers here take in
+  two round trips at the import rate, the round trip being the time from an ad hoc
+  NEEDJOBS to its source's next YOURJOBS, smoothed (``_QueueFed.rtt``; each sample capped
+  at 4 x adhoc_min, as a source short of jobs answers only once it has some). The broker
+  calls ``need_jobs(q, True)`` when a job taken leaves that many or fewer, so the next
+  batch is asked for before the queue runs dry and no more is asked for than it takes.
+* **owed**: after an ad hoc request, the jobs asked for and not received yet. While some
+  are owed, no other ad hoc request goes (of any kind) for two round trips (adhoc_min
+  before one was measured): a source short of jobs keeps the ask (below) and sends the
+  rest as they are queued, and asking again at each one doubled the messages per job.
 
 Disque re-runs the "clients waiting" case from its client cron for every queue with a
 blocked client; here each such queue has an explicit due time (the earlier of its next
@@ -29,7 +40,8 @@ runs the due ones. A queue whose clients left is dropped at its due time.
 Answering (``_on_needjobs``): nothing if the queue is empty here (the ask is kept, below),
 paused in output, or itself importing (rate > 0), or if the asker has no link (Disque takes
 the jobs out first and then finds no link, losing at-most-once jobs); else ``count`` jobs
-when the queue holds at least twice that, otherwise half of it (at least one), taken out
+when the queue holds at least twice that, otherwise half of it (at least one; the rest at
+the next tick, as for a kept ask, when the ask was short), taken out
 through ``broker.federation.export_jobs`` and sent in as many YOURJOBS as their size needs
 (``cluster.batches.cut``: a few MiB each, so 1 MB jobs move as fast as small ones). A job
 whose body is over ``job-max-body-len`` (kept from before the limit was lowered) is not
@@ -43,9 +55,10 @@ empty (Disque serves blocked clients after the event loop iteration, with the sa
 An ask not filled (the queue held less than twice the count, or nothing) is kept in
 ``_QueueFed.asks`` for ``needjobs-adhoc-max-delay``: a job then queued here with no client
 to take it (``job_queued``) marks the queue, and the next tick, due at once, answers each
-kept ask again for what it still lacks (``_answer_asks``, the same share rule). Otherwise a
-job added just after a consumer elsewhere broadcast its NEEDJOBS waits for the next
-broadcast, seconds later.
+kept ask again for what it still lacks (``_answer_asks``: the queue shared evenly among
+the askers, not Disque's half, since no client here waited for these jobs). Otherwise a job
+added just after a consumer elsewhere broadcast its NEEDJOBS waits for the next broadcast,
+seconds later. A broadcast (count 1) never shrinks a live kept ask.
 
 A job this node imported within ``RECENT_IMPORT_MS`` and no longer holds (delivered, acked
 and collected) is not imported again: TCP never duplicates a frame, but a duplicated or very
@@ -96,7 +109,8 @@ class _QueueFed:
     """One queue's federation state (Disque's needjobs_* and *_import_jobs_* fields)."""
 
     __slots__ = ("bcast_time", "bcast_attempt", "adhoc_time", "adhoc_attempt", "responders",
-                 "cur_time", "cur_count", "prev_time", "prev_count", "due", "asks")
+                 "cur_time", "cur_count", "prev_time", "prev_count", "due", "asks", "rtt",
+                 "asked", "owed", "fetch_until")
 
     def __init__(self, now_ms: int) -> None:
         self.bcast_time: int | None = None  # None: never sent (the first one goes at once)
@@ -111,6 +125,10 @@ class _QueueFed:
         self.due: int | None = None  # the queue's entry in the heap, if any
         # NEEDJOBS this node could not fully answer: asker's node ID -> (when, jobs short).
         self.asks: dict[str, tuple[int, int]] = {}
+        self.rtt = -1  # ms from an ad hoc NEEDJOBS to its first answer, smoothed (-1: none)
+        self.asked: dict[str, int] = {}  # source -> when asked, until its next YOURJOBS
+        self.owed = 0  # jobs the last ad hoc requests asked for and not received yet
+        self.fetch_until = 0  # while owed: no other request before then
 
     def rate(self, now_ms: int) -> int:
         """Jobs per second imported lately (Disque's getQueueImportRate)."""
@@ -208,10 +226,17 @@ class FederationCore:
             return  # a leaving node never asks for jobs
         st = self._state(q, now_ms)
         rate = st.rate(now_ms)
-        if reached_zero and rate == 0:
-            return  # no flow to keep up: the next client to block asks
+        if reached_zero:
+            if rate == 0:
+                q.low_water = 0
+                return  # no flow to keep up: the next client to block asks
+            if now_ms < st.fetch_until:
+                return  # a request is on its way: its answer refills the queue
+            if len(q):
+                self._ask_ahead(q, st, rate, now_ms)
+                return
         sources = st.valid_responders(now_ms)
-        to_fetch = self._request_size(q, rate, len(sources))
+        to_fetch = self._request_size(q, st, rate, len(sources))
         if st.bcast_time is None or now_ms - st.bcast_time >= self._bcast_delay(st):
             st.bcast_time = now_ms
             st.bcast_attempt += 1
@@ -219,11 +244,9 @@ class FederationCore:
             for node_id in self._others_linked():
                 self._send(node_id, NeedJobs(q.name, 1))
         if sources and (reached_zero or st.adhoc_time is None
-                        or now_ms - st.adhoc_time >= self._adhoc_delay(st)):
-            st.adhoc_time = now_ms
-            st.adhoc_attempt += 1
-            for node_id in sources:
-                self._send(node_id, NeedJobs(q.name, to_fetch))
+                        or now_ms - st.adhoc_time >= self._adhoc_delay(st)
+                        and now_ms >= st.fetch_until):
+            self._ask_sources(q, st, sources, to_fetch, now_ms)
         if not reached_zero or q.waiters:
             self._arm(q, st, now_ms)
 
@@ -234,21 +257,54 @@ class FederationCore:
             if self._answers_at is None:
                 self._answers_at = now_ms
 
-    def _request_size(self, q: Queue, rate: int, sources: int) -> int:
-        """How many jobs an ad hoc NEEDJOBS asks each source for: Disque's import rate per
-        source, or what the clients waiting here asked for (their COUNTs) shared among the
-        sources if that is more, within [NEEDJOBS_MIN_REQUEST, NEEDJOBS_MAX_COUNT]: Disque
-        caps it at 100, one round trip per 100 jobs however fast the consumers take them."""
+    def _request_size(self, q: Queue, st: _QueueFed, rate: int, sources: int) -> int:
+        """How many jobs an ad hoc NEEDJOBS asks each source for: what the consumers here
+        take in two round trips at the import rate (one to wait for, one to ask ahead with),
+        or what the clients waiting here asked for (their COUNTs) if that is more, shared
+        among the sources, within [NEEDJOBS_MIN_REQUEST, NEEDJOBS_MAX_COUNT]. Disque asks for
+        a second's worth, up to 100: jobs beyond what the consumers take before the next
+        answer only wait here instead of on the source."""
         demand = 0
         for waiter in q.waiters:
             demand += waiter.count
             if demand >= NEEDJOBS_MAX_COUNT * max(sources, 1):
                 break
+        size = max(2 * self._low_water(st, rate), demand)
         if sources:
-            size = max(rate // sources, -(-demand // sources))
-        else:
-            size = max(NEEDJOBS_MIN_REQUEST, demand)
+            size = -(-size // sources)
         return min(max(size, NEEDJOBS_MIN_REQUEST), NEEDJOBS_MAX_COUNT)
+
+    def _low_water(self, st: _QueueFed, rate: int) -> int:
+        """Jobs the consumers here take at ``rate`` in two round trips of a NEEDJOBS and its
+        answer (the ad hoc minimum delay until one was measured): twice, as consumers take
+        jobs in bursts (their processes get the CPU in slices) rather than at the rate."""
+        rtt = st.rtt if st.rtt >= 0 else self.broker.config.needjobs_adhoc_min_delay
+        return min(-(-2 * rate * int(rtt) // 1000), NEEDJOBS_MAX_COUNT)
+
+    def _ask_ahead(self, q: Queue, st: _QueueFed, rate: int, now_ms: int) -> None:
+        """A client took a job and left no more than the consumers take in one round trip:
+        ask the sources now, so the answer comes before the queue runs dry."""
+        sources = st.valid_responders(now_ms)
+        if sources:
+            self._ask_sources(q, st, sources, self._request_size(q, st, rate, len(sources)),
+                              now_ms)
+
+    def _ask_sources(self, q: Queue, st: _QueueFed, sources: list[str], count: int,
+                     now_ms: int) -> None:
+        """An ad hoc NEEDJOBS to each source. No other goes until the jobs asked for came or
+        two round trips passed (the ad hoc minimum delay before one was measured): a source
+        short of jobs keeps the ask and sends the rest as they are queued, one YOURJOBS
+        each, and asking again at each one only doubled the messages. Not longer: the count
+        cannot tell an answer to this request from one to the previous, and jobs queued on a
+        source whose ask was filled wait for the next request."""
+        st.adhoc_time = now_ms
+        st.adhoc_attempt += 1
+        wait = 2 * st.rtt if st.rtt >= 0 else int(self.broker.config.needjobs_adhoc_min_delay)
+        st.fetch_until = now_ms + max(wait, 1)
+        st.owed = count * len(sources)
+        for node_id in sources:
+            st.asked[node_id] = now_ms
+            self._send(node_id, NeedJobs(q.name, count))
 
     def _ask_again(self, q: Queue, now_ms: int) -> None:
         """A YOURJOBS was queued and clients still wait: ask the sources at once rather than
@@ -258,13 +314,10 @@ class FederationCore:
             return
         st = self._state(q, now_ms)
         sources = st.valid_responders(now_ms)
-        if not sources:
-            return
-        to_fetch = self._request_size(q, st.rate(now_ms), len(sources))
-        st.adhoc_time = now_ms
-        st.adhoc_attempt += 1
-        for node_id in sources:
-            self._send(node_id, NeedJobs(q.name, to_fetch))
+        if not sources or now_ms < st.fetch_until:
+            return  # no source, or the rest of what was asked for comes as it is queued
+        to_fetch = self._request_size(q, st, st.rate(now_ms), len(sources))
+        self._ask_sources(q, st, sources, to_fetch, now_ms)
         self._arm(q, st, now_ms)
 
     def import_from(self, q: Queue, now_ms: int) -> list[str]:
@@ -302,18 +355,33 @@ class FederationCore:
         if short > 0:
             # Kept as long as the asker's ad hoc requests may be apart: jobs queued here
             # meanwhile go to it at once, not at its next request (up to seconds later).
-            self._state(q, now_ms).asks[sender] = (now_ms, short)
+            asks = self._state(q, now_ms).asks
+            kept = asks.get(sender)
+            if kept is not None and now_ms - kept[0] <= self.broker.config.needjobs_adhoc_max_delay:
+                # A broadcast (count 1) must not shrink what the asker's ad hoc request
+                # still waits for.
+                short = max(short, kept[1])
+            asks[sender] = (now_ms, short)
+            if len(q):
+                # The half kept back goes at the next tick, after the clients of this one:
+                # the asker waits for what it asked for rather than asking again.
+                self.job_queued(q, now_ms)
         elif st is not None:
             st.asks.pop(sender, None)
 
-    def _export(self, q: Queue, to_node: str, count: int, now_ms: int) -> int:
-        """Send ``to_node`` jobs of ``q`` for a request of ``count``; how many went."""
+    def _export(self, q: Queue, to_node: str, count: int, now_ms: int,
+                share: int = 0) -> int:
+        """Send ``to_node`` jobs of ``q`` for a request of ``count``, at most ``share`` if
+        given; how many went."""
         qlen = len(q)
         if not qlen:
             return 0
-        # Never let one asker drain the queue: all it asked for only if we have twice that,
-        # else half of what we have, but at least one.
-        reply = count if qlen >= count * 2 else max(qlen // 2, 1)
+        if share:
+            reply = min(count, share)
+        else:
+            # Never let one asker drain the queue: all it asked for only if we have twice
+            # that, else half of what we have, but at least one.
+            reply = count if qlen >= count * 2 else max(qlen // 2, 1)
         b = self.broker
         records = fed_jobs.export_jobs(b, q, reply, to_node, now_ms, b.config.job_max_body_len)
         if records:
@@ -324,19 +392,26 @@ class FederationCore:
         return len(records)
 
     def _answer_asks(self, q: Queue, now_ms: int) -> None:
-        """Jobs were queued in ``q`` while NEEDJOBS for it were short: answer them again, as
-        if each had just arrived for what it still lacks (the same share of the queue)."""
+        """Jobs were queued in ``q`` while NEEDJOBS for it were short: send each asker what
+        it still lacks, the queue shared evenly among them. Not Disque's half: no client here
+        waited for these jobs (``job_queued``), and keeping half of one or two jobs back held
+        them until the asker's next request, which it no longer sends while it waits for
+        what it asked for."""
         st: _QueueFed = q.fed
         if st.rate(now_ms) > 0 or q.pause & PAUSE_OUT:
             st.asks.clear()  # importing it ourselves (or paused): not a source for it now
             return
         ttl = self.broker.config.needjobs_adhoc_max_delay
-        for node_id, (asked, short) in list(st.asks.items()):
+        askers = list(st.asks.items())
+        for i, (node_id, (asked, short)) in enumerate(askers):
             node = self.membership.nodes.get(node_id)
             if now_ms - asked > ttl or node is None or node.link is None:
                 del st.asks[node_id]
                 continue
-            short -= self._export(q, node_id, short, now_ms)
+            share = -(-len(q) // (len(askers) - i))
+            if not share:
+                break
+            short -= self._export(q, node_id, short, now_ms, share)
             if short > 0:
                 st.asks[node_id] = (asked, short)
             else:
@@ -349,6 +424,7 @@ class FederationCore:
         self._forget_old_imports(now_ms)
         self._deferred = []
         touched: dict[bytes, Queue] = {}
+        received: dict[bytes, int] = {}
         try:
             for job in msg.jobs():
                 if job.id in recent and job.id not in b.jobs:
@@ -360,6 +436,7 @@ class FederationCore:
                 self.stats["imported"] += 1
                 q = b.queue_for(job.queue, now_ms)
                 touched[q.name] = q
+                received[q.name] = received.get(q.name, 0) + 1
                 st = self._state(q, now_ms)
                 if sender not in st.responders:
                     st.bcast_attempt = 0  # a new source: broadcast sooner again
@@ -371,13 +448,28 @@ class FederationCore:
         finally:
             deferred, self._deferred = self._deferred, None
         for q in touched.values():
+            st = q.fed
+            self._round_trip(st, sender, received[q.name], now_ms)
+            q.low_water = self._low_water(st, st.rate(now_ms))
             if q.waiters and not q.pause & PAUSE_OUT:
                 self._ask_again(q, now_ms)  # not enough for every waiting client
         for q in dict.fromkeys(deferred):
-            # Reached zero only if still empty after the whole message (Disque serves its
+            # At the mark only if still there after the whole message (Disque serves its
             # blocked clients after it), and not asked again just above.
-            if not len(q) and not q.waiters:
+            if len(q) <= q.low_water and not q.waiters:
                 self.need_jobs(q, True, now_ms)
+
+    def _round_trip(self, st: _QueueFed, sender: str, jobs: int, now_ms: int) -> None:
+        """A YOURJOBS of ``jobs`` came: what was asked for may all be here, and the first
+        answer to a request measures the round trip (smoothed; capped, as a source short of
+        jobs answers only once it has some)."""
+        st.owed -= jobs
+        if st.owed <= 0:
+            st.owed = st.fetch_until = 0
+        asked = st.asked.pop(sender, None)
+        if asked is not None:
+            sample = min(now_ms - asked, 4 * int(self.broker.config.needjobs_adhoc_min_delay))
+            st.rtt = sample if st.rtt < 0 else (3 * st.rtt + sample + 2) // 4
 
     # =========================================================================================
 
@@ -416,7 +508,7 @@ class FederationCore:
         due = st.bcast_time + self._bcast_delay(st)
         if st.responders:
             adhoc = now_ms if st.adhoc_time is None else st.adhoc_time + self._adhoc_delay(st)
-            due = min(due, adhoc)
+            due = min(due, max(adhoc, st.fetch_until))
         due = max(due, now_ms + 1)
         if st.due != due:
             st.due = due

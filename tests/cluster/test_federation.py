@@ -100,18 +100,22 @@ def test_consuming_the_last_job_with_a_positive_rate_asks_at_once() -> None:
     t0 = c.sim.now
     a = block(c, 1)
     assert c.reply_to(1, a) is not None
-    # The ad hoc NEEDJOBS that followed asked for 20 (the rate, 20/s over one source);
-    # node 0 had 9 (< 2 x 20): it sent half, 4.
-    assert needjobs(c, 1, 0)[-1] == (t0, 20)
-    assert len(c.broker(1).queues[b"q"]) == 4
+    # The ad hoc NEEDJOBS that followed asked for 5: two round trips at the rate (20/s, no
+    # round trip measured yet: 25 ms each) is 1 job, the least request is 5. Node 0 had 9
+    # (< 2 x 5): it sent half, 4, and the fifth at its next tick.
+    assert needjobs(c, 1, 0)[-1] == (t0, 5)
+    sizes = [len(b["jobs"]) for _, s, _, t, b in c.sends if t is YOURS and s == c.node_id(0)]
+    assert sizes == [1, 4, 1]
+    assert len(c.broker(1).queues[b"q"]) == 5
     c.run_for(10)
     sent_before = len(needjobs(c, 1, 0))
-    for _ in range(3):
+    for _ in range(4):
         assert c.cmd(1, "GETJOB", "NOHANG", "FROM", "q")
     assert len(needjobs(c, 1, 0)) == sent_before  # jobs left: no request
     assert c.cmd(1, "GETJOB", "NOHANG", "FROM", "q")  # the last one
-    # Unthrottled: 10 ms after the previous ad hoc request, within its 25 ms delay.
-    assert needjobs(c, 1, 0)[-1][0] == t0 + 10
+    # Unthrottled: 10 ms after the previous ad hoc request, within its 25 ms delay (all
+    # it asked for came, so nothing is on its way).
+    assert needjobs(c, 1, 0)[-1] == (t0 + 10, 5)
     assert len(needjobs(c, 1, 0)) == sent_before + 1
 
 
@@ -131,14 +135,38 @@ def test_a_blocked_client_taking_the_last_job_asks_at_once() -> None:
     c = fed()
     local_jobs(c, 0, 1)
     t0 = c.sim.now
-    block(c, 1)
-    c.run_for(10)
+    block(c, 1)  # the broadcast brings it; then 5 more asked for at once: none there
+    c.run_for(30)  # past the 25 ms a short source is left to send the rest
     b = block(c, 1)
     before = len(needjobs(c, 1, 0))
     c.addjob(1, "q", "local", "0", "REPLICATE", "1")  # served to the blocked client
     assert c.reply_to(1, b)[0][2] == b"local"
-    # Rate: 1 job over (at least) 50 ms = 20/s, one source: asks for 20.
-    assert needjobs(c, 1, 0)[before:] == [(t0 + 10, 20)]
+    # At once, within the ad hoc delay (50 ms after the second request).
+    assert needjobs(c, 1, 0)[before:] == [(t0 + 30, 5)]
+
+
+def test_a_source_short_of_jobs_is_not_asked_again_while_it_owes_some() -> None:
+    c = fed()
+    local_jobs(c, 0, 1)
+    t0 = c.sim.now
+    block(c, 1)  # the broadcast brings the one job; asked for 5 more, none there
+    assert needjobs(c, 1, 0) == [(t0, 1), (t0, 5)]
+    for _ in range(4):
+        # Each job added on node 0 goes at once (the ask kept there) and is taken at once:
+        # its last job each time, yet node 1 does not ask again, it waits for the rest.
+        c.run_for(5)
+        b = block(c, 1)
+        local_jobs(c, 0, 1)
+        c.run_for(0)
+        assert c.reply_to(1, b)[0][2] == b"body0"
+    assert needjobs(c, 1, 0) == [(t0, 1), (t0, 5)]
+    c.run_for(5)
+    b = block(c, 1)
+    local_jobs(c, 0, 1)
+    c.run_for(0)
+    assert c.reply_to(1, b) is not None
+    # The fifth came: all it asked for, so its client taking it asks again at once.
+    assert needjobs(c, 1, 0)[2:] == [(t0 + 25, 5)]
 
 
 def test_no_import_rate_no_request_when_the_last_job_goes() -> None:
@@ -255,9 +283,10 @@ def test_a_leaving_node_never_asks_and_still_answers() -> None:
     # job, as 4 >= 2 x 1); then node 2 asks its new source for more at once.
     a = block(c, 2)
     assert c.reply_to(2, a) is not None
-    # The ad hoc NEEDJOBS asked for 20: node 0 had 3, and gave half (1).
-    assert (len(c.broker(0).queues[b"q"]), len(c.broker(2).queues[b"q"])) == (2, 1)
-    assert dict(c.broker(0).federation.info())["jobs_exported"] == 2  # type: ignore[union-attr]
+    # The ad hoc NEEDJOBS asked for 5: node 0 had 3, gave half (1) and the rest at its
+    # next tick.
+    assert (len(c.broker(0).queues[b"q"]), len(c.broker(2).queues[b"q"])) == (0, 3)
+    assert dict(c.broker(0).federation.info())["jobs_exported"] == 4  # type: ignore[union-attr]
 
 
 def test_malformed_bodies_are_logged_and_dropped() -> None:
@@ -364,16 +393,15 @@ def test_a_source_with_nothing_left_ends_the_chain_of_requests() -> None:
         assert c.cmd(1, "GETJOB", "TIMEOUT", "0", "COUNT", "10", "FROM", "q",
                      client=c.client()) is BLOCKED
     c.run_for(0)
-    # Half of its 2 jobs, then its last one, each answer asked again at once (sized by the
-    # rate, 40/s after two jobs, or the waiting clients' COUNTs); the source then holds
-    # nothing and does not answer, so the third client waits for the ad hoc backoff, not a
-    # loop of requests.
+    # One job for the broadcast, then a request at once for the two clients still waiting
+    # (2 x COUNT 10), answered with the last job; the source then owes 19 and holds
+    # nothing, so the third client waits for the ad hoc backoff, not a loop of requests.
     at_t0 = [n for at, n in needjobs(c, 1, 0) if at == t0]
-    assert at_t0 == [1, 20, 40]
+    assert at_t0 == [1, 20]
     assert c.cmd(0, "QLEN", "q") == 0
     c.run_for(1000)
-    later = [at - t0 for at, _ in needjobs(c, 1, 0)][3:]
-    assert later and all(b - a >= 25 for a, b in zip([0, *later], later, strict=False))
+    later = [at - t0 for at, _ in needjobs(c, 1, 0)][2:]
+    assert later == [25, 75, 175, 375, 775]
 
 
 def test_a_request_over_100_jobs_is_answered_in_frames_of_100() -> None:
@@ -426,12 +454,13 @@ def test_a_kept_ask_gets_only_what_it_still_lacks_and_its_share() -> None:
     local_jobs(c, 0, 3)
     c.run_for(0)
     # One job answers the kept ask in full; then node 1's client took its last job with a
-    # positive rate, so it asked for 20 at once, and got half of the two left.
+    # positive rate, so it asked for 5 at once, and got half of the two left, and the other
+    # at node 0's next tick (kept asks are answered with all the queue holds).
     sizes = [len(b["jobs"]) for at, s, _, t, b in c.sends
              if t is YOURS and s == c.node_id(0) and at == t1]
-    assert sizes == [1, 1]
-    assert needjobs(c, 1, 0)[-1] == (t1, 20)
-    assert c.cmd(0, "QLEN", "q") == 1
+    assert sizes == [1, 1, 1]
+    assert needjobs(c, 1, 0)[-1] == (t1, 5)
+    assert (c.cmd(0, "QLEN", "q"), c.cmd(1, "QLEN", "q")) == (0, 2)
 
 
 def test_an_importing_node_keeps_no_ask() -> None:
@@ -502,3 +531,26 @@ def test_jobs_added_on_one_node_reach_consumers_on_another_once_each() -> None:
     assert max(held) == 0, sorted(held)[len(held) // 2:]
     c.run_for(5_000)  # the acks reached the source: nothing left anywhere
     assert [len(c.broker(i).jobs) for i in range(3)] == [0, 0, 0]
+
+
+def test_a_steady_consumer_is_asked_for_ahead_and_never_runs_dry() -> None:
+    c = fed()
+    for pair in ((0, 1), (1, 0)):
+        c.sim.faults[pair] = Faults(delay_ms=5)  # a 10 ms round trip
+    local_jobs(c, 0, 3000, retry="0")
+    t0 = c.sim.now
+    block(c, 1)
+    c.run_for(20)
+    dry, most = 0, 0
+    for k in range(2000):  # a job a millisecond
+        c.run_for(1)
+        if c.cmd(1, "GETJOB", "NOHANG", "FROM", "q") is NULL_ARRAY and k >= 200:
+            dry += 1
+        most = max(most, c.cmd(1, "QLEN", "q"))
+    q = c.broker(1).queues[b"q"]
+    assert (q.fed.rtt, q.low_water) == (10, 21)  # 2 x 1000/s x 10 ms, the rate ~1005/s
+    # Asked for when 21 jobs were left, not when none: never dry once the rate is known.
+    assert dry == 0
+    # Two low waters a request (not a second's worth, 1,000): at most ~60 jobs wait here.
+    assert {n for at, n in needjobs(c, 1, 0) if at - t0 >= 500} == {40}
+    assert most <= 60
