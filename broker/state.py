@@ -933,7 +933,7 @@ class BrokerState:
 
     def ack_jobs(self, ids: tuple[bytes, ...], now_ms: int) -> Any:
         if self.replication is not None:
-            return cluster_jobs.ack_command(self, "ACKJOB", ids, now_ms)
+            return cluster_jobs.ack_command(self, ids, now_ms)
         count = 0
         jobs = self.jobs
         for job_id in ids:
@@ -951,7 +951,7 @@ class BrokerState:
 
     def fastack_jobs(self, ids: tuple[bytes, ...], now_ms: int) -> Any:
         if self.replication is not None:
-            return cluster_jobs.ack_command(self, "FASTACK", ids, now_ms)
+            return cluster_jobs.fastack(self, ids)
         return self.delete_jobs(ids)
 
     def delete_jobs(self, ids: tuple[bytes, ...]) -> int:

@@ -73,6 +73,9 @@ _ACTIVE: Final = JobState.ACTIVE
 _QUEUED: Final = JobState.QUEUED
 _ACKED: Final = JobState.ACKED
 
+_DELJOB: Final = MessageType.DELJOB
+_DELJOB_BATCH: Final = MessageType.DELJOB_BATCH
+
 _UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
 
 
@@ -117,6 +120,23 @@ class JobCore:
                     self.membership.messages_received += 1
                     self.stats["received"] += 1
                     self._got_job(job_id, sender_id, now_ms)
+                    return
+        elif frame.type is _DELJOB_BATCH:
+            # A FASTACK's DELJOBs (one frame per FASTACK and holder): each job freed with no
+            # message object; a batch with any entry wrong takes ``accept``, which drops it.
+            sender_id = member(self.membership, frame)
+            body = received_body(frame)
+            if sender_id is not None and type(body) is dict:
+                items = body.get("items")
+                if type(items) is list and _valid_ids(items):
+                    self.membership.messages_received += 1
+                    self.stats["received"] += 1
+                    b = self.broker
+                    jobs = b.jobs
+                    for job_id in items:
+                        job = jobs.get(job_id)
+                        if job is not None:
+                            cluster_jobs.free(b, job)
                     return
         accepted = accept(self.membership, frame, peer_ip, parse, self.stats, self.outbox, "job")
         if accepted is not None:
@@ -202,7 +222,8 @@ class JobCore:
         me = self.membership.myself_id
         for node_id in (self._others() if nodes is None else nodes):
             if node_id != me:
-                self._send(node_id, JobRef(MessageType.DELJOB, job_id))
+                # No message object: a FASTACK of 100 IDs sends 200 of these.
+                self._send_item(node_id, _DELJOB, job_id, None)
 
     def try_gc(self, job: Job, now_ms: int) -> int:
         """Disque's tryJobGC. 0: free the job now; else the time of the next attempt."""
@@ -358,24 +379,35 @@ class JobCore:
         following one of the same type to the same node, with nothing else sent to that
         node between them, joins its frame (a ``Batch``): one frame per run instead of one
         per job, and each node still receives every message in the order it was sent."""
+        if msg.type in BATCH_OF:
+            self._send_item(node_id, msg.type, batch_item(msg), msg)  # type: ignore[arg-type]
+            return
         runs = self._runs
-        batch_type = BATCH_OF.get(msg.type)
-        if batch_type is None:
-            if runs:
-                runs.pop(node_id, None)  # what follows for that node goes after this
-        else:
-            run = runs.get(node_id)
-            if run is not None and run[0] is msg.type and len(run[2]) < MAX_BATCH:
-                items: list[Any] = run[2]
-                items.append(batch_item(msg))  # type: ignore[arg-type]
-                if len(items) == 2:  # the run's first frame becomes a batch of both
-                    self.outbox[run[1]] = Send(node_id, batch_type, Batch(batch_type,
-                                                                          items).body())
-                return
-            runs[node_id] = [msg.type, len(self.outbox), [batch_item(msg)]]  # type: ignore[arg-type]
+        if runs:
+            runs.pop(node_id, None)  # what follows for that node goes after this
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
         self.outbox.append(Send(node_id, msg.type, msg.body()))
+
+    def _send_item(self, node_id: str, single: MessageType, item: Any,
+                   msg: JobMessage | None) -> None:
+        """``_send`` of a batchable message given as its batch entry ``item`` (``msg``: the
+        message itself, or None for a DELJOB, whose entry is its ID)."""
+        runs = self._runs
+        run = runs.get(node_id)
+        if run is not None and run[0] is single and len(run[2]) < MAX_BATCH:
+            items: list[Any] = run[2]
+            items.append(item)
+            if len(items) == 2:  # the run's first frame becomes a batch of both
+                batch_type = BATCH_OF[single]
+                self.outbox[run[1]] = Send(node_id, batch_type, Batch(batch_type,
+                                                                      items).body())
+            return
+        runs[node_id] = [single, len(self.outbox), [item]]
+        self.stats["sent"] += 1
+        self.membership.messages_sent += 1
+        body = {"id": item} if msg is None else msg.body()
+        self.outbox.append(Send(node_id, single, body))
 
     def _send_body(self, node_id: str, mtype: MessageType, body: dict[str, Any]) -> None:
         """Queue a message already made into its body (not one of ``BATCH_OF``'s types)."""
@@ -394,6 +426,16 @@ class JobCore:
 
     def _log(self, level: str, text: str, key: str) -> None:
         self.outbox.append(LogLine(level, text, key))
+
+
+def _valid_ids(items: list[Any]) -> bool:
+    """Whether ``items`` is a DELJOB batch's entries as ``job_messages.parse`` accepts them."""
+    if not 1 < len(items) <= MAX_BATCH:
+        return False
+    for job_id in items:
+        if type(job_id) is not bytes or not is_valid(job_id):
+            return False
+    return True
 
 
 _HANDLERS: Final[dict[MessageType, Any]] = {
