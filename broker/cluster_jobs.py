@@ -303,7 +303,7 @@ def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
         # Acked before ADDJOB reached its replication level: the client gets its ID now.
         if not replication_achieved(b, job, now_ms):
             return False
-    prev = job.to_record()
+    prev = job.to_record() if b.log_wanted else None  # log_job drops it otherwise
     b.dequeue_job(job)
     job.transition(_ACKED)
     job.confirmed = ()

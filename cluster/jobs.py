@@ -51,6 +51,7 @@ from cluster.job_messages import (
     BATCH_OF,
     JOB_TYPES,
     MAX_BATCH,
+    SINGLE_OF,
     Batch,
     Enqueue,
     GotAck,
@@ -62,6 +63,7 @@ from cluster.job_messages import (
     SetAck,
     batch_item,
     parse,
+    single_body,
 )
 from cluster.membership import Membership
 from cluster.peer_frames import accept, member
@@ -74,6 +76,8 @@ _QUEUED: Final = JobState.QUEUED
 _ACKED: Final = JobState.ACKED
 
 _DELJOB: Final = MessageType.DELJOB
+_SETACK: Final = MessageType.SETACK
+_GOTACK: Final = MessageType.GOTACK
 _DELJOB_BATCH: Final = MessageType.DELJOB_BATCH
 
 _UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
@@ -142,8 +146,16 @@ class JobCore:
         if accepted is not None:
             msg, sender_id = accepted
             if type(msg) is Batch:
-                for one in msg.messages():
-                    _HANDLERS[one.type](self, one, sender_id, now_ms)
+                single = SINGLE_OF[msg.type]
+                if single is _SETACK:  # entries read as they are: no object per entry
+                    for job_id, may_have in msg.items:
+                        self._set_ack(job_id, may_have, sender_id, now_ms)
+                elif single is _GOTACK:
+                    for job_id, known in msg.items:
+                        self._got_ack(job_id, known, sender_id, now_ms)
+                else:
+                    for one in msg.messages():
+                        _HANDLERS[one.type](self, one, sender_id, now_ms)
             else:
                 _HANDLERS[msg.type](self, msg, sender_id, now_ms)
 
@@ -222,8 +234,7 @@ class JobCore:
         me = self.membership.myself_id
         for node_id in (self._others() if nodes is None else nodes):
             if node_id != me:
-                # No message object: a FASTACK of 100 IDs sends 200 of these.
-                self._send_item(node_id, _DELJOB, job_id, None)
+                self._send_item(node_id, _DELJOB, job_id)
 
     def try_gc(self, job: Job, now_ms: int) -> int:
         """Disque's tryJobGC. 0: free the job now; else the time of the next attempt."""
@@ -240,7 +251,7 @@ class JobCore:
         targets = job.delivered if job.delivered else tuple(self._others())
         for node_id in targets:
             if node_id != me and node_id not in job.confirmed:
-                self._send(node_id, SetAck(job.id, len(job.delivered)))
+                self._send_item(node_id, _SETACK, [job.id, len(job.delivered)])
         period = min(GC_MIN_PERIOD_MS * (1 << retry), GC_MAX_PERIOD_MS)
         return now_ms + period + self.rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2
 
@@ -327,33 +338,39 @@ class JobCore:
             self._send(sender, SetAck(job.id, len(job.delivered)))
 
     def _on_setack(self, msg: SetAck, sender: str, now_ms: int) -> None:
+        self._set_ack(msg.job_id, msg.may_have, sender, now_ms)
+
+    def _set_ack(self, job_id: bytes, may_have: int, sender: str, now_ms: int) -> None:
         b = self.broker
-        job = b.jobs.get(msg.job_id)
+        job = b.jobs.get(job_id)
         if job is not None:
             cluster_jobs.acknowledge(b, job, now_ms)
-            if b.jobs.get(msg.job_id) is not job:
+            if b.jobs.get(job_id) is not job:
                 job = None  # externally replicated: it just left this node
-        if job is None or len(job.delivered) <= msg.may_have:
-            self._send(sender, GotAck(msg.job_id, job is not None))
+        if job is None or len(job.delivered) <= may_have:
+            self._send_item(sender, _GOTACK, [job_id, job is not None])
         else:
-            if msg.may_have == 0:
-                self._send(sender, GotAck(msg.job_id, True))
+            if may_have == 0:
+                self._send_item(sender, _GOTACK, [job_id, True])
             cluster_jobs.gc(b, job, now_ms)
 
     def _on_gotack(self, msg: GotAck, sender: str, now_ms: int) -> None:
+        self._got_ack(msg.job_id, msg.known, sender, now_ms)
+
+    def _got_ack(self, job_id: bytes, known: bool, sender: str, now_ms: int) -> None:
         b = self.broker
-        job = b.jobs.get(msg.job_id)
+        job = b.jobs.get(job_id)
         if job is None or job.state is not _ACKED:
             return
         dummy = not job.delivered
-        if dummy and msg.known:
+        if dummy and known:
             cluster_jobs.free(b, job)  # an authoritative node has it: drop the dummy
             return
         if not job.confirmed:
             job.confirmed = (self.membership.myself_id,)
-        if msg.known or sender in job.delivered:
+        if known or sender in job.delivered:
             cluster_jobs.merge_delivered(job, (sender,))
-        if msg.known or sender in job.delivered or dummy:
+        if known or sender in job.delivered or dummy:
             if sender not in job.confirmed:
                 job.confirmed += (sender,)
         if dummy:
@@ -380,7 +397,7 @@ class JobCore:
         node between them, joins its frame (a ``Batch``): one frame per run instead of one
         per job, and each node still receives every message in the order it was sent."""
         if msg.type in BATCH_OF:
-            self._send_item(node_id, msg.type, batch_item(msg), msg)  # type: ignore[arg-type]
+            self._send_item(node_id, msg.type, batch_item(msg))  # type: ignore[arg-type]
             return
         runs = self._runs
         if runs:
@@ -389,10 +406,9 @@ class JobCore:
         self.membership.messages_sent += 1
         self.outbox.append(Send(node_id, msg.type, msg.body()))
 
-    def _send_item(self, node_id: str, single: MessageType, item: Any,
-                   msg: JobMessage | None) -> None:
-        """``_send`` of a batchable message given as its batch entry ``item`` (``msg``: the
-        message itself, or None for a DELJOB, whose entry is its ID)."""
+    def _send_item(self, node_id: str, single: MessageType, item: Any) -> None:
+        """``_send`` of a batchable message given as its batch entry ``item`` (``batch_item``),
+        with no message object: a FASTACK or an ACKJOB of 100 IDs sends 200 of them."""
         runs = self._runs
         run = runs.get(node_id)
         if run is not None and run[0] is single and len(run[2]) < MAX_BATCH:
@@ -406,8 +422,7 @@ class JobCore:
         runs[node_id] = [single, len(self.outbox), [item]]
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
-        body = {"id": item} if msg is None else msg.body()
-        self.outbox.append(Send(node_id, single, body))
+        self.outbox.append(Send(node_id, single, single_body(single, item)))
 
     def _send_body(self, node_id: str, mtype: MessageType, body: dict[str, Any]) -> None:
         """Queue a message already made into its body (not one of ``BATCH_OF``'s types)."""
