@@ -156,8 +156,10 @@ class BrokerState:
         # Whether anyone writes the log records of the hot paths (a job's state, a delivery's
         # dlv): the node clears it while its append log is off (node/persistence.py), so that
         # ADDJOB and GETJOB do not build records it would drop. Switching the log on takes a
-        # snapshot of the broker first, so records not built meanwhile are not missed. Other
-        # records (acks, deletes, policies, timers) are rare and always emitted.
+        # snapshot of the broker first, so records not built meanwhile are not missed. So do
+        # a cluster's FASTACK, DELJOB, acknowledgements and federation moves (one per job and
+        # holder, broker/cluster_jobs.py, broker/federation.py); other records (a single
+        # node's acks and deletes, policies, timers) are always emitted.
         self.log_wanted = True
         self.leaving = False
         # The node table's view (HELLO, CLUSTER, reachable nodes); the runtime replaces it with
