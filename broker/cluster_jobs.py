@@ -305,7 +305,7 @@ def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
         # Acked before ADDJOB reached its replication level: the client gets its ID now.
         if not replication_achieved(b, job, now_ms):
             return False
-    prev = job.to_record()
+    prev = job.to_record() if b.log_wanted else None  # log_job drops it otherwise
     b.dequeue_job(job)
     job.transition(_ACKED)
     job.confirmed = ()
@@ -355,26 +355,38 @@ def free(b: ReplicatingBroker, job: Job) -> None:
     """Forget a job for good (GC done, DELJOB, FASTACK), with its ``del`` record."""
     if b.jobs.get(job.id) is not job:
         return
+    if not b.log_wanted:
+        # No log to write it to: a FASTACK frees each job on every holder, and the record
+        # (the job's whole state, for the undo) was the largest part of that.
+        b.unregister(job)
+        return
     prev = job.to_record()
     b.unregister(job)
     b.outbox.append(LogRecord("del", job.id, prev))
 
 
-def ack_command(b: ReplicatingBroker, name: str, ids: tuple[bytes, ...] | list[bytes],
-                now_ms: int) -> int:
-    """ACKJOB / FASTACK on a cluster node; returns Disque's count."""
+def fastack(b: ReplicatingBroker, ids: tuple[bytes, ...] | list[bytes]) -> int:
+    """FASTACK on a cluster node: each job is freed here and DELJOB goes to the nodes that
+    may hold it (every node for an ID not known here); returns Disque's count."""
     rep = _rep(b)
+    jobs = b.jobs
+    known = 0
+    for job_id in ids:
+        job = jobs.get(job_id)
+        if job is None:
+            rep.deljob(job_id, None)
+        else:
+            rep.deljob(job_id, job.delivered)
+            free(b, job)
+            known += 1
+    return known
+
+
+def ack_command(b: ReplicatingBroker, ids: tuple[bytes, ...] | list[bytes], now_ms: int) -> int:
+    """ACKJOB on a cluster node; returns Disque's count."""
     known = 0
     for job_id in ids:
         job = b.jobs.get(job_id)
-        if name == "FASTACK":
-            if job is None:
-                rep.deljob(job_id, None)
-            else:
-                rep.deljob(job_id, job.delivered)
-                free(b, job)
-                known += 1
-            continue
         if job is None:
             job = dummy_ack(b, job_id, now_ms)
         elif job.state is not _ACKED and job.state is not _WAIT_REPL and all(

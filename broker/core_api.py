@@ -36,6 +36,7 @@ class BrokerCore(Protocol):
     myself: tuple[str, ...]  # (node_id,): shared by every job held only here
     rng: random.Random
     leaving: bool
+    log_wanted: bool  # whether anyone writes the hot paths' records (broker/state.py)
     jobs: dict[bytes, Job]
     queues: dict[bytes, Queue]
     timers: TimerWheel

@@ -94,7 +94,8 @@ def export_jobs(b: BrokerCore, q: Queue, count: int, to_node: str, now_ms: int,
         job = q.pop()
         if job is None:
             break
-        prev = job.to_record()
+        # The record before the change, for the undo: only when a log will write one.
+        prev = job.to_record() if b.log_wanted else None
         job.transition(JobState.ACTIVE)
         q.atime = now_ms
         if to_node not in job.delivered:
@@ -107,7 +108,8 @@ def export_jobs(b: BrokerCore, q: Queue, count: int, to_node: str, now_ms: int,
             b.ending_as("moved")  # broker/results.py: it lives on, on to_node
             b.unregister(job)
             b.ending_as("deleted")
-            b.outbox.append(LogRecord("del", job.id, prev))
+            if b.log_wanted:
+                b.outbox.append(LogRecord("del", job.id, prev))
         else:
             b.log_job(job, prev)
     return out
@@ -127,7 +129,7 @@ def import_job(b: BrokerCore, job: Job, myself: str, now_ms: int) -> bool:
             # Handed to a client here and its retry not due yet (or never, at most once): a
             # duplicated or late YOURJOBS must not deliver it a second time.
             return False
-        prev: Any = job.to_record()
+        prev: Any = job.to_record() if b.log_wanted else None
     else:
         if job.retry == 0 and job.flags & FLAG_DELIVERED:
             return False

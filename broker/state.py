@@ -156,8 +156,10 @@ class BrokerState:
         # Whether anyone writes the log records of the hot paths (a job's state, a delivery's
         # dlv): the node clears it while its append log is off (node/persistence.py), so that
         # ADDJOB and GETJOB do not build records it would drop. Switching the log on takes a
-        # snapshot of the broker first, so records not built meanwhile are not missed. Other
-        # records (acks, deletes, policies, timers) are rare and always emitted.
+        # snapshot of the broker first, so records not built meanwhile are not missed. So do
+        # a cluster's FASTACK, DELJOB, acknowledgements and federation moves (one per job and
+        # holder, broker/cluster_jobs.py, broker/federation.py); other records (a single
+        # node's acks and deletes, policies, timers) are always emitted.
         self.log_wanted = True
         self.leaving = False
         # The node table's view (HELLO, CLUSTER, reachable nodes); the runtime replaces it with
@@ -933,7 +935,7 @@ class BrokerState:
 
     def ack_jobs(self, ids: tuple[bytes, ...], now_ms: int) -> Any:
         if self.replication is not None:
-            return cluster_jobs.ack_command(self, "ACKJOB", ids, now_ms)
+            return cluster_jobs.ack_command(self, ids, now_ms)
         count = 0
         jobs = self.jobs
         for job_id in ids:
@@ -951,7 +953,7 @@ class BrokerState:
 
     def fastack_jobs(self, ids: tuple[bytes, ...], now_ms: int) -> Any:
         if self.replication is not None:
-            return cluster_jobs.ack_command(self, "FASTACK", ids, now_ms)
+            return cluster_jobs.fastack(self, ids)
         return self.delete_jobs(ids)
 
     def delete_jobs(self, ids: tuple[bytes, ...]) -> int:

@@ -216,6 +216,17 @@ def batch_item(msg: JobRef | SetAck | GotAck | Queued) -> Any:
     return msg.job_id
 
 
+def single_body(single: MessageType, item: Any) -> dict[str, Any]:
+    """The body of the single message whose batch entry is ``item`` (``batch_item``)."""
+    if single is MessageType.SETACK:
+        return {"id": item[0], "mayhave": item[1]}
+    if single is MessageType.GOTACK:
+        return {"id": item[0], "known": item[1]}
+    if single is MessageType.QUEUED:
+        return {"id": item[0], "nack": item[1], "deliv": item[2]}
+    return {"id": item}
+
+
 JobMessage = JobRef | ReplJob | Enqueue | Queued | SetAck | GotAck | PauseQueue | Batch
 FedMessage = NeedJobs | YourJobs
 FED_TYPES = frozenset({MessageType.NEEDJOBS, MessageType.YOURJOBS})

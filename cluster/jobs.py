@@ -46,11 +46,12 @@ from broker.cluster_jobs import (
 )
 from broker.core import Broker
 from broker.job import REC_CONFIRMED, REC_STATE, Job, JobState
-from cluster.effects import ClusterEffect, LinkId, LogLine, Send, new_send
+from cluster.effects import ClusterEffect, LinkId, LogLine, new_send
 from cluster.job_messages import (
     BATCH_OF,
     JOB_TYPES,
     MAX_BATCH,
+    SINGLE_OF,
     Batch,
     Enqueue,
     GotAck,
@@ -64,6 +65,7 @@ from cluster.job_messages import (
     parse,
     repljob_body,
     repljob_fields,
+    single_body,
 )
 from cluster.membership import Membership
 from cluster.peer_frames import accept, member
@@ -74,6 +76,11 @@ _WAIT_REPL: Final = JobState.WAIT_REPL
 _ACTIVE: Final = JobState.ACTIVE
 _QUEUED: Final = JobState.QUEUED
 _ACKED: Final = JobState.ACKED
+
+_DELJOB: Final = MessageType.DELJOB
+_SETACK: Final = MessageType.SETACK
+_GOTACK: Final = MessageType.GOTACK
+_DELJOB_BATCH: Final = MessageType.DELJOB_BATCH
 
 _UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
 
@@ -131,12 +138,36 @@ class JobCore:
                         self._count_received()
                         self._repl_job(Job.from_record(record), noreply, sender_id, now_ms)
                         return
+        elif mtype is _DELJOB_BATCH:
+            # A FASTACK's DELJOBs (one frame per FASTACK and holder): each job freed with no
+            # message object; a batch with any entry wrong takes ``accept``, which drops it.
+            sender_id = member(self.membership, frame)
+            body = received_body(frame)
+            if sender_id is not None and type(body) is dict:
+                items = body.get("items")
+                if type(items) is list and _valid_ids(items):
+                    self._count_received()
+                    b = self.broker
+                    jobs = b.jobs
+                    for job_id in items:
+                        job = jobs.get(job_id)
+                        if job is not None:
+                            cluster_jobs.free(b, job)
+                    return
         accepted = accept(self.membership, frame, peer_ip, parse, self.stats, self.outbox, "job")
         if accepted is not None:
             msg, sender_id = accepted
             if type(msg) is Batch:
-                for one in msg.messages():
-                    _HANDLERS[one.type](self, one, sender_id, now_ms)
+                single = SINGLE_OF[msg.type]
+                if single is _SETACK:  # entries read as they are: no object per entry
+                    for job_id, may_have in msg.items:
+                        self._set_ack(job_id, may_have, sender_id, now_ms)
+                elif single is _GOTACK:
+                    for job_id, known in msg.items:
+                        self._got_ack(job_id, known, sender_id, now_ms)
+                else:
+                    for one in msg.messages():
+                        _HANDLERS[one.type](self, one, sender_id, now_ms)
             else:
                 _HANDLERS[msg.type](self, msg, sender_id, now_ms)
 
@@ -220,7 +251,7 @@ class JobCore:
         me = self.membership.myself_id
         for node_id in (self._others() if nodes is None else nodes):
             if node_id != me:
-                self._send(node_id, JobRef(MessageType.DELJOB, job_id))
+                self._send_item(node_id, _DELJOB, job_id)
 
     def try_gc(self, job: Job, now_ms: int) -> int:
         """Disque's tryJobGC. 0: free the job now; else the time of the next attempt."""
@@ -237,7 +268,7 @@ class JobCore:
         targets = job.delivered if job.delivered else tuple(self._others())
         for node_id in targets:
             if node_id != me and node_id not in job.confirmed:
-                self._send(node_id, SetAck(job.id, len(job.delivered)))
+                self._send_item(node_id, _SETACK, [job.id, len(job.delivered)])
         period = min(GC_MIN_PERIOD_MS * (1 << retry), GC_MAX_PERIOD_MS)
         return now_ms + period + self.rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2
 
@@ -326,33 +357,39 @@ class JobCore:
             self._send(sender, SetAck(job.id, len(job.delivered)))
 
     def _on_setack(self, msg: SetAck, sender: str, now_ms: int) -> None:
+        self._set_ack(msg.job_id, msg.may_have, sender, now_ms)
+
+    def _set_ack(self, job_id: bytes, may_have: int, sender: str, now_ms: int) -> None:
         b = self.broker
-        job = b.jobs.get(msg.job_id)
+        job = b.jobs.get(job_id)
         if job is not None:
             cluster_jobs.acknowledge(b, job, now_ms)
-            if b.jobs.get(msg.job_id) is not job:
+            if b.jobs.get(job_id) is not job:
                 job = None  # externally replicated: it just left this node
-        if job is None or len(job.delivered) <= msg.may_have:
-            self._send(sender, GotAck(msg.job_id, job is not None))
+        if job is None or len(job.delivered) <= may_have:
+            self._send_item(sender, _GOTACK, [job_id, job is not None])
         else:
-            if msg.may_have == 0:
-                self._send(sender, GotAck(msg.job_id, True))
+            if may_have == 0:
+                self._send_item(sender, _GOTACK, [job_id, True])
             cluster_jobs.gc(b, job, now_ms)
 
     def _on_gotack(self, msg: GotAck, sender: str, now_ms: int) -> None:
+        self._got_ack(msg.job_id, msg.known, sender, now_ms)
+
+    def _got_ack(self, job_id: bytes, known: bool, sender: str, now_ms: int) -> None:
         b = self.broker
-        job = b.jobs.get(msg.job_id)
+        job = b.jobs.get(job_id)
         if job is None or job.state is not _ACKED:
             return
         dummy = not job.delivered
-        if dummy and msg.known:
+        if dummy and known:
             cluster_jobs.free(b, job)  # an authoritative node has it: drop the dummy
             return
         if not job.confirmed:
             job.confirmed = (self.membership.myself_id,)
-        if msg.known or sender in job.delivered:
+        if known or sender in job.delivered:
             cluster_jobs.merge_delivered(job, (sender,))
-        if msg.known or sender in job.delivered or dummy:
+        if known or sender in job.delivered or dummy:
             if sender not in job.confirmed:
                 job.confirmed += (sender,)
         if dummy:
@@ -378,24 +415,33 @@ class JobCore:
         following one of the same type to the same node, with nothing else sent to that
         node between them, joins its frame (a ``Batch``): one frame per run instead of one
         per job, and each node still receives every message in the order it was sent."""
+        if msg.type in BATCH_OF:
+            self._send_item(node_id, msg.type, batch_item(msg))  # type: ignore[arg-type]
+            return
         runs = self._runs
-        batch_type = BATCH_OF.get(msg.type)
-        if batch_type is None:
-            if runs:
-                runs.pop(node_id, None)  # what follows for that node goes after this
-        else:
-            run = runs.get(node_id)
-            if run is not None and run[0] is msg.type and len(run[2]) < MAX_BATCH:
-                items: list[Any] = run[2]
-                items.append(batch_item(msg))  # type: ignore[arg-type]
-                if len(items) == 2:  # the run's first frame becomes a batch of both
-                    self.outbox[run[1]] = Send(node_id, batch_type, Batch(batch_type,
-                                                                          items).body())
-                return
-            runs[node_id] = [msg.type, len(self.outbox), [batch_item(msg)]]  # type: ignore[arg-type]
+        if runs:
+            runs.pop(node_id, None)  # what follows for that node goes after this
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
         self.outbox.append(new_send(node_id, msg.type, msg.body()))
+
+    def _send_item(self, node_id: str, single: MessageType, item: Any) -> None:
+        """``_send`` of a batchable message given as its batch entry ``item`` (``batch_item``),
+        with no message object: a FASTACK or an ACKJOB of 100 IDs sends 200 of them."""
+        runs = self._runs
+        run = runs.get(node_id)
+        if run is not None and run[0] is single and len(run[2]) < MAX_BATCH:
+            items: list[Any] = run[2]
+            items.append(item)
+            if len(items) == 2:  # the run's first frame becomes a batch of both
+                batch_type = BATCH_OF[single]
+                self.outbox[run[1]] = new_send(node_id, batch_type, Batch(batch_type,
+                                                                          items).body())
+            return
+        runs[node_id] = [single, len(self.outbox), [item]]
+        self.stats["sent"] += 1
+        self.membership.messages_sent += 1
+        self.outbox.append(new_send(node_id, single, single_body(single, item)))
 
     def _send_body(self, node_id: str, mtype: MessageType, body: dict[str, Any]) -> None:
         """Queue a message already made into its body (not one of ``BATCH_OF``'s types)."""
@@ -428,6 +474,16 @@ def shuffle(rng: random.Random, items: list[str]) -> None:
             j = rng.getrandbits(bits)
         items[i], items[j] = items[j], items[i]
         i -= 1
+
+
+def _valid_ids(items: list[Any]) -> bool:
+    """Whether ``items`` is a DELJOB batch's entries as ``job_messages.parse`` accepts them."""
+    if not 1 < len(items) <= MAX_BATCH:
+        return False
+    for job_id in items:
+        if type(job_id) is not bytes or not is_valid(job_id):
+            return False
+    return True
 
 
 _HANDLERS: Final[dict[MessageType, Any]] = {

@@ -261,3 +261,32 @@ def test_a_batch_never_moves_a_message_past_another_sent_to_the_same_node() -> N
             for e in core.take_effects()]
     assert sent == [(a, M.DELJOB_BATCH, [ids[0], ids[1]]), (b, M.DELJOB_BATCH, [ids[0], ids[1]]),
                     (a, M.PAUSE, None), (b, M.PAUSE, None), (a, M.DELJOB, ids[2])]
+
+
+def test_a_deljob_batch_with_one_bad_entry_or_from_a_stranger_frees_nothing() -> None:
+    c = JobCluster(3)
+    ids = [c.addjob(0, "q", f"x{i}", "500") for i in range(3)]
+    stats = c.jn(1).core.stats
+    malformed, received = stats["malformed"], stats["received"]
+    for body in ({"items": [ids[0], ids[1][:-1]]}, {"items": [ids[0], ids[1].decode()]},
+                 {"items": [ids[0]]}, {"items": ids[0]}):
+        c.deliver(1, 0, M.DELJOB_BATCH, body)
+    c.deliver(1, "e" * 40, M.DELJOB_BATCH, {"items": ids})  # not a member
+    assert all(c.job(1, job_id) is not None for job_id in ids)
+    assert (stats["malformed"], stats["received"]) == (malformed + 4, received)
+    c.deliver(1, 0, M.DELJOB_BATCH, {"items": [ids[0], ids[2], UNKNOWN_ODD]})
+    assert stats["received"] == received + 1
+    assert [c.job(1, job_id) is None for job_id in ids] == [True, False, True]
+    assert [r.payload for r in c.logs[1] if r.kind == "del"] == [ids[0], ids[2]]
+
+
+def test_fastack_without_a_log_frees_every_copy_and_builds_no_record() -> None:
+    c = JobCluster(3)
+    ids = [c.addjob(0, "q", f"x{i}", "500") for i in range(5)]
+    for i in range(3):
+        c.broker(i).log_wanted = False  # what the node sets while appendonly is off
+    logged = {i: len(c.logs[i]) for i in range(3)}
+    assert c.cmd(2, "FASTACK", *ids) == 5
+    c.run_for(50)
+    assert all(c.holders(job_id) == [] for job_id in ids)
+    assert {i: len(c.logs[i]) for i in range(3)} == logged
