@@ -153,6 +153,10 @@ class ServerProcess:
         return argv
 
     def start(self, wait: bool = True) -> ServerProcess:
+        if self.proc is not None and self.proc.poll() is None:
+            # A second process would be left running when this object stops the newer one
+            # (``with node.start():`` starts twice).
+            raise RuntimeError(f"trisque-server on {self.port} is already running")
         self._logfile = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.argv(), cwd=REPO, env=repo_env(), stdout=self._logfile,
                                      stderr=subprocess.STDOUT, preexec_fn=self._limits)

@@ -89,7 +89,7 @@ def test_a_node_from_another_ca_never_joins(local_cluster: Factory, tmp_path: Pa
     intruder = ServerProcess(directory=str(tmp_path / "intruder"), cluster_node_timeout=1000,
                              **tls_directives(foreign, 0, ca=certs.ca_cert))
     (tmp_path / "intruder").mkdir()
-    with intruder.start():
+    with intruder:
         assert intruder.call("CLUSTER", "MEET", "127.0.0.1", str(c.port(0))) == b"OK"
         assert c.call(1, "CLUSTER", "MEET", "127.0.0.1", str(intruder.port)) == b"OK"
         intruder_id = intruder.call("CLUSTER", "MYID").decode()
@@ -122,7 +122,7 @@ def test_frames_without_a_valid_certificate_are_never_read(tmp_path: Path) -> No
     bus = ("127.0.0.1", node.port + 10000)
     meet = b"".join(encode_parts(MessageType.MEET, FAKE_ID,
                                  Meet(port=node.port + 1, flags=frozenset()).to_body()))
-    with node.start():
+    with node:
         # Plaintext: a well-formed MEET is not a TLS ClientHello.
         with socket.create_connection(bus, timeout=5) as plain:
             plain.sendall(meet)
