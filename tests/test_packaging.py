@@ -55,3 +55,16 @@ def test_every_command_runs_an_installed_module() -> None:
         module = target.split(":")[0]
         assert module.rsplit(".", 1)[0] in installed, f"{name} runs {module}, not installed"
         assert (REPO / (module.replace(".", "/") + ".py")).exists(), f"{name}: no {module}"
+
+
+def test_the_trisque_script_runs_cli_main_and_imports_nothing_before_it() -> None:
+    """`trisque` is a script file (scripts/trisque says why): pip rewrites only its first line
+    when it installs it, and it must start `cli.main` with nothing else imported first."""
+    files = pyproject()["tool"]["setuptools"]["script-files"]  # type: ignore[index]
+    assert files == ["scripts/trisque"]
+    script = (REPO / "scripts" / "trisque").read_text()
+    first, rest = script.split("\n", 1)
+    assert first.startswith("#!") and "python" in first
+    imports = [line for line in rest.splitlines() if line.startswith(("import ", "from "))]
+    assert imports == ["import sys", "from cli.main import main"]
+    assert "trisque" not in pyproject()["project"]["scripts"]  # type: ignore[index]
