@@ -289,7 +289,9 @@ class Reactor(ReactorCore):
                     quantum_end = clock() + QUANTUM_S
                     continue
                 run_round(self)
-                poll(self)
+                if self.runnable:
+                    poll(self)  # the newly ready join the queue behind those left
+                # else the next wait's poll is this one (one epoll_wait per round less)
                 polled = True
                 if self.runnable and clock() > quantum_end:
                     quantum_end = clock() + QUANTUM_S

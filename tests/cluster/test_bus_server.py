@@ -71,6 +71,10 @@ async def test_three_nodes_join_through_one_meet_each(tmp_path: Path,
         await until(lambda: all(linked(n, [m for m in nodes if m is not n]) for n in nodes))
         joined = trio.current_time() - start
         assert joined < 10, joined
+        # Each node's plain links (one out, one in per peer) are read by its reactor's loop.
+        for n in nodes:
+            assert len(n.reactor.links) == 4
+            assert set(n.reactor.links.values()) == set(n.bus.links.values())
         listing = await ca.call("CLUSTER", "NODES")
         assert isinstance(listing, bytes)
         assert {line.split()[0] for line in listing.decode().splitlines()} == {
