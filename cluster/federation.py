@@ -269,7 +269,12 @@ class FederationCore:
             demand += waiter.count
             if demand >= NEEDJOBS_MAX_COUNT * max(sources, 1):
                 break
-        size = max(2 * self._low_water(st, rate), demand)
+        ahead = 2 * self._low_water(st, rate)
+        if ahead > NEEDJOBS_MAX_REQUEST:
+            # Whole YOURJOBS frames (100 jobs each): a last frame of a few jobs costs a
+            # message, and both ends' handling of it, for little.
+            ahead = -(-ahead // NEEDJOBS_MAX_REQUEST) * NEEDJOBS_MAX_REQUEST
+        size = max(ahead, demand)
         if sources:
             size = -(-size // sources)
         return min(max(size, NEEDJOBS_MIN_REQUEST), NEEDJOBS_MAX_COUNT)
@@ -277,8 +282,10 @@ class FederationCore:
     def _low_water(self, st: _QueueFed, rate: int) -> int:
         """Jobs the consumers here take at ``rate`` in two round trips of a NEEDJOBS and its
         answer (the ad hoc minimum delay until one was measured): twice, as consumers take
-        jobs in bursts (their processes get the CPU in slices) rather than at the rate."""
-        rtt = st.rtt if st.rtt >= 0 else self.broker.config.needjobs_adhoc_min_delay
+        jobs in bursts (their processes get the CPU in slices) rather than at the rate. A
+        round trip is never taken as less than 1 ms, the clock's step: measured as 0 on a
+        fast link, it made every request the least (5 jobs), one NEEDJOBS per 5 jobs."""
+        rtt = max(st.rtt, 1) if st.rtt >= 0 else self.broker.config.needjobs_adhoc_min_delay
         return min(-(-2 * rate * int(rtt) // 1000), NEEDJOBS_MAX_COUNT)
 
     def _ask_ahead(self, q: Queue, st: _QueueFed, rate: int, now_ms: int) -> None:
