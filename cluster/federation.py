@@ -79,6 +79,7 @@ from typing import Any, Final
 
 from broker import federation as fed_jobs
 from broker.core import Broker
+from broker.job import REC_ID, Job
 from broker.queue import PAUSE_OUT, Queue
 from cluster.batches import cut, job_record_size
 from cluster.effects import ClusterEffect, LinkId, LogLine, Send
@@ -433,9 +434,15 @@ class FederationCore:
         touched: dict[bytes, Queue] = {}
         received: dict[bytes, int] = {}
         try:
-            for job in msg.jobs():
-                if job.id in recent and job.id not in b.jobs:
-                    continue  # imported, delivered and collected here: a duplicate frame
+            jobs = b.jobs
+            for rec in msg.records:
+                # A job held here already (a replica: every job, with REPLICATE as many as
+                # nodes) is queued as it is; only one not held is built from its record.
+                job = jobs.get(rec[REC_ID])
+                if job is None:
+                    job = Job.from_record(rec)
+                    if job.id in recent:
+                        continue  # imported, delivered and collected here: a duplicate frame
                 if not fed_jobs.import_job(b, job, me, now_ms):
                     continue
                 recent.pop(job.id, None)

@@ -168,9 +168,6 @@ class YourJobs:
     def body(self) -> dict[str, Any]:
         return {"jobs": self.records}
 
-    def jobs(self) -> list[Job]:
-        return [Job.from_record(r) for r in self.records]
-
 
 @dataclass(frozen=True, slots=True)
 class Batch:
