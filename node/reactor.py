@@ -99,10 +99,13 @@ An unexpected exception in a turn closes that connection only (``Served.crashed`
 **Compiled.** Everything above that never waits is compiled with mypyc as part of the core
 (``make build``) and imports no trio: the state and the epoll bookkeeping are ``ReactorCore`` in
 ``node/reactor_core.py``, and the round (``poll``, ``run_round``, ``end_round``) is functions in
-``node/round_core.py``, which call each connection's turn directly in C. This module adds what
-needs trio: the loop that waits (``run``), the accept loop's wait for room (``room_for_new``)
-and the task that releases held connections when the log was not committed inline
-(``release_later``).
+``node/round_core.py``, which call each connection's turn directly in C. So is the loop's pass
+between two awaits (``pass_until_await``: the polls, the links, the rounds, the bus written,
+the sleep in the reactor's epoll and the looks at trio's run queue and deadlines, trio's runner
+passed in untyped), which returns what to await. This module adds what needs trio: those
+awaits (``_run``: a checkpoint, ``wait_readable``, the tests' ``waiting_for_idle`` sleep), the
+accept loop's wait for room (``room_for_new``) and the task that releases held connections
+when the log was not committed inline (``release_later``).
 """
 
 from __future__ import annotations
@@ -125,20 +128,21 @@ from node.reactor_core import (
     MAX_EVENTS,
     MAX_NEW_WAITING,
     MAX_ROUND_S,
+    MAX_SLEEP_S,
     MAX_TURNS_PER_ROUND,
+    QUANTUM_S,
     AppendLog,
     ReactorCore,
     Served,
 )
-from node.round_core import poll, run_round, serve_links
+from node.round_core import (
+    AWAIT_IDLE_SLEEP,
+    AWAIT_READABLE,
+    pass_until_await,
+    trio_idle,
+    trio_timeout,
+)
 
-# Rounds follow one another without a trip through trio's scheduler for up to this long (a
-# client whose next request is already there is served at once, as a connection's own loop
-# would); then the other tasks (timers, the bus, the log's writer) get their turn.
-QUANTUM_S = 0.001
-# The longest the reactor sleeps in its own epoll without a look at trio's deadlines (they
-# are read before each sleep; this only bounds a clock that jumps).
-MAX_SLEEP_S = 1.0
 MIN_IDLE_SLEEP_S = 0.001
 
 
@@ -151,24 +155,12 @@ class TrioLoop:
         self.fd: int = runner.io_manager._epoll.fileno()
 
     def idle(self, settled: bool = False) -> bool:
-        """No task is scheduled: none in the run queue, none left in the batch being run (a
-        scheduled task holds the value it will be resumed with until it is stepped: looked
-        for unless ``settled``, no other task having run since the last look), and no test
-        waits for all tasks to block."""
-        runner = self.runner
-        if runner.runq or runner.waiting_for_idle:
-            return False
-        if settled:
-            return True
-        for task in runner.tasks:
-            if task._next_send_fn is not None:
-                return False
-        return True
+        """No task is scheduled (``round_core.trio_idle``)."""
+        return trio_idle(self.runner, settled)
 
     def timeout(self) -> float:
         """Seconds to trio's next deadline (a timer, a timeout; inf if none)."""
-        runner = self.runner
-        return float(runner.deadlines.next_deadline() - runner.current_time())
+        return trio_timeout(self.runner)
 
 
 # The run loops in which a reactor sleeps in its own epoll: one per loop, since a reactor
@@ -241,68 +233,23 @@ class Reactor(ReactorCore):
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            polled = settled = False
-            wake_at = 0.0
-            clock = time.perf_counter
-            quantum_end = clock() + QUANTUM_S
+            runner: Any = None if loop is None else loop.runner
+            self.quantum_end = time.perf_counter() + QUANTUM_S
             while True:
-                if not polled:
-                    poll(self)
-                polled = False
-                if self.ready_links:
-                    serve_links(self)
-                if not self.runnable:
-                    self.write_bus()
-                    if loop is None:
-                        # Nothing to do: trio runs the others and wakes us when a socket in
-                        # the epoll is ready (or schedule() writes to the wake-up descriptor).
-                        self.waiting = True
-                        try:
-                            await trio.lowlevel.wait_readable(self.epoll)
-                        finally:
-                            self.waiting = self.woken = False
-                    elif loop.idle(settled):
-                        # trio has nothing to run either: sleep here until a socket, trio's
-                        # own epoll or trio's next deadline (see "Sleeping" above). Its
-                        # deadlines are read once per hand-over: only its tasks change them.
-                        if not settled:
-                            settled = True
-                            wake_at = clock() + loop.timeout()
-                        timeout = wake_at - clock()
-                        if timeout > 0:
-                            self.trio_ready = False
-                            poll(self, min(timeout, MAX_SLEEP_S))
-                            polled = True
-                            if not self.trio_ready and (self.runnable or clock() < wake_at):
-                                quantum_end = clock() + QUANTUM_S
-                                continue
-                        await trio.lowlevel.checkpoint()
-                        self.trio_ready = False
-                    elif loop.runner.waiting_for_idle:
-                        # A test waits for every task to block: trio must see none runnable
-                        # for its cushion.
-                        await trio.sleep(max(2 * loop.runner.waiting_for_idle.keys()[0][0],
-                                             MIN_IDLE_SLEEP_S))
-                    else:
-                        await trio.lowlevel.checkpoint()  # others to run: their turn
-                    settled = False
-                    quantum_end = clock() + QUANTUM_S
-                    continue
-                run_round(self)
-                if self.runnable:
-                    poll(self)  # the newly ready join the queue behind those left
-                # else the next wait's poll is this one (one epoll_wait per round less)
-                polled = True
-                if self.runnable and clock() > quantum_end:
-                    quantum_end = clock() + QUANTUM_S
-                    self.write_bus()
-                    if (loop is None or self.trio_ready or not loop.idle()
-                            or loop.timeout() <= 0):
-                        # More to do, and the other tasks have waited a quantum: let them
-                        # run (one trip through trio's scheduler then, not one per round).
-                        await trio.lowlevel.checkpoint()
-                        self.trio_ready = settled = False
-                        quantum_end = clock() + QUANTUM_S
+                # Everything that does not await, compiled: see "Compiled" above.
+                awaited = pass_until_await(self, runner)
+                if awaited == AWAIT_READABLE:
+                    try:
+                        await trio.lowlevel.wait_readable(self.epoll)
+                    finally:
+                        self.waiting = self.woken = False
+                elif awaited == AWAIT_IDLE_SLEEP:
+                    # A test waits for every task to block: trio must see none runnable for
+                    # its cushion.
+                    await trio.sleep(max(2 * runner.waiting_for_idle.keys()[0][0],
+                                         MIN_IDLE_SLEEP_S))
+                else:
+                    await trio.lowlevel.checkpoint()
 
     def release_later(self, held: list[Served]) -> None:
         assert self._nursery is not None
@@ -326,5 +273,5 @@ class Reactor(ReactorCore):
 
 
 __all__ = ["MAX_COMMANDS_PER_ROUND", "MAX_COMMANDS_PER_TURN", "MAX_EVENTS", "MAX_NEW_WAITING",
-           "MAX_OUTPUT_PER_TURN", "MAX_ROUND_S", "MAX_TURNS_PER_ROUND", "QUANTUM_S", "Reactor",
+           "MAX_OUTPUT_PER_TURN", "MAX_ROUND_S", "MAX_SLEEP_S", "MAX_TURNS_PER_ROUND", "QUANTUM_S", "Reactor",
            "Served"]

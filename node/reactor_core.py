@@ -11,7 +11,8 @@ functions in ``node/round_core.py`` (``poll``, ``run_round``, ``end_round``) rat
 here: see that module for why. It imports no trio, so ``tools/build_core.py`` compiles it with
 the core; the two things that need trio are hooks the interpreted ``Reactor`` subclass provides:
 ``_room_freed`` (wake the accept loop) and ``release_later`` (a task that releases held
-connections once the log catches up). The waiting loop itself (``Reactor.run``) stays in
+connections once the log catches up). The waiting loop's pass between two awaits is
+``round_core.pass_until_await``; the awaits themselves (``Reactor._run``) stay in
 ``node/reactor.py``.
 """
 
@@ -43,6 +44,13 @@ MAX_ROUND_S: Final = 0.01
 MAX_NEW_WAITING: Final = 64
 # Sockets reported per poll: more than one round serves, so the queue never runs dry early.
 MAX_EVENTS: Final = 1024
+# Rounds follow one another without a trip through trio's scheduler for up to this long (a
+# client whose next request is already there is served at once, as a connection's own loop
+# would); then the other tasks (timers, the bus, the log's writer) get their turn.
+QUANTUM_S: Final = 0.001
+# The longest the reactor sleeps in its own epoll without a look at trio's deadlines (they
+# are read before each sleep; this only bounds a clock that jumps).
+MAX_SLEEP_S: Final = 1.0
 
 # Readable, and the peer's end of the stream (EPOLLRDHUP): a connection whose client hung up
 # is closed in the turn that ran its last commands, not one lap of the queue later.
@@ -135,6 +143,15 @@ class ReactorCore:
         # (node/reactor.py, "Sleeping"): reported ready, trio has something to run.
         self.trio_fd = -1
         self.trio_ready = False
+        # The waiting loop's state between two of its awaits (``round_core.pass_until_await``):
+        # the last poll's events are queued already, trio's run queue was seen empty since the
+        # last hand-over (and its next deadline then, ``wake_at``), the end of the quantum,
+        # and what the loop last awaited (``AWAIT_*`` in round_core; 0: nothing yet).
+        self.polled = False
+        self.settled = False
+        self.wake_at = 0.0
+        self.quantum_end = 0.0
+        self.awaited = 0
         # The cluster bus's plain links, by descriptor: read in the reactor's loop, not by a
         # task each (node/bus.py), the ones the last poll reported in ``ready_links``.
         self.links: dict[int, LinkCore] = {}

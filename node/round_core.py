@@ -6,8 +6,12 @@ Theory of operation
 the group commit at the end of each round. This module holds what runs for every request of
 it: queueing the connections the epoll reports (``poll``), the round itself (``run_round``: one
 turn per queued connection within the fairness bounds, then, when its log batch waits for an
-fdatasync, one for each that became ready meanwhile) and its end (``end_round``: the bus
-flushed, the log committed, the held replies written).
+fdatasync, one for each that became ready meanwhile), its end (``end_round``: the bus
+flushed, the log committed, the held replies written), and the waiting loop's pass between two
+of its awaits (``pass_until_await``: polls, links, rounds, the bus written, the sleep in the
+reactor's epoll and the looks at trio's run queue; it returns what to await, ``AWAIT_*``, to
+the interpreted ``Reactor._run``). trio's runner is passed in untyped (``Any``): this module
+imports no trio.
 
 They are functions taking ``ReactorCore`` and ``ConnCore``, not methods, for one reason: the
 reactor and the connections the node runs are instances of interpreted subclasses (``Reactor``
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import cast
+from typing import Any, Final, cast
 
 from node.bus_core import read_link, write_pending
 from node.conn_core import ConnCore, release_if_durable, turn
@@ -38,7 +42,9 @@ from node.reactor_core import (
     MAX_COMMANDS_PER_TURN,
     MAX_EVENTS,
     MAX_ROUND_S,
+    MAX_SLEEP_S,
     MAX_TURNS_PER_ROUND,
+    QUANTUM_S,
     ReactorCore,
     Served,
 )
@@ -178,3 +184,108 @@ def end_round(reactor: ReactorCore) -> None:
         others = reactor.others
         reactor.others = []
         reactor.dispatch(others, 0)
+
+
+# What pass_until_await returns: what the interpreted loop awaits before calling it again.
+AWAIT_READABLE: Final = 1  # the reactor's epoll through trio (no sleeping outside trio)
+AWAIT_IDLE_CHECKPOINT: Final = 2  # a checkpoint: trio's epoll ready or a deadline passed
+AWAIT_CHECKPOINT: Final = 3  # a checkpoint: trio has tasks to run
+AWAIT_IDLE_SLEEP: Final = 4  # a test waits for every task to block (trio.sleep)
+AWAIT_QUANTUM_CHECKPOINT: Final = 5  # a checkpoint: the other tasks waited a quantum
+
+
+def trio_idle(runner: Any, settled: bool) -> bool:
+    """trio has no task scheduled: none in the run queue, none left in the batch being run (a
+    scheduled task holds the value it will be resumed with until it is stepped: looked for
+    unless ``settled``, no other task having run since the last look), and no test waits for
+    all tasks to block. Reads trio 0.35's runner (``node.reactor.trio_loop`` checks it)."""
+    if runner.runq or runner.waiting_for_idle:
+        return False
+    if settled:
+        return True
+    for task in runner.tasks:
+        if task._next_send_fn is not None:
+            return False
+    return True
+
+
+def trio_timeout(runner: Any) -> float:
+    """Seconds to trio's next deadline (a timer, a timeout; inf if none)."""
+    return float(runner.deadlines.next_deadline() - runner.current_time())
+
+
+def pass_until_await(reactor: ReactorCore, runner: Any) -> int:
+    """The reactor's loop (``node/reactor.py``) up to its next await: poll, serve the links,
+    run rounds, write the bus, sleep in the epoll while trio is idle (``runner``: trio's run
+    loop, None when the reactor waits through trio). Returns the ``AWAIT_*`` the caller awaits
+    before calling again; the loop's state in between is kept in ``reactor``."""
+    clock = time.perf_counter
+    awaited = reactor.awaited
+    if awaited:
+        # Back from the await: trio ran its tasks (a checkpoint in the reactor's own epoll
+        # also saw trio's epoll, consumed now).
+        reactor.awaited = 0
+        if awaited == AWAIT_IDLE_CHECKPOINT or awaited == AWAIT_QUANTUM_CHECKPOINT:
+            reactor.trio_ready = False
+        reactor.settled = False
+        reactor.quantum_end = clock() + QUANTUM_S
+    polled = reactor.polled
+    settled = reactor.settled
+    wake_at = reactor.wake_at
+    quantum_end = reactor.quantum_end
+    result = 0
+    while True:
+        if not polled:
+            poll(reactor)
+        polled = False
+        if reactor.ready_links:
+            serve_links(reactor)
+        if not reactor.runnable:
+            reactor.write_bus()
+            if runner is None:
+                # Nothing to do: trio runs the others and wakes us when a socket in the epoll
+                # is ready (or schedule() writes to the wake-up descriptor).
+                reactor.waiting = True
+                result = AWAIT_READABLE
+                break
+            if trio_idle(runner, settled):
+                # trio has nothing to run either: sleep here until a socket, trio's own epoll
+                # or trio's next deadline (node/reactor.py, "Sleeping"). Its deadlines are read
+                # once per hand-over: only its tasks change them.
+                if not settled:
+                    settled = True
+                    wake_at = clock() + trio_timeout(runner)
+                timeout = wake_at - clock()
+                if timeout > 0:
+                    reactor.trio_ready = False
+                    poll(reactor, min(timeout, MAX_SLEEP_S))
+                    polled = True
+                    if not reactor.trio_ready and (reactor.runnable or clock() < wake_at):
+                        quantum_end = clock() + QUANTUM_S
+                        continue
+                result = AWAIT_IDLE_CHECKPOINT
+            elif runner.waiting_for_idle:
+                result = AWAIT_IDLE_SLEEP
+            else:
+                result = AWAIT_CHECKPOINT  # others to run: their turn
+            break
+        run_round(reactor)
+        if reactor.runnable:
+            poll(reactor)  # the newly ready join the queue behind those left
+        # else the next wait's poll is this one (one epoll_wait per round less)
+        polled = True
+        if reactor.runnable and clock() > quantum_end:
+            quantum_end = clock() + QUANTUM_S
+            reactor.write_bus()
+            if (runner is None or reactor.trio_ready or not trio_idle(runner, False)
+                    or trio_timeout(runner) <= 0):
+                # More to do, and the other tasks have waited a quantum: let them run (one trip
+                # through trio's scheduler then, not one per round).
+                result = AWAIT_QUANTUM_CHECKPOINT
+                break
+    reactor.polled = polled
+    reactor.settled = settled
+    reactor.wake_at = wake_at
+    reactor.quantum_end = quantum_end
+    reactor.awaited = result
+    return result
