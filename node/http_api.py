@@ -754,9 +754,25 @@ REQUEST_USER: Final[contextvars.ContextVar[User | None]] = contextvars.ContextVa
     "request_user", default=None)
 
 
+async def _drain(receive: Receive) -> None:
+    """Read and drop a refused request's body (up to DRAIN_LIMIT, within BODY_TIMEOUT_S)
+    before answering: hypercorn closes a keep-alive connection, without saying so in the
+    answer, when the answer ends before the request's body was read, and the client's next
+    request on it then finds the connection gone."""
+    size = 0
+    with trio.move_on_after(BODY_TIMEOUT_S):
+        while size <= DRAIN_LIMIT:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            size += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
+
 class _Auth:
     """Every route but /openapi.json runs as the request's ACL user (``request_user``); 401
-    without one."""
+    without one. A refused request's body is read before the refusal (``_drain``)."""
 
     def __init__(self, app: ASGIApp, users: Users, csrf: CsrfTokens) -> None:
         self.app, self.users, self.csrf = app, users, csrf
@@ -767,16 +783,19 @@ class _Auth:
             return
         headers = scope.get("headers", [])
         if scope.get("method") not in ("GET", "HEAD") and cross_site(headers):
+            await _drain(receive)
             await _error(403, "cross-site request refused")(scope, receive, send)
             return
         user = request_user(headers, self.users)
         if user is None:
+            await _drain(receive)
             response = _error(401, "authentication required", {
                 "WWW-Authenticate": 'Basic realm="trisque", Bearer realm="trisque"'})
             await response(scope, receive, send)
             return
         if scope.get("method") not in ("GET", "HEAD") and from_browser(headers) \
                 and not self.csrf.valid(user, headers):
+            await _drain(receive)
             response = _error(403, "CSRF token missing or wrong: reload the dashboard page")
             await response(scope, receive, send)
             return

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import time
+
 import httpx
 import redis
 
@@ -60,6 +63,46 @@ def test_state_changing_requests_from_another_site_are_refused() -> None:
             assert c.post("/messages/dlq", content=b"x").status_code in (200, 201)  # not a browser
     finally:
         srv.stop()
+
+
+def test_a_refusal_keeps_the_connection_when_the_body_comes_late() -> None:
+    """A refused request whose body arrives after its head: the node reads the body before
+    the 403, so the next request on the same connection is answered too (hypercorn closes
+    a connection whose answer ended before the request's body was read)."""
+    srv, base = start()
+    host = base.partition("://")[2]
+    head = (f"POST /queues/dlq/redrive HTTP/1.1\r\nHost: {host}\r\n"
+            "Origin: https://evil.example\r\nContent-Length: 2\r\n\r\n").encode()
+    try:
+        with socket.create_connection(("127.0.0.1", int(host.rpartition(":")[2])),
+                                      timeout=5) as sock:
+            sock.sendall(head)
+            time.sleep(0.3)  # the head is served before the body is sent
+            sock.sendall(b"{}")
+            first = _response(sock)
+            assert first.startswith(b"HTTP/1.1 403"), first
+            sock.sendall(f"GET /queues HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            second = _response(sock)
+            assert second.startswith(b"HTTP/1.1 200"), second
+    finally:
+        srv.stop()
+
+
+def _response(sock: socket.socket) -> bytes:
+    """One whole response (head and a Content-Length body) read from ``sock``; what came
+    before the peer closed if it closed first."""
+    buf = b""
+    while True:
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            for line in buf[:end].split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    if len(buf) >= end + 4 + int(line.split(b":")[1]):
+                        return buf
+        data = sock.recv(65536)
+        if not data:
+            return buf
+        buf += data
 
 
 def test_a_csrf_token_is_the_users_own() -> None:
