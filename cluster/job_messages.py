@@ -257,7 +257,7 @@ def parse(frame: Frame) -> JobMessage:
     if t is MessageType.PAUSE:
         return PauseQueue(_queue(body), int_field(body, "flags", 0, 3))
     if t in SINGLE_OF:
-        return Batch(t, _items(body, SINGLE_OF[t]))
+        return Batch(t, batch_items(body, SINGLE_OF[t]))
     raise MalformedBody(f"{t.name} is not a job message")
 
 
@@ -273,8 +273,9 @@ def repljob_fields(body: dict[str, Any]) -> tuple[list[Any], bool]:
     return _active_record(body.get("job"), "job"), _bool(body, "noreply")
 
 
-def _items(body: dict[str, Any], single: MessageType) -> list[Any]:
-    """A batch's entries, each checked as its single message's fields are."""
+def batch_items(body: dict[str, Any], single: MessageType) -> list[Any]:
+    """A batch's entries, each checked as its single message's fields are; MalformedBody if
+    any is not."""
     items = body.get("items")
     if not isinstance(items, list) or not 1 < len(items) <= MAX_BATCH:
         raise MalformedBody(f"field 'items' must be a list of 2..{MAX_BATCH} entries")

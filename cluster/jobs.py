@@ -62,6 +62,7 @@ from cluster.job_messages import (
     ReplJob,
     SetAck,
     batch_item,
+    batch_items,
     parse,
     repljob_body,
     repljob_fields,
@@ -144,8 +145,11 @@ class JobCore:
             sender_id = member(self.membership, frame)
             body = received_body(frame)
             if sender_id is not None and type(body) is dict:
-                items = body.get("items")
-                if type(items) is list and _valid_ids(items):
+                try:
+                    items = batch_items(body, _DELJOB)
+                except MalformedBody:
+                    pass  # ``accept`` logs it
+                else:
                     self._count_received()
                     b = self.broker
                     jobs = b.jobs
@@ -474,16 +478,6 @@ def shuffle(rng: random.Random, items: list[str]) -> None:
             j = rng.getrandbits(bits)
         items[i], items[j] = items[j], items[i]
         i -= 1
-
-
-def _valid_ids(items: list[Any]) -> bool:
-    """Whether ``items`` is a DELJOB batch's entries as ``job_messages.parse`` accepts them."""
-    if not 1 < len(items) <= MAX_BATCH:
-        return False
-    for job_id in items:
-        if type(job_id) is not bytes or not is_valid(job_id):
-            return False
-    return True
 
 
 _HANDLERS: Final[dict[MessageType, Any]] = {
