@@ -53,7 +53,7 @@ reach trio through descriptors in its epoll) wakes it, and it hands over to trio
 checkpoint) only when trio's epoll is ready or a deadline passed. Waking and sleeping again
 is then one ``epoll_wait``, with no trip through trio's run loop and no ``epoll_ctl``. While
 trio has tasks to run (a link's writer woken, tasks left in the batch the reactor was
-resumed in: ``TrioLoop.idle``) it checkpoints instead. This reads trio's internals
+resumed in: ``round_core.trio_idle``) it checkpoints instead. This reads trio's internals
 (``trio_loop``: its epoll, run queue, tasks and deadlines, as in trio 0.35); with another trio
 version, another clock (the tests' autojump clock), in guest mode or for a second reactor in
 the same run (only one may sleep outside trio: it would not see the other's epoll) the
@@ -154,14 +154,6 @@ class TrioLoop:
         self.runner = runner
         self.fd: int = runner.io_manager._epoll.fileno()
 
-    def idle(self, settled: bool = False) -> bool:
-        """No task is scheduled (``round_core.trio_idle``)."""
-        return trio_idle(self.runner, settled)
-
-    def timeout(self) -> float:
-        """Seconds to trio's next deadline (a timer, a timeout; inf if none)."""
-        return trio_timeout(self.runner)
-
 
 # The run loops in which a reactor sleeps in its own epoll: one per loop, since a reactor
 # asleep there is blind to another's epoll (the others wait through trio, whose epoll the
@@ -183,8 +175,8 @@ def trio_loop() -> TrioLoop | None:
                 or runner in _claimed):
             return None
         loop = TrioLoop(runner)
-        loop.timeout()
-        loop.idle()
+        trio_timeout(runner)  # what the compiled loop reads of it is there
+        trio_idle(runner, False)
     except (ImportError, AttributeError, TypeError, OSError):
         return None
     _claimed.add(runner)
