@@ -281,7 +281,7 @@ class Link(LinkCore):
             if not take(b""):
                 return
         while not self.closed:
-            size = min(max(decoder.missing(), READ_SIZE), BIG_READ_SIZE)
+            size = bus_core.read_size(decoder)
             try:
                 data = os.read(fd, size)
             except BlockingIOError:

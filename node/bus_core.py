@@ -219,11 +219,17 @@ def bad_frame(link: LinkCore, exc: WireError) -> None:
                     f"Cluster bus: dropping link with {link.peer_ip}: {reason} ({exc})")
 
 
+def read_size(decoder: FrameDecoder) -> int:
+    """How much one read of a link asks for: at least ``READ_SIZE``, the rest of a big frame
+    being received up to ``BIG_READ_SIZE``."""
+    return min(max(decoder.missing(), READ_SIZE), BIG_READ_SIZE)
+
+
 def read_link(link: LinkCore) -> bool:
     """One read of a plain link the reactor serves (its epoll reported it readable), its
     complete frames handed to the cores at once; False when the link ends here (the peer
     closed it, a bad frame, an error)."""
-    size = min(max(link.decoder.missing(), READ_SIZE), BIG_READ_SIZE)
+    size = read_size(link.decoder)
     try:
         data = os.read(link.fd, size)
     except BlockingIOError:
