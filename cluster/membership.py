@@ -201,6 +201,7 @@ class Membership(Table):
                 self._on_pong(link_node, now_ms)
         if sender is None or sender is self.myself:
             return
+        sender.heard = now_ms
         published = msg.flags & PUBLISHED_FLAGS
         if sender.flags & PUBLISHED_FLAGS != published:
             sender.flags = (sender.flags - PUBLISHED_FLAGS) | published
@@ -296,10 +297,11 @@ class Membership(Table):
                 and now_ms - node.pong_received > timeout // 2:
             self.send_ping(node, Ping, now_ms)
             return
-        if node.ping_sent and now_ms - node.ping_sent > timeout and not node.failing():
+        if node.ping_sent and now_ms - node.ping_sent > timeout \
+                and now_ms - node.heard > timeout and not node.failing():
             node.flags.add("pfail")
-            self.log("notice", f"Node {node.node_id} is possibly failing (no PONG in "
-                     f"{timeout} ms)", key=f"pfail:{node.node_id}")
+            self.log("notice", f"Node {node.node_id} is possibly failing (no PONG and "
+                     f"nothing heard from it in {timeout} ms)", key=f"pfail:{node.node_id}")
             self.save()
         if "pfail" in node.flags:
             self.mark_failing_if_needed(node, now_ms)

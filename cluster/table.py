@@ -55,6 +55,9 @@ class Node:
     ctime: int
     ping_sent: int = 0  # when the PING now unanswered was sent; 0: none
     pong_received: int = 0
+    # The last heartbeat it sent us, on any link: a node that speaks is alive even while
+    # our own PING waits (its inbound link came up before our outbound one).
+    heard: int = 0
     link: LinkId | None = None  # the outbound link, while it is up
     link_since: int = 0
     # The last link answered a PING, then died: the node now listening there (if any) is

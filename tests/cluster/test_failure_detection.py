@@ -191,3 +191,24 @@ def test_a_hung_peer_is_pfail_after_the_node_timeout_though_its_link_is_replaced
             break
     assert pinged is not None and m.nodes[B].flags == {"pfail"}
     assert pinged + TIMEOUT < now <= pinged + TIMEOUT + 100
+
+
+def ping_from(m: Membership, node_id: str, now: int) -> None:
+    """A PING from ``node_id`` on a link it opened (inbound: no outbound_to)."""
+    body = Ping(7713, frozenset()).to_body()
+    m.receive(Frame(MessageType.PING, node_id, body), 60, "10.0.0.3", "10.0.0.1", None, now)
+
+
+def test_a_node_heard_on_its_own_link_is_not_pfail_while_our_ping_waits() -> None:
+    # C restarted and linked to us first: our outbound link to it is still down, so our PING
+    # from before the restart waits, but its PING says it is alive.
+    m = core()
+    m.link_down(C, LINK[C], T0 + 100)
+    ping_from(m, C, T0 + TIMEOUT)
+    drive(m, T0 + 200, T0 + 2 * TIMEOUT + 1, answering={B})
+    assert 0 < m.nodes[C].ping_sent <= T0 + 100  # our own PING is still unanswered
+    assert m.nodes[C].flags == set()
+    # Silent for the node timeout since then: pfail, counted from what was last heard.
+    drive(m, T0 + 2 * TIMEOUT + 1, T0 + 2 * TIMEOUT + 201, answering={B})
+    assert m.nodes[C].flags == {"pfail"}
+    assert [e for e in m.take_effects() if isinstance(e, CloseLink)] == []
