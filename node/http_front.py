@@ -43,7 +43,8 @@ from hypercorn.typing import ConnectionState
 from starlette.types import ASGIApp
 
 from node.bus_tls import TlsChannel, describe
-from node.http_api import Answer, Api, Bridge, HttpError, error_answer, make_app, request_user
+from node.http_api import Answer, Api, Bridge, HttpError, error_answer, make_app
+from node.http_auth import request_user
 from node.http_openapi import MAX_WAIT_S
 
 if TYPE_CHECKING:
