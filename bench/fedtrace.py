@@ -168,6 +168,9 @@ class Cluster:
     def start(self) -> None:
         for n in self.nodes:
             n.start()
+            nice = n.env.get("FEDTRACE_NICE")
+            if nice and n is self.nodes[0] and n.proc is not None:
+                os.setpriority(os.PRIO_PROCESS, n.proc.pid, int(nice))
         for n in self.nodes[1:]:
             Conn(n.port).call("CLUSTER", "MEET", "127.0.0.1", str(self.nodes[0].port))
         deadline = time.monotonic() + 30
@@ -382,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fedtrace", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trisque", action="append", default=[],
-                   metavar="LABEL=CHECKOUT[,NAME=VALUE...]", help="environment of its nodes")
+                   metavar="LABEL=CHECKOUT[,NAME=VALUE...]",
+                   help="environment of its nodes (FEDTRACE_NICE=n: node 1 runs at nice n)")
     p.add_argument("--disque", metavar="PATH")
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--duration", type=float, default=2.0)
