@@ -261,9 +261,9 @@ class FederationCore:
                 self._answers_at = now_ms
 
     def _request_size(self, q: Queue, st: _QueueFed, rate: int, sources: int) -> int:
-        """How many jobs an ad hoc NEEDJOBS asks each source for: what the consumers here
-        take in two round trips at the import rate (one to wait for, one to ask ahead with),
-        or what the clients waiting here asked for (their COUNTs) if that is more, shared
+        """How many jobs an ad hoc NEEDJOBS asks each source for: twice the low water
+        (``_low_water``: one to wait for, one to ask ahead with), or what the clients
+        waiting here asked for (their COUNTs) if that is more, shared
         among the sources, within [NEEDJOBS_MIN_REQUEST, NEEDJOBS_MAX_COUNT]. Disque asks for
         a second's worth, up to 100: jobs beyond what the consumers take before the next
         answer only wait here instead of on the source."""
