@@ -29,7 +29,8 @@ Each row also has the servers' CPU time per job, all three nodes together (/proc
 machine with fewer cores than busy processes the rates mostly measure the machine, the CPU
 per job measures the code. The load column is the 1-minute load average at the start of the
 row's runs. ``--quick``: one run of 1 s per row, 5,000 pipelined jobs, 10 s idle (about a
-minute). Results also go to ``bench-results/cluster.json``.
+minute); ``--rows i``: only the rows named (here the federation row). Results also go to
+``bench-results/cluster.json``.
 """
 
 from __future__ import annotations
@@ -452,17 +453,24 @@ def tls_rows(plain: Cluster, runs: int, duration: float) -> list[Row]:
 # The run
 
 
+ROWS = "ghilju"
+
+
 def measure(clusters: list[Cluster], opts: argparse.Namespace) -> list[Row]:
     rows = []
-    for clients, asynchronous in ((1, False), (10, False), (50, False), (50, True)):
-        rows += addjob_rows(clusters, opts.runs, opts.duration, clients, asynchronous)
-    rows += pipelined_rows(clusters, opts.runs, opts.jobs)
-    rows += federation_rows(clusters, opts.runs, opts.duration, opts.procs)
-    log("(l) 40 MB job ...")
-    rows.append(row("(l) 40 MB ADDJOB REPLICATE 3, node 1", "s",
-                    interleaved("(l)", clusters, opts.runs, ["s"], big_job_run)["s"],
-                    show_cpu=False))
-    if opts.idle > 0:
+    if "g" in opts.rows:
+        for clients, asynchronous in ((1, False), (10, False), (50, False), (50, True)):
+            rows += addjob_rows(clusters, opts.runs, opts.duration, clients, asynchronous)
+    if "h" in opts.rows:
+        rows += pipelined_rows(clusters, opts.runs, opts.jobs)
+    if "i" in opts.rows:
+        rows += federation_rows(clusters, opts.runs, opts.duration, opts.procs)
+    if "l" in opts.rows:
+        log("(l) 40 MB job ...")
+        rows.append(row("(l) 40 MB ADDJOB REPLICATE 3, node 1", "s",
+                        interleaved("(l)", clusters, opts.runs, ["s"], big_job_run)["s"],
+                        show_cpu=False))
+    if opts.idle > 0 and "j" in opts.rows:
         rows += idle_rows(clusters, opts.idle)
     return rows
 
@@ -490,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip (u), the tls-cluster row")
     p.add_argument("--only-tls", action="store_true",
                    help="run (u) alone (the plaintext trisque cluster and the TLS one)")
+    p.add_argument("--rows", default=ROWS, metavar="LETTERS",
+                   help=f"the rows to run, e.g. --rows i for the federation row alone "
+                        f"(default all: {ROWS})")
     p.add_argument("--out", default=str(REPO / "bench-results" / "cluster.json"))
     opts = p.parse_args(argv)
     opts.runs = opts.runs or (1 if opts.quick else 3)
@@ -499,6 +510,11 @@ def main(argv: list[str] | None = None) -> int:
         opts.idle = 10.0 if opts.quick else 60.0
     if opts.runs < 1 or opts.duration <= 0 or opts.jobs < 1 or opts.procs < 1 or opts.idle < 0:
         p.error("--runs, --duration, --jobs and --procs must be positive, --idle at least 0")
+    if not opts.rows or set(opts.rows) - set(ROWS):
+        p.error(f"--rows takes letters of {ROWS}")
+    if opts.only_tls:
+        opts.rows = "u"
+    opts.tls = opts.tls and "u" in opts.rows
     try:
         disque = disque_binary(opts.disque)
     except ValueError as exc:
@@ -513,13 +529,13 @@ def main(argv: list[str] | None = None) -> int:
         except (BenchError, OSError) as exc:
             print(f"cluster benchmark failed: trisque: {exc}")
             return 1
-        if disque and not opts.only_tls:
+        if disque and opts.rows != "u":
             try:
                 clusters.append(start_cluster("disque", disque))
             except (BenchError, OSError) as exc:
                 disque_failure = f"the Disque cluster did not start: {exc}"
                 log(disque_failure)
-        rows = [] if opts.only_tls else measure(clusters, opts)
+        rows = measure(clusters, opts)
         tls = tls_rows(clusters[0], opts.runs, opts.duration) if opts.tls else []
     finally:
         for c in clusters:

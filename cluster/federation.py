@@ -22,9 +22,10 @@ decides whom to ask:
   that case does nothing), or when a YOURJOBS leaves clients still waiting (``_ask_again``).
   Any YOURJOBS received resets ``adhoc_attempt``.
 * **low water** (``Queue.low_water``, set at each YOURJOBS): the jobs consumers here take in
-  two round trips at the import rate, the round trip being the time from an ad hoc
-  NEEDJOBS to its source's next YOURJOBS, smoothed (``_QueueFed.rtt``; each sample capped
-  at 4 x adhoc_min, as a source short of jobs answers only once it has some). The broker
+  two round trips plus four times their deviation at the import rate, the round trip being
+  the time from an ad hoc NEEDJOBS to its source's next YOURJOBS, smoothed as TCP does
+  (``_QueueFed.rtt``, ``rttvar``; each sample capped at 4 x adhoc_min, as a source short of
+  jobs answers only once it has some). The broker
   calls ``need_jobs(q, True)`` when a job taken leaves that many or fewer, so the next
   batch is asked for before the queue runs dry and no more is asked for than it takes.
 * **owed**: after an ad hoc request, the jobs asked for and not received yet. While some
@@ -111,7 +112,7 @@ class _QueueFed:
 
     __slots__ = ("bcast_time", "bcast_attempt", "adhoc_time", "adhoc_attempt", "responders",
                  "cur_time", "cur_count", "prev_time", "prev_count", "due", "asks", "rtt",
-                 "asked", "owed", "fetch_until")
+                 "asked", "owed", "fetch_until", "rttvar")
 
     def __init__(self, now_ms: int) -> None:
         self.bcast_time: int | None = None  # None: never sent (the first one goes at once)
@@ -127,6 +128,7 @@ class _QueueFed:
         # NEEDJOBS this node could not fully answer: asker's node ID -> (when, jobs short).
         self.asks: dict[str, tuple[int, int]] = {}
         self.rtt = -1  # ms from an ad hoc NEEDJOBS to its first answer, smoothed (-1: none)
+        self.rttvar = 0  # the mean deviation of those samples from ``rtt``, smoothed
         self.asked: dict[str, int] = {}  # source -> when asked, until its next YOURJOBS
         self.owed = 0  # jobs the last ad hoc requests asked for and not received yet
         self.fetch_until = 0  # while owed: no other request before then
@@ -259,9 +261,9 @@ class FederationCore:
                 self._answers_at = now_ms
 
     def _request_size(self, q: Queue, st: _QueueFed, rate: int, sources: int) -> int:
-        """How many jobs an ad hoc NEEDJOBS asks each source for: what the consumers here
-        take in two round trips at the import rate (one to wait for, one to ask ahead with),
-        or what the clients waiting here asked for (their COUNTs) if that is more, shared
+        """How many jobs an ad hoc NEEDJOBS asks each source for: twice the low water
+        (``_low_water``: one to wait for, one to ask ahead with), or what the clients
+        waiting here asked for (their COUNTs) if that is more, shared
         among the sources, within [NEEDJOBS_MIN_REQUEST, NEEDJOBS_MAX_COUNT]. Disque asks for
         a second's worth, up to 100: jobs beyond what the consumers take before the next
         answer only wait here instead of on the source."""
@@ -282,12 +284,18 @@ class FederationCore:
 
     def _low_water(self, st: _QueueFed, rate: int) -> int:
         """Jobs the consumers here take at ``rate`` in two round trips of a NEEDJOBS and its
-        answer (the ad hoc minimum delay until one was measured): twice, as consumers take
-        jobs in bursts (their processes get the CPU in slices) rather than at the rate. A
-        round trip is never taken as less than 1 ms, the clock's step: measured as 0 on a
-        fast link, it made every request the least (5 jobs), one NEEDJOBS per 5 jobs."""
-        rtt = max(st.rtt, 1) if st.rtt >= 0 else self.broker.config.needjobs_adhoc_min_delay
-        return min(-(-2 * rate * int(rtt) // 1000), NEEDJOBS_MAX_COUNT)
+        answer plus four times their deviation (the ad hoc minimum delay, twice, until one
+        was measured): twice, as consumers take jobs in bursts (their processes get the CPU
+        in slices) rather than at the rate; the deviation, as a loaded source answers late
+        now and then (TCP's retransmission timeout is sized alike), and the consumers here
+        waited on an empty queue each time. A round trip is never taken as less than 1 ms,
+        the clock's step: measured as 0 on a fast link, it made every request the least (5
+        jobs), one NEEDJOBS per 5 jobs."""
+        if st.rtt < 0:
+            wait = 2 * int(self.broker.config.needjobs_adhoc_min_delay)
+        else:
+            wait = 2 * max(st.rtt, 1) + 4 * st.rttvar
+        return min(-(-rate * wait // 1000), NEEDJOBS_MAX_COUNT)
 
     def _ask_ahead(self, q: Queue, st: _QueueFed, rate: int, now_ms: int) -> None:
         """A client took a job and left no more than the consumers take in one round trip:
@@ -483,7 +491,13 @@ class FederationCore:
         asked = st.asked.pop(sender, None)
         if asked is not None:
             sample = min(now_ms - asked, 4 * int(self.broker.config.needjobs_adhoc_min_delay))
-            st.rtt = sample if st.rtt < 0 else (3 * st.rtt + sample + 2) // 4
+            if st.rtt < 0:
+                st.rtt, st.rttvar = sample, sample // 2
+            else:
+                # TCP's estimator (RFC 6298), gains 1/4 for both; the deviation rounded down
+                # so a steady link's decays to 0.
+                st.rttvar = (3 * st.rttvar + abs(sample - st.rtt)) // 4
+                st.rtt = (3 * st.rtt + sample + 2) // 4
 
     # =========================================================================================
 
