@@ -113,6 +113,9 @@ class LinkCore:
         # a link open any longer than a silent one.
         self.spoke = False
         self.last_frame = now
+        # A complete frame came since the bus's last tick, which then moves ``last_frame``:
+        # no clock read per read (the deadlines are seconds; the tick is 0.1 s).
+        self.heard = False
         self.closed = False
         # In the reactor's ``ready_links`` (a plain link the reactor reads: ``read_link``).
         self.ready = False
@@ -135,8 +138,7 @@ class BusCore:
 
     def __init__(self, core: FrameCore, config: Any, secret: bytes | None, node_id: str,
                  before_flush: Callable[[], None], after_flush: Callable[[], None],
-                 log_ticket: Callable[[], int], now: Callable[[], float],
-                 now_ms: Callable[[], int]) -> None:
+                 log_ticket: Callable[[], int], now_ms: Callable[[], int]) -> None:
         self.core = core  # the membership core: link events, and frames nobody else handles
         self.cores: list[FrameCore] = [core]
         self.by_type: dict[MessageType, FrameCore] = {
@@ -147,7 +149,6 @@ class BusCore:
         self.before_flush = before_flush
         self.after_flush = after_flush
         self.log_ticket = log_ticket
-        self.now = now  # trio's clock: the links' deadlines
         self.now_ms = now_ms
         self.links: dict[int, LinkCore] = {}
         # node ID -> its outbound link while it is up: where a ``Send`` goes.
@@ -206,6 +207,36 @@ class BusCore:
 
     def log_warning(self, key: str, text: str) -> None:
         raise NotImplementedError
+
+
+class DeadlineCore(Protocol):
+    """A core ticked at its own deadline (``AlarmCore``)."""
+
+    def next_deadline(self) -> int | None: ...
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class AlarmCore:
+    """The state of a task that ticks one core at its ``next_deadline()``
+    (``node.server.CoreAlarm`` adds the task): ``armed``, the deadline the task sleeps until,
+    and ``wake``, the event that wakes it early. Every flush checks each alarm
+    (``deadlines_moved``): any event may move a core's deadline earlier."""
+
+    def __init__(self, core: DeadlineCore, wake: Any) -> None:
+        self.core = core
+        self.armed: int | None = None
+        self.wake = wake  # a trio.Event
+
+
+def deadlines_moved(alarms: list[AlarmCore]) -> None:
+    """After every flush: wake each alarm whose core's deadline came earlier (compiled: it runs
+    after every frame)."""
+    for alarm in alarms:
+        due = alarm.core.next_deadline()
+        if due is not None:
+            armed = alarm.armed
+            if armed is None or due < armed:
+                alarm.wake.set()
 
 
 # -- in: a link's bytes to the cores ------------------------------------------------------
@@ -268,8 +299,7 @@ def take_frames(link: LinkCore, data: bytes) -> None:
                 frames.append(frame)
     finally:  # the frames before a bad one still count, as they arrived
         if frames:
-            link.spoke = True
-            link.last_frame = bus.now()
+            link.spoke = link.heard = True
             receive_frames(bus, link, frames)
 
 

@@ -40,6 +40,7 @@ directly.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Final, Protocol, final
@@ -75,6 +76,7 @@ from node.conn_state import (
     to_unheld,
 )
 from node.log_core import LogCore
+from node.log_core import route as log_route
 from node.reactor_core import Clock, ReactorCore
 from protocol import errors
 from protocol.resp import ProtocolError, RequestParser, encode, encode_into
@@ -605,6 +607,54 @@ def replies_came(conn: ConnCore) -> None:
         conn.reactor.schedule(conn)
     elif state is DRAINING:
         conn._after_turn()  # its end was read and everything it sent has run: it closes
+
+
+@final
+class BrokerOutlet:
+    """Where the broker's effects go when no client's command made them (a bus frame, a tick,
+    an undo at the end of a round): ``flush_broker`` and ``dispatch``, compiled since they run
+    after every frame a replicated ADDJOB's REPLJOB or GOTJOB brings. ``queued`` is the
+    server's queue of replies waiting for their log batch, in order; ``later`` queues more
+    (its task writes them once durable)."""
+
+    def __init__(self, broker: Broker, log: LogCore, monotonic: Callable[[], float],
+                 queued: deque[tuple[list[Reply], int]],
+                 later: Callable[[list[Reply], int], None]) -> None:
+        self.broker = broker
+        self.log = log
+        self.monotonic = monotonic
+        self.queued = queued
+        self.later = later
+
+
+def flush_broker(outlet: BrokerOutlet) -> None:
+    """Route the broker's effects: records to the log now, replies once durable."""
+    broker = outlet.broker
+    if broker.outbox:
+        replies: list[Reply] = []
+        try:
+            ticket = log_route(outlet.log, broker.take_effects(), replies)
+        except OSError:
+            # A body the log holds could not be read back into a record (a timer's requeue
+            # of a damaged body): the log core undid the change and the packer logged it;
+            # the node goes on.
+            return
+        if replies:
+            dispatch(outlet, replies, ticket)
+
+
+def dispatch(outlet: BrokerOutlet, replies: list[Reply], ticket: int) -> None:
+    """Write ``replies`` to their clients once the log records emitted before them are
+    durable (at once if they already are), after every reply dispatched before them: a
+    client's pipelined ADDJOBs are answered in the order their replies were made, so replies
+    must not pass each other here."""
+    log = outlet.log
+    if log.last_ticket > log.done_ticket and log.last_ticket > ticket:
+        ticket = log.last_ticket
+    if not ticket and not outlet.queued:
+        dispatch_replies(replies, outlet.monotonic)
+    else:
+        outlet.later(replies, ticket)
 
 
 def dispatch_replies(replies: list[Reply], monotonic: Callable[[], float]) -> None:
