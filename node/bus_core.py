@@ -477,8 +477,8 @@ def close_batch(bus: BusCore, link: LinkCore) -> None:
         if not enqueue(link, [bus.shared_frame]):
             bus.counters["sends_dropped"] += 1
         return
-    if len(batch) == 1:
-        parts = encode_frame(bus, link, mtype, batch[0], counted=True)
+    if len(batch) == 1:  # ``small`` already: it joined a batch
+        parts = encode_frame(bus, link, mtype, batch[0], counted=True, small=True)
     else:
         parts = encode_frame(bus, link, MessageType.BATCH, batch_body(mtype, batch),
                              counted=True)
@@ -499,13 +499,13 @@ def same_bodies(batch: list[dict[str, Any]], shared: list[dict[str, Any]]) -> bo
 
 
 def encode_frame(bus: BusCore, link: LinkCore, mtype: MessageType, body: dict[str, Any],
-                 counted: bool = False) -> list[bytes]:
-    """One frame into the link's queue (``counted``: its messages were counted as sent): its
-    buffers, or none if it could not be sent."""
+                 counted: bool = False, small: bool = False) -> list[bytes]:
+    """One frame into the link's queue (``counted``: its messages were counted as sent;
+    ``small``: its body holds no big value): its buffers, or none if it could not be sent."""
     secret = bus.secret
     try:
         parts = encode_parts(mtype, bus.node_id, body, secret, bus.max_body,
-                             defer_mac=secret is not None)
+                             defer_mac=secret is not None, small=small)
     except Oversized as exc:
         # The cores cut their batches and ADDJOB refuses a body over job-max-body-len, so
         # this is a job kept from before the limit was lowered: never silently.
