@@ -183,9 +183,7 @@ class BusCore:
 
     @property
     def max_body(self) -> int:
-        """The largest frame body sent or accepted (``cluster.wire.max_body_for``; read live:
-        CONFIG SET job-max-body-len)."""
-        return max_body_for(int(self.config.job_max_body_len))
+        return max_body(self)
 
     # -- hooks of the trio side (node/bus.py) -----------------------------------------------
 
@@ -239,6 +237,13 @@ def deadlines_moved(alarms: list[AlarmCore]) -> None:
                 alarm.wake.set()
 
 
+def max_body(bus: BusCore) -> int:
+    """The largest frame body sent or accepted (``cluster.wire.max_body_for``; read live:
+    CONFIG SET job-max-body-len). A function: the property of ``Bus``, an interpreted
+    subclass, is reached from compiled code through Python's lookup, once per read."""
+    return max_body_for(int(bus.config.job_max_body_len))
+
+
 # -- in: a link's bytes to the cores ------------------------------------------------------
 
 
@@ -285,7 +290,7 @@ def take_frames(link: LinkCore, data: bytes) -> None:
     """Feed ``data`` to the decoder and hand every complete frame to the bus at once."""
     bus = link.bus
     decoder = link.decoder
-    decoder.max_body = bus.max_body
+    decoder.max_body = max_body(bus)
     decoder.feed(data)
     frames: list[Frame] = []
     try:
@@ -504,7 +509,7 @@ def encode_frame(bus: BusCore, link: LinkCore, mtype: MessageType, body: dict[st
     ``small``: its body holds no big value): its buffers, or none if it could not be sent."""
     secret = bus.secret
     try:
-        parts = encode_parts(mtype, bus.node_id, body, secret, bus.max_body,
+        parts = encode_parts(mtype, bus.node_id, body, secret, max_body(bus),
                              defer_mac=secret is not None, small=small)
     except Oversized as exc:
         # The cores cut their batches and ADDJOB refuses a body over job-max-body-len, so
@@ -546,7 +551,7 @@ def enqueue(link: LinkCore, parts: list[bytes], mac_later: bool = False) -> bool
         size = sum(len(p) for p in parts)
     bus = link.bus
     if (link.unsent + size > SEND_QUEUE_LIMIT
-            and link.unsent + size > (limit := SEND_QUEUE_LIMIT + bus.max_body)):
+            and link.unsent + size > (limit := SEND_QUEUE_LIMIT + max_body(bus))):
         bus.counters["links_closed_slow"] += 1
         bus.log_warning(f"slow:{link.peer_ip}",
                         f"Cluster bus: closing link to {link.peer_ip}: more than "

@@ -75,7 +75,7 @@ from node.conn_state import (
     to_unblocked,
     to_unheld,
 )
-from node.log_core import LogCore
+from node.log_core import LogCore, waiting_ticket
 from node.log_core import route as log_route
 from node.reactor_core import Clock, ReactorCore
 from protocol import errors
@@ -363,27 +363,10 @@ class ConnCore:
         out = self.out
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
-        self.send_nowait(data)
+        send_nowait(self, data)
 
     def send_nowait(self, data: bytes) -> None:
-        """Write ``data`` after everything this connection has yet to write, never waiting:
-        what the socket does not take is left to a sender task, which parks the connection."""
-        state = self.state
-        if state is CLOSED:
-            return
-        if is_held(state):
-            self.out.append(data)  # behind replies waiting for the log
-            return
-        if self.sending:
-            self.pending.append(data)
-            unsent = sum(map(len, self.pending))
-            if self.over_output_limit(unsent):
-                self.close_for_output(unsent)
-            return
-        sent = send_some(self, data)
-        if sent is None or sent == len(data):
-            return
-        self._send_later(data[sent:])
+        send_nowait(self, data)
 
     def over_output_limit(self, unsent: int) -> bool:
         """Apply ``client-output-buffer-limit`` to ``unsent`` bytes; True when the client must
@@ -547,7 +530,7 @@ def release_if_durable(conn: ConnCore) -> bool:
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         if conn.sending:
-            conn.send_nowait(data)  # behind the bytes its sender task has yet to write
+            send_nowait(conn, data)  # behind the bytes its sender task has yet to write
         else:
             sent = send_some(conn, data)
             if sent is None:
@@ -648,13 +631,36 @@ def dispatch(outlet: BrokerOutlet, replies: list[Reply], ticket: int) -> None:
     durable (at once if they already are), after every reply dispatched before them: a
     client's pipelined ADDJOBs are answered in the order their replies were made, so replies
     must not pass each other here."""
-    log = outlet.log
-    if log.last_ticket > log.done_ticket and log.last_ticket > ticket:
-        ticket = log.last_ticket
+    waiting = waiting_ticket(outlet.log)
+    if waiting > ticket:
+        ticket = waiting
     if not ticket and not outlet.queued:
         dispatch_replies(replies, outlet.monotonic)
     else:
         outlet.later(replies, ticket)
+
+
+def send_nowait(conn: ConnCore, data: bytes) -> None:
+    """Write ``data`` after everything ``conn`` has yet to write, never waiting: what the socket
+    does not take is left to a sender task, which parks the connection. A function, not the
+    method: compiled code calls a method of ``Connection`` (an interpreted subclass) through
+    Python's lookup; every replicated ADDJOB's reply comes this way."""
+    state = conn.state
+    if state is CLOSED:
+        return
+    if is_held(state):
+        conn.out.append(data)  # behind replies waiting for the log
+        return
+    if conn.sending:
+        conn.pending.append(data)
+        unsent = sum(map(len, conn.pending))
+        if conn.over_output_limit(unsent):
+            conn.close_for_output(unsent)
+        return
+    sent = send_some(conn, data)
+    if sent is None or sent == len(data):
+        return
+    conn._send_later(data[sent:])
 
 
 def dispatch_replies(replies: list[Reply], monotonic: Callable[[], float]) -> None:
@@ -681,7 +687,7 @@ def dispatch_replies(replies: list[Reply], monotonic: Callable[[], float]) -> No
                 replicated.append(conn)
             continue
         if not client.reply_flags & REPLY_OFF:
-            conn.send_nowait(encode(value, client.protover))
+            send_nowait(conn, encode(value, client.protover))
             conn.last_active = monotonic()  # a reply is an interaction
         # else CLIENT REPLY OFF: a blocked command's late reply is not sent either.
         if client.waiter is None:
@@ -708,7 +714,7 @@ def flush_waiting(conn: ConnCore) -> None:
     if n:
         data = b"".join([waiting[i][0] for i in range(n)])
         del waiting[:n]
-        conn.send_nowait(data)
+        send_nowait(conn, data)
 
 
 def make_room(conn: ConnCore) -> None:

@@ -111,6 +111,7 @@ from node.conn_core import (
 )
 from node.conn_state import CLOSED, CLOSING_HELD, is_blocked
 from node.connection import MUST_WAIT, Connection, set_keepalive
+from node.log_core import waiting_ticket
 from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
 from node.reactor import Reactor
@@ -216,7 +217,8 @@ class Server:
             raise ServerError(f"Failed to configure TLS: {exc}") from None
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
                        save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id,
-                       before_flush=broker_flush, log_ticket=self.log_ticket,
+                       before_flush=broker_flush,
+                       log_ticket=functools.partial(waiting_ticket, self.persistence),
                        wait_durable=self.durable,
                        tls=bus_tls)
         # The broker's warnings (an ADDJOB body over job-max-body-len), rate-limited per key.
@@ -395,8 +397,7 @@ class Server:
 
     def log_ticket(self) -> int:
         """The newest log batch that may not be durable yet (0 when the log is idle or off)."""
-        p = self.persistence
-        return p.last_ticket if p.last_ticket > p.done_ticket else 0
+        return waiting_ticket(self.persistence)
 
     async def durable(self, ticket: int) -> bool:
         return not await self.wait_durable({ticket})
