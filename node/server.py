@@ -395,10 +395,6 @@ class Server:
         finally:
             self.dispatching = False
 
-    def log_ticket(self) -> int:
-        """The newest log batch that may not be durable yet (0 when the log is idle or off)."""
-        return waiting_ticket(self.persistence)
-
     async def durable(self, ticket: int) -> bool:
         return not await self.wait_durable({ticket})
 
