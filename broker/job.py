@@ -101,7 +101,12 @@ _RECORD_INTS: Final = {
     REC_FLAGS: ("flags", 0, 255), REC_DTIME: ("dtime", 0, _INT64_MAX),
     REC_PRIORITY: ("priority", 0, 9),
 }
-_RECORD_INT_FIELDS: Final = tuple((i, *v) for i, v in _RECORD_INTS.items())
+# The largest machine integer of compiled code: a bound above it (the 64-bit ones) is a Python
+# object, slow to compare with, so a value is compared with it only when above this.
+_SHORT_MAX: Final = (1 << 62) - 1
+# (index, name, min, max, whether max is above _SHORT_MAX)
+_RECORD_INT_FIELDS: Final[tuple[tuple[int, str, int, int, bool], ...]] = tuple(
+    (i, name, low, high, high > _SHORT_MAX) for i, (name, low, high) in _RECORD_INTS.items())
 # A record has 16 fields; logs written before ``dtime`` (field 15: the first delivery, unix
 # ms, 0 = not delivered yet) have 15 and still load, with dtime 0. A job with a priority
 # (ADDJOB ... PRIORITY n) has a 17th, ``priority``: without one, the record (and REPLJOB, which
@@ -112,6 +117,11 @@ PRIORITY_RECORD_FIELDS: Final = 17
 # A job waiting for its parents (ADDJOB ... AFTER) has an 18th, ``after`` (a list of job IDs),
 # and then always the 17th (priority, possibly 0) before it.
 AFTER_RECORD_FIELDS: Final = 18
+
+
+def _bytes(value: Any) -> bytes:
+    """``bytes(value)`` without the call when it is bytes already (a record from msgpack)."""
+    return value if type(value) is bytes else bytes(value)
 
 
 def shown(value: Any) -> str:
@@ -154,10 +164,11 @@ def record_problem(rec: Any) -> str | None:
     # A str first: a map or a list from a peer or a damaged log is unhashable.
     if not isinstance(state, str) or state not in STATE_BY_NAME:
         return f"job record with an unknown state {shown(state)}"
-    for index, name, low, high in _RECORD_INT_FIELDS:
+    for index, name, low, high, wide in _RECORD_INT_FIELDS:
         if index < size:  # dtime is absent from a 15-field record, priority from a 16-field one
             value = rec[index]
-            if type(value) is not int or not low <= value <= high:
+            if type(value) is not int or value < low or (
+                    value > _SHORT_MAX and value > high if wide else value > high):
                 return f"job record with {name} {shown(value)} outside [{low}, {high}]"
     for nodes in (rec[REC_DELIVERED], rec[REC_CONFIRMED]):
         if not isinstance(nodes, list):
@@ -580,7 +591,7 @@ class Job(Timed):
         # slice of the record and no keyword matching (every REPLJOB a replica takes).
         body = rec[REC_BODY]
         ref = body if type(body) is BodyRef else None  # an undo of a job whose body is on disk
-        job = Job(bytes(rec[REC_ID]), bytes(rec[REC_QUEUE]), b"" if ref is not None else bytes(body),
+        job = Job(_bytes(rec[REC_ID]), _bytes(rec[REC_QUEUE]), b"" if ref is not None else _bytes(body),
                   repl=rec[REC_REPL], ttl=rec[REC_TTL], retry=rec[REC_RETRY],
                   delay=rec[REC_DELAY], ctime=rec[REC_CTIME],
                   delivered=tuple(rec[REC_DELIVERED]), state=STATE_BY_NAME[rec[REC_STATE]])

@@ -49,41 +49,41 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.hmac import HMAC
 
-MAGIC = b"TQCB"
+MAGIC: Final = b"TQCB"
 #: 2: the batched job messages (SETACK_BATCH ...) and BATCH frames exist; a node of
 #: version 1 would drop the link at the first one.
-WIRE_VERSION = 2
-HEADER = struct.Struct(">4sBBH40sI")
-HEADER_SIZE = HEADER.size
-MAC_SIZE = 32
-FLAG_MAC = 0x01
+WIRE_VERSION: Final = 2
+HEADER: Final = struct.Struct(">4sBBH40sI")
+HEADER_SIZE: Final = HEADER.size
+MAC_SIZE: Final = 32
+FLAG_MAC: Final = 0x01
 #: The least a node accepts as a body (and all it accepts from a message that carries no
 #: job); larger frames are refused before buffering them.
-MAX_BODY = 16 * 1024 * 1024
+MAX_BODY: Final = 16 * 1024 * 1024
 #: Room in a frame for what a job's record holds besides its body: the queue name (at most
 #: 64 KiB), up to 10,000 holders' node IDs, the numbers.
-FRAME_OVERHEAD = 1024 * 1024
+FRAME_OVERHEAD: Final = 1024 * 1024
 #: What a core packs into one frame of many records (YOURJOBS, the tables) before starting
 #: the next one: many frames of a few MiB rather than one too large to send.
-BATCH_BYTES = 4 * 1024 * 1024
+BATCH_BYTES: Final = 4 * 1024 * 1024
 #: Bodies at least this large are handed to the transport as a buffer of their own, not
 #: copied behind their header.
-_JOIN_BELOW = 64 * 1024
+_JOIN_BELOW: Final = 64 * 1024
 #: A ``bytes`` value at least this large inside a body is never copied into the packed body
 #: (its msgpack header is always bin32, 5 bytes).
-BIG_VALUE = 64 * 1024
-_LIFT_DEPTH = 3  # body map -> list of records -> record fields
+BIG_VALUE: Final = 64 * 1024
+_LIFT_DEPTH: Final = 3  # body map -> list of records -> record fields
 # Tokens stand for the big values while the rest of a body is packed. A small value of the
 # body equal to one would make its place ambiguous: then the body is packed whole.
-_TOKEN_PREFIX = b"\x00TQCB:value:"
-_BIN32 = struct.Struct(">BI")
+_TOKEN_PREFIX: Final = b"\x00TQCB:value:"
+_BIN32: Final = struct.Struct(">BI")
 
 
 def max_body_for(job_max_body_len: int) -> int:
@@ -126,17 +126,17 @@ class MessageType(enum.IntEnum):
 
 #: The messages that carry job bodies: only theirs are searched for big values (the others
 #: are packed as they are, at no extra cost).
-CARRY_JOBS = frozenset({MessageType.REPLJOB, MessageType.YOURJOBS})
+CARRY_JOBS: Final = frozenset({MessageType.REPLJOB, MessageType.YOURJOBS})
 
 #: The messages the bus may join into one BATCH frame: small, and many to one node in a round
 #: (a REPLJOB is joined only when its job's values are small: see ``node/bus_core.py``).
-BATCHABLE = frozenset({MessageType.REPLJOB, MessageType.GOTJOB})
+BATCHABLE: Final = frozenset({MessageType.REPLJOB, MessageType.GOTJOB})
 #: The most messages one BATCH frame carries.
-BATCH_MAX = 256
+BATCH_MAX: Final = 256
 
-_HEX_DIGITS = b"0123456789abcdef"
+_HEX_DIGITS: Final = b"0123456789abcdef"
 # Number -> MessageType without the Enum's own lookup (about 1 us per frame).
-_TYPES = {int(t): t for t in MessageType}
+_TYPES: Final = {int(t): t for t in MessageType}
 
 
 class WireError(Exception):
@@ -254,17 +254,19 @@ def encode_message(mtype: MessageType, sender: str, body: dict[str, Any],
 
 def encode_parts(mtype: MessageType, sender: str, body: dict[str, Any],
                  secret: bytes | None = None, max_body: int = MAX_BODY,
-                 defer_mac: bool = False) -> list[bytes]:
+                 defer_mac: bool = False, small: bool = False) -> list[bytes]:
     """The frame as buffers to write in order: one for a small body (the bus's send path);
     for a large one, the header, then the packed body cut around its big values, each value a
     buffer of its own (never copied), then the MAC, unless ``defer_mac``: then the caller
     computes it (``mac_state``) as it writes the buffers, a slice at a time, and writes it
-    after them (a frame of one buffer, small, always comes with its MAC). ``Oversized`` if
-    the body is over ``max_body``."""
+    after them (a frame of one buffer, small, always comes with its MAC). ``small``: the
+    caller knows the body holds no big value (its search skipped: packed whole, the bytes are
+    the same). ``Oversized`` if the body is over ``max_body``."""
     if len(sender) != 40:
         raise ValueError("sender must be a 40-hex node ID")
     big: list[bytes] = []
-    packed: bytes = _packer.pack(_lift(body, _LIFT_DEPTH, big) if mtype in CARRY_JOBS else body)
+    packed: bytes = _packer.pack(_lift(body, _LIFT_DEPTH, big)
+                                 if not small and mtype in CARRY_JOBS else body)
     if big and any(packed.count(_marker(i)) != 1 for i in range(len(big))):
         big = []
         packed = _packer.pack(body)
@@ -356,14 +358,17 @@ def _lift(value: Any, depth: int, big: list[bytes]) -> Any:
     return value
 
 
-def _unpack(packed: memoryview) -> tuple[Any, str]:
+_unpackb: Final = msgpack.unpackb
+
+
+def _unpack(packed: memoryview | bytearray) -> tuple[Any, str]:
     """The msgpack value of ``packed`` and "", or None and why it is not msgpack."""
     try:
-        return msgpack.unpackb(packed, raw=False, strict_map_key=True), ""
+        # msgpack's defaults (1.0 on): str as str, map keys only str or bytes. Passed as
+        # keywords they cost a parse per frame.
+        return _unpackb(packed), ""
     except Exception as exc:  # msgpack raises several unrelated types
         return None, f"body is not msgpack: {exc}"
-    finally:
-        packed.release()
 
 
 class FrameDecoder:
@@ -391,12 +396,22 @@ class FrameDecoder:
 
     def next(self) -> Frame | None:
         buf = self._buf
-        # A wrong prefix is refused as soon as it is seen, not after a full header.
-        if buf[:4] != MAGIC[: min(4, len(buf))]:
-            raise BadMagic(repr(bytes(buf[:4])))
-        if len(buf) < HEADER_SIZE:
+        have = len(buf)
+        if have < HEADER_SIZE:
+            # A wrong prefix is refused as soon as it is seen, not after a full header.
+            if have and buf[:4] != MAGIC[: min(4, have)]:
+                raise BadMagic(repr(bytes(buf[:4])))
             return None
+        # Typed: compiled, the fields are then compared and added as machine integers.
+        magic: bytes
+        version: int
+        flags: int
+        mtype: int
+        sender: bytes
+        length: int
         magic, version, flags, mtype, sender, length = HEADER.unpack_from(buf)
+        if magic != MAGIC:
+            raise BadMagic(repr(magic))
         if version != WIRE_VERSION:
             raise BadVersion(f"version {version}, expected {WIRE_VERSION}")
         kind = _TYPES.get(mtype)
@@ -415,34 +430,44 @@ class FrameDecoder:
                 self._senders.clear()
             self._senders[sender] = sender_id
         has_mac = bool(flags & FLAG_MAC)
-        total = HEADER_SIZE + length + (MAC_SIZE if has_mac else 0)
         end = HEADER_SIZE + length
-        if len(buf) < total:
+        total = end + MAC_SIZE if has_mac else end
+        if have < total:
             self._need = total
             if self._secret is not None and has_mac:
-                self._hash_ahead(min(len(buf), end))
+                self._hash_ahead(min(have, end))
             return None
         self._need = 0
-        # Views, not slices: a large frame's body is not copied before msgpack reads it. The
-        # view is released before the buffer is cut (a bytearray with views cannot resize).
-        whole = memoryview(buf)
-        try:
-            if self._secret is not None:
-                if not has_mac:
-                    raise BadMac("frame has no MAC but a cluster secret is set")
-                self._hash_ahead(end)
-                h = self._hasher
-                assert h is not None
-                self._hasher = None
+        if self._secret is None and not has_mac and length < _JOIN_BELOW:
+            # A small frame without a MAC (nearly every frame of a bus without a secret): its
+            # body copied out costs less than the views below.
+            body, problem = _unpack(buf[HEADER_SIZE:end])
+        else:
+            # Views, not slices: a large frame's body is not copied before msgpack reads it.
+            # The view is released before the buffer is cut (a bytearray with views cannot
+            # resize).
+            whole = memoryview(buf)
+            try:
+                if self._secret is not None:
+                    if not has_mac:
+                        raise BadMac("frame has no MAC but a cluster secret is set")
+                    self._hash_ahead(end)
+                    h = self._hasher
+                    assert h is not None
+                    self._hasher = None
+                    try:
+                        h.verify(bytes(whole[end:total]))
+                    except InvalidSignature:
+                        raise BadMac("wrong MAC") from None
+                elif has_mac:
+                    raise BadMac("frame carries a MAC but no cluster secret is set")
+                view = whole[HEADER_SIZE:end]
                 try:
-                    h.verify(bytes(whole[end:total]))
-                except InvalidSignature:
-                    raise BadMac("wrong MAC") from None
-            elif has_mac:
-                raise BadMac("frame carries a MAC but no cluster secret is set")
-            body, problem = _unpack(whole[HEADER_SIZE:end])
-        finally:
-            whole.release()
+                    body, problem = _unpack(view)
+                finally:
+                    view.release()
+            finally:
+                whole.release()
         del buf[:total]  # an authentic frame is consumed even if its body is refused
         if problem:
             raise MalformedBody(problem)

@@ -485,7 +485,7 @@ class Bus(BusCore):
                  tls: BusContexts | None = None) -> None:
         # Read once: changing the secret of a running node would split it from its cluster.
         super().__init__(core, config, config.cluster_secret.encode() or None, node_id,
-                         before_flush, after_flush, log_ticket, trio.current_time, clock.now_ms)
+                         before_flush, after_flush, log_ticket, clock.now_ms)
         self.membership = core
         self.wait_durable = wait_durable
         self.clock = clock
@@ -579,9 +579,13 @@ class Bus(BusCore):
     def close_timed_out(self) -> None:
         """Close the inbound links past their deadline (``Link._deadline``; the core's
         PING/PONG watches outbound links). Checked every tick rather than by each read's
-        wait: a link's deadline is seconds away, a tick 0.1 s."""
+        wait: a link's deadline is seconds away, a tick 0.1 s. A link's ``last_frame`` moves here
+        too, to the first tick after its last frame."""
         now = trio.current_time()
         for link in list(self.links.values()):
+            if link.heard:  # a frame came since the last tick (``bus_core.take_frames``)
+                link.heard = False
+                link.last_frame = now
             if (isinstance(link, Link) and link.outbound_to is None and not link.closed
                     and now >= link._deadline()):
                 link._timed_out()

@@ -113,6 +113,9 @@ class LinkCore:
         # a link open any longer than a silent one.
         self.spoke = False
         self.last_frame = now
+        # A complete frame came since the bus's last tick, which then moves ``last_frame``:
+        # no clock read per read (the deadlines are seconds; the tick is 0.1 s).
+        self.heard = False
         self.closed = False
         # In the reactor's ``ready_links`` (a plain link the reactor reads: ``read_link``).
         self.ready = False
@@ -135,8 +138,7 @@ class BusCore:
 
     def __init__(self, core: FrameCore, config: Any, secret: bytes | None, node_id: str,
                  before_flush: Callable[[], None], after_flush: Callable[[], None],
-                 log_ticket: Callable[[], int], now: Callable[[], float],
-                 now_ms: Callable[[], int]) -> None:
+                 log_ticket: Callable[[], int], now_ms: Callable[[], int]) -> None:
         self.core = core  # the membership core: link events, and frames nobody else handles
         self.cores: list[FrameCore] = [core]
         self.by_type: dict[MessageType, FrameCore] = {
@@ -147,7 +149,6 @@ class BusCore:
         self.before_flush = before_flush
         self.after_flush = after_flush
         self.log_ticket = log_ticket
-        self.now = now  # trio's clock: the links' deadlines
         self.now_ms = now_ms
         self.links: dict[int, LinkCore] = {}
         # node ID -> its outbound link while it is up: where a ``Send`` goes.
@@ -182,9 +183,7 @@ class BusCore:
 
     @property
     def max_body(self) -> int:
-        """The largest frame body sent or accepted (``cluster.wire.max_body_for``; read live:
-        CONFIG SET job-max-body-len)."""
-        return max_body_for(int(self.config.job_max_body_len))
+        return max_body(self)
 
     # -- hooks of the trio side (node/bus.py) -----------------------------------------------
 
@@ -206,6 +205,43 @@ class BusCore:
 
     def log_warning(self, key: str, text: str) -> None:
         raise NotImplementedError
+
+
+class DeadlineCore(Protocol):
+    """A core ticked at its own deadline (``AlarmCore``)."""
+
+    def next_deadline(self) -> int | None: ...
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class AlarmCore:
+    """The state of a task that ticks one core at its ``next_deadline()``
+    (``node.server.CoreAlarm`` adds the task): ``armed``, the deadline the task sleeps until,
+    and ``wake``, the event that wakes it early. Every flush checks each alarm
+    (``deadlines_moved``): any event may move a core's deadline earlier."""
+
+    def __init__(self, core: DeadlineCore, wake: Any) -> None:
+        self.core = core
+        self.armed: int | None = None
+        self.wake = wake  # a trio.Event
+
+
+def deadlines_moved(alarms: list[AlarmCore]) -> None:
+    """After every flush: wake each alarm whose core's deadline came earlier (compiled: it runs
+    after every frame)."""
+    for alarm in alarms:
+        due = alarm.core.next_deadline()
+        if due is not None:
+            armed = alarm.armed
+            if armed is None or due < armed:
+                alarm.wake.set()
+
+
+def max_body(bus: BusCore) -> int:
+    """The largest frame body sent or accepted (``cluster.wire.max_body_for``; read live:
+    CONFIG SET job-max-body-len). A function: the property of ``Bus``, an interpreted
+    subclass, is reached from compiled code through Python's lookup, once per read."""
+    return max_body_for(int(bus.config.job_max_body_len))
 
 
 # -- in: a link's bytes to the cores ------------------------------------------------------
@@ -254,7 +290,7 @@ def take_frames(link: LinkCore, data: bytes) -> None:
     """Feed ``data`` to the decoder and hand every complete frame to the bus at once."""
     bus = link.bus
     decoder = link.decoder
-    decoder.max_body = bus.max_body
+    decoder.max_body = max_body(bus)
     decoder.feed(data)
     frames: list[Frame] = []
     try:
@@ -268,8 +304,7 @@ def take_frames(link: LinkCore, data: bytes) -> None:
                 frames.append(frame)
     finally:  # the frames before a bad one still count, as they arrived
         if frames:
-            link.spoke = True
-            link.last_frame = bus.now()
+            link.spoke = link.heard = True
             receive_frames(bus, link, frames)
 
 
@@ -447,8 +482,8 @@ def close_batch(bus: BusCore, link: LinkCore) -> None:
         if not enqueue(link, [bus.shared_frame]):
             bus.counters["sends_dropped"] += 1
         return
-    if len(batch) == 1:
-        parts = encode_frame(bus, link, mtype, batch[0], counted=True)
+    if len(batch) == 1:  # ``small`` already: it joined a batch
+        parts = encode_frame(bus, link, mtype, batch[0], counted=True, small=True)
     else:
         parts = encode_frame(bus, link, MessageType.BATCH, batch_body(mtype, batch),
                              counted=True)
@@ -469,13 +504,13 @@ def same_bodies(batch: list[dict[str, Any]], shared: list[dict[str, Any]]) -> bo
 
 
 def encode_frame(bus: BusCore, link: LinkCore, mtype: MessageType, body: dict[str, Any],
-                 counted: bool = False) -> list[bytes]:
-    """One frame into the link's queue (``counted``: its messages were counted as sent): its
-    buffers, or none if it could not be sent."""
+                 counted: bool = False, small: bool = False) -> list[bytes]:
+    """One frame into the link's queue (``counted``: its messages were counted as sent;
+    ``small``: its body holds no big value): its buffers, or none if it could not be sent."""
     secret = bus.secret
     try:
-        parts = encode_parts(mtype, bus.node_id, body, secret, bus.max_body,
-                             defer_mac=secret is not None)
+        parts = encode_parts(mtype, bus.node_id, body, secret, max_body(bus),
+                             defer_mac=secret is not None, small=small)
     except Oversized as exc:
         # The cores cut their batches and ADDJOB refuses a body over job-max-body-len, so
         # this is a job kept from before the limit was lowered: never silently.
@@ -516,7 +551,7 @@ def enqueue(link: LinkCore, parts: list[bytes], mac_later: bool = False) -> bool
         size = sum(len(p) for p in parts)
     bus = link.bus
     if (link.unsent + size > SEND_QUEUE_LIMIT
-            and link.unsent + size > (limit := SEND_QUEUE_LIMIT + bus.max_body)):
+            and link.unsent + size > (limit := SEND_QUEUE_LIMIT + max_body(bus))):
         bus.counters["links_closed_slow"] += 1
         bus.log_warning(f"slow:{link.peer_ip}",
                         f"Cluster bus: closing link to {link.peer_ip}: more than "

@@ -40,6 +40,7 @@ directly.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Final, Protocol, final
@@ -74,7 +75,8 @@ from node.conn_state import (
     to_unblocked,
     to_unheld,
 )
-from node.log_core import LogCore
+from node.log_core import LogCore, waiting_ticket
+from node.log_core import route as log_route
 from node.reactor_core import Clock, ReactorCore
 from protocol import errors
 from protocol.resp import ProtocolError, RequestParser, encode, encode_into
@@ -361,27 +363,10 @@ class ConnCore:
         out = self.out
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
-        self.send_nowait(data)
+        send_nowait(self, data)
 
     def send_nowait(self, data: bytes) -> None:
-        """Write ``data`` after everything this connection has yet to write, never waiting:
-        what the socket does not take is left to a sender task, which parks the connection."""
-        state = self.state
-        if state is CLOSED:
-            return
-        if is_held(state):
-            self.out.append(data)  # behind replies waiting for the log
-            return
-        if self.sending:
-            self.pending.append(data)
-            unsent = sum(map(len, self.pending))
-            if self.over_output_limit(unsent):
-                self.close_for_output(unsent)
-            return
-        sent = send_some(self, data)
-        if sent is None or sent == len(data):
-            return
-        self._send_later(data[sent:])
+        send_nowait(self, data)
 
     def over_output_limit(self, unsent: int) -> bool:
         """Apply ``client-output-buffer-limit`` to ``unsent`` bytes; True when the client must
@@ -545,7 +530,7 @@ def release_if_durable(conn: ConnCore) -> bool:
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         if conn.sending:
-            conn.send_nowait(data)  # behind the bytes its sender task has yet to write
+            send_nowait(conn, data)  # behind the bytes its sender task has yet to write
         else:
             sent = send_some(conn, data)
             if sent is None:
@@ -607,6 +592,77 @@ def replies_came(conn: ConnCore) -> None:
         conn._after_turn()  # its end was read and everything it sent has run: it closes
 
 
+@final
+class BrokerOutlet:
+    """Where the broker's effects go when no client's command made them (a bus frame, a tick,
+    an undo at the end of a round): ``flush_broker`` and ``dispatch``, compiled since they run
+    after every frame a replicated ADDJOB's REPLJOB or GOTJOB brings. ``queued`` is the
+    server's queue of replies waiting for their log batch, in order; ``later`` queues more
+    (its task writes them once durable)."""
+
+    def __init__(self, broker: Broker, log: LogCore, monotonic: Callable[[], float],
+                 queued: deque[tuple[list[Reply], int]],
+                 later: Callable[[list[Reply], int], None]) -> None:
+        self.broker = broker
+        self.log = log
+        self.monotonic = monotonic
+        self.queued = queued
+        self.later = later
+
+
+def flush_broker(outlet: BrokerOutlet) -> None:
+    """Route the broker's effects: records to the log now, replies once durable."""
+    broker = outlet.broker
+    if broker.outbox:
+        replies: list[Reply] = []
+        try:
+            ticket = log_route(outlet.log, broker.take_effects(), replies)
+        except OSError:
+            # A body the log holds could not be read back into a record (a timer's requeue
+            # of a damaged body): the log core undid the change and the packer logged it;
+            # the node goes on.
+            return
+        if replies:
+            dispatch(outlet, replies, ticket)
+
+
+def dispatch(outlet: BrokerOutlet, replies: list[Reply], ticket: int) -> None:
+    """Write ``replies`` to their clients once the log records emitted before them are
+    durable (at once if they already are), after every reply dispatched before them: a
+    client's pipelined ADDJOBs are answered in the order their replies were made, so replies
+    must not pass each other here."""
+    waiting = waiting_ticket(outlet.log)
+    if waiting > ticket:
+        ticket = waiting
+    if not ticket and not outlet.queued:
+        dispatch_replies(replies, outlet.monotonic)
+    else:
+        outlet.later(replies, ticket)
+
+
+def send_nowait(conn: ConnCore, data: bytes) -> None:
+    """Write ``data`` after everything ``conn`` has yet to write, never waiting: what the socket
+    does not take is left to a sender task, which parks the connection. A function, not the
+    method: compiled code calls a method of ``Connection`` (an interpreted subclass) through
+    Python's lookup; every replicated ADDJOB's reply comes this way."""
+    state = conn.state
+    if state is CLOSED:
+        return
+    if is_held(state):
+        conn.out.append(data)  # behind replies waiting for the log
+        return
+    if conn.sending:
+        conn.pending.append(data)
+        unsent = sum(map(len, conn.pending))
+        if conn.over_output_limit(unsent):
+            conn.close_for_output(unsent)
+        return
+    sent = send_some(conn, data)
+    if sent is None or sent == len(data):
+        return
+    conn._send_later(data[sent:])
+
+
 def dispatch_replies(replies: list[Reply], monotonic: Callable[[], float]) -> None:
     """Write replies that came from elsewhere (a bus frame, a timer: ``Server.dispatch_now``)
     to their clients, an HTTP request's stand-in included: compiled, as it runs for every
@@ -631,7 +687,7 @@ def dispatch_replies(replies: list[Reply], monotonic: Callable[[], float]) -> No
                 replicated.append(conn)
             continue
         if not client.reply_flags & REPLY_OFF:
-            conn.send_nowait(encode(value, client.protover))
+            send_nowait(conn, encode(value, client.protover))
             conn.last_active = monotonic()  # a reply is an interaction
         # else CLIENT REPLY OFF: a blocked command's late reply is not sent either.
         if client.waiter is None:
@@ -658,7 +714,7 @@ def flush_waiting(conn: ConnCore) -> None:
     if n:
         data = b"".join([waiting[i][0] for i in range(n)])
         del waiting[:n]
-        conn.send_nowait(data)
+        send_nowait(conn, data)
 
 
 def make_room(conn: ConnCore) -> None:

@@ -220,6 +220,12 @@ class LogCore:
         return take_open_batch(self)
 
 
+def waiting_ticket(core: LogCore) -> int:
+    """The newest log batch a reply may wait for and that is not durable yet (0 when the log
+    is idle or off)."""
+    return core.last_ticket if core.last_ticket > core.done_ticket else 0
+
+
 def route(core: LogCore, effects: list[Effect], replies: list[Reply]) -> int:
     """The one place the broker's effects go where they belong: log records to the open batch
     (dropped while the log is off), replies to other clients into ``replies`` for the caller

@@ -66,7 +66,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -99,10 +99,11 @@ from cluster.policy_sync import PolicySync
 from cluster.results import ResultCore
 from cluster.user_sync import UserSync
 from cluster.wiring import attach
-from node import acl_file, bus_core, client_info, config_file, memory_use, nodes_store
+from node import acl_file, bus_core, client_info, config_file, conn_core, memory_use, nodes_store
 from node.bus import BUS_PORT_OFFSET, Bus, LogLimiter
 from node.clock import Clock, WallClock
 from node.conn_core import (
+    BrokerOutlet,
     CommandPath,
     NodeCounters,
     dispatch_replies,
@@ -110,6 +111,7 @@ from node.conn_core import (
 )
 from node.conn_state import CLOSED, CLOSING_HELD, is_blocked
 from node.connection import MUST_WAIT, Connection, set_keepalive
+from node.log_core import waiting_ticket
 from node.nodes_store import NodesFileWriter, NodesStoreError
 from node.persistence import Persistence, PersistenceError
 from node.reactor import Reactor
@@ -197,6 +199,15 @@ class Server:
         # compiled log core's own (node/log_core.py): an interpreted method in between cost
         # about 1 us per command that logs.
         self.route: Callable[[list[Effect], list[Reply]], int] = self.persistence.route
+        # Replies waiting for the log, in order, and whether the task that writes them runs.
+        self.durable_replies: deque[tuple[list[Reply], int]] = deque()
+        self.dispatching = False
+        # The broker's effects from outside a client's command (a bus frame, a tick): routed
+        # and dispatched by compiled code, called directly by the bus's and the reactor's
+        # flushes (node/conn_core.py).
+        self.outlet = BrokerOutlet(self.broker, self.persistence, self.clock.monotonic,
+                                   self.durable_replies, self._dispatch_later)
+        broker_flush = functools.partial(conn_core.flush_broker, self.outlet)
         try:  # a certificate that cannot be used stops the start, named
             bus_tls = bus_contexts(config) if config.tls_cluster else None
             # http-tls: the HTTPS API's (node/http_front.py), replaced by a reload.
@@ -206,8 +217,9 @@ class Server:
             raise ServerError(f"Failed to configure TLS: {exc}") from None
         self.bus = Bus(self.cluster, config, self.clock, self.node_id,
                        save_nodes=self.nodes_file.submit, new_node_id=self._new_node_id,
-                       before_flush=self.flush_broker, log_ticket=self.log_ticket,
-                       wait_durable=self.durable, after_flush=self._deadlines_moved,
+                       before_flush=broker_flush,
+                       log_ticket=functools.partial(waiting_ticket, self.persistence),
+                       wait_durable=self.durable,
                        tls=bus_tls)
         # The broker's warnings (an ADDJOB body over job-max-body-len), rate-limited per key.
         self._warnings = LogLimiter(log, self.clock)
@@ -245,6 +257,8 @@ class Server:
                federation=self.federation, policies=self.policy_sync, timers=self.periodic_sync,
                results=self.result_core, dedup=self.dedup_sync, users=self.user_sync)
         self.core_alarms = [CoreAlarm(self, self.federation), CoreAlarm(self, self.periodic_sync)]
+        self.bus.after_flush = functools.partial(
+            bus_core.deadlines_moved, cast(list[bus_core.AlarmCore], self.core_alarms))
         self.bus.flush()  # the table's first SaveNodes, and a Connect per known node
         if saved is None:
             try:
@@ -255,7 +269,8 @@ class Server:
         self.connections: set[Connection] = set()
         # Serves every client connection (node/reactor.py); the round's group commit writes
         # the log, the replies for other clients go through dispatch.
-        self.reactor = Reactor(self.clock, self.persistence, self.flush_broker, self.dispatch,
+        self.reactor = Reactor(self.clock, self.persistence, broker_flush,
+                               functools.partial(conn_core.dispatch, self.outlet),
                                self.wait_durable,
                                flush_bus=functools.partial(bus_core.flush_round, self.bus))
         # The frames the rounds send are written when the reactor waits or yields (one write
@@ -272,9 +287,6 @@ class Server:
         self._ops_sample = (self.clock.monotonic(), 0)
         self.ops_per_sec = 0
         self.memory = memory_use.MemoryReport()  # before any data: the startup footprint
-        # Replies waiting for the log, in order, and whether the task that writes them runs.
-        self.durable_replies: deque[tuple[list[Reply], int]] = deque()
-        self.dispatching = False
         self.shutdown_event = trio.Event()
         self.shutdown_rewrite = False
         self.listening: list[tuple[str, int]] = []
@@ -350,28 +362,17 @@ class Server:
 
     def flush_broker(self) -> None:
         """Route the broker's effects left by an event that was not a client's own batch (a
-        bus frame, a tick, before a flush): records to the log now, replies once durable."""
-        if self.broker.outbox:
-            replies: list[Reply] = []
-            try:
-                ticket = self.route(self.broker.take_effects(), replies)
-            except OSError:
-                # A body the log holds could not be read back into a record (a timer's
-                # requeue of a damaged body): the log core undid the change and the packer
-                # logged it; the node goes on.
-                return
-            if replies:
-                self.dispatch(replies, ticket)
+        bus frame, a tick, before a flush): records to the log now, replies once durable
+        (``conn_core.flush_broker``)."""
+        conn_core.flush_broker(self.outlet)
 
     def dispatch(self, replies: list[Reply], ticket: int) -> None:
         """Write ``replies`` to their clients once the log records emitted before them are
-        durable (``dispatch_now`` if they already are), after every reply dispatched before
-        them: a client's pipelined ADDJOBs are answered in the order their replies were made
-        (node/conn_core.py), so replies must not pass each other here."""
-        ticket = max(ticket, self.log_ticket())
-        if not ticket and not self.durable_replies:
-            self.dispatch_now(replies)
-            return
+        durable, after every reply dispatched before them (``conn_core.dispatch``)."""
+        conn_core.dispatch(self.outlet, replies, ticket)
+
+    def _dispatch_later(self, replies: list[Reply], ticket: int) -> None:
+        """Queue ``replies`` behind those waiting for the log (``conn_core.dispatch``)."""
         self.durable_replies.append((replies, ticket))
         if not self.dispatching:
             self.dispatching = True
@@ -393,11 +394,6 @@ class Server:
                 self.dispatch_now(replies)
         finally:
             self.dispatching = False
-
-    def log_ticket(self) -> int:
-        """The newest log batch that may not be durable yet (0 when the log is idle or off)."""
-        p = self.persistence
-        return p.last_ticket if p.last_ticket > p.done_ticket else 0
 
     async def durable(self, ticket: int) -> bool:
         return not await self.wait_durable({ticket})
@@ -646,11 +642,6 @@ class Server:
             # waits for its records; WILLQUEUE, QUEUED, SETACK... go out after them.
             self.bus.flush()
 
-    def _deadlines_moved(self) -> None:
-        """After every flush: wake each CoreAlarm whose core's deadline came earlier."""
-        for alarm in self.core_alarms:
-            alarm.moved()
-
     def _sample(self, now: int) -> None:
         t, n = self._ops_sample
         mono = self.clock.monotonic()
@@ -789,26 +780,20 @@ class Server:
         log.warning("trisque is now ready to exit, bye bye...")
 
 
-class CoreAlarm:
+class CoreAlarm(bus_core.AlarmCore):
     """Ticks one cluster core exactly at its ``next_deadline()``: the federation core (its ad
     hoc NEEDJOBS backs off from 25 ms: the bus's 100 ms tick alone would make it late) and
     the periodic timer core (a due time fires at its millisecond, not up to 100 ms after).
-    Any event may move the deadline earlier (a GETJOB blocking, a TIMER ADD): ``moved``,
-    called after every flush, wakes the task then; one comparison per flush."""
+    Any event may move the deadline earlier (a GETJOB blocking, a TIMER ADD): every flush
+    checks (``bus_core.deadlines_moved``, one comparison per alarm) and sets ``wake``."""
 
     def __init__(self, server: Server, core: Any) -> None:
+        super().__init__(core, trio.Event())
         self.server = server
-        self.core = core
-        self.armed: int | None = None  # the deadline the task sleeps until
-        self.wake = trio.Event()
-
-    def moved(self) -> None:
-        due = self.core.next_deadline()
-        if due is not None and (self.armed is None or due < self.armed):
-            self.wake.set()
 
     async def run(self) -> None:
-        core, clock = self.core, self.server.clock
+        core: Any = self.core
+        clock = self.server.clock
         while True:
             self.wake = trio.Event()
             due = self.armed = core.next_deadline()

@@ -94,6 +94,20 @@ def test_a_bad_dtime_or_dlv_is_damage() -> None:
         assert validate_record("dlv", bad) is not None, bad
 
 
+def test_a_record_s_64_bit_bounds_hold_past_machine_integers() -> None:
+    """The 64-bit bounds are checked apart from the small ones (compiled, a bound past 2**62 is
+    an object): each still holds on both sides of 2**62 and 2**63."""
+    n = Node()
+    rec = n.b.jobs[n.add("q", "b")].to_record()
+    for index in (8, 9, 15):  # ctime, qtime, dtime
+        for good in (0, (1 << 62) - 1, 1 << 62, (1 << 63) - 1):
+            assert validate_record("job", rec[:index] + [good] + rec[index + 1:]) is None
+        for bad in (-1, 1 << 63, 1 << 70):
+            assert validate_record("job", rec[:index] + [bad] + rec[index + 1:]) is not None
+    for bad in (256, 1 << 62, 1 << 63):  # flags, at most 255
+        assert validate_record("job", rec[:14] + [bad] + rec[15:]) is not None
+
+
 def test_replay_of_a_log_mixing_old_and_new_records() -> None:
     """15-field records (before dtime), 16-field ones, dlv records for known jobs with and
     without a dtime, for a job whose record comes later, and for acked/deleted jobs."""

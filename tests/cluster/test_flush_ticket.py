@@ -38,7 +38,7 @@ class _Bus(BusCore):
         self.ticket = 0
         self.reads = 0
         super().__init__(core, Config(), None, os.urandom(20).hex(),  # type: ignore[arg-type]
-                         self._before, lambda: None, self._log_ticket, lambda: 0.0, lambda: 0)
+                         self._before, lambda: None, self._log_ticket, lambda: 0)
 
     def _before(self) -> None:
         self.ticket += 1  # the broker's records of this event went to a new log batch

@@ -25,7 +25,7 @@ class _Link(LinkCore):
 
 def _bus(secret: bytes | None) -> tuple[BusCore, _Link, _Link]:
     bus = BusCore(object(), Config(), secret, os.urandom(20).hex(), lambda: None,  # type: ignore[arg-type]
-                  lambda: None, lambda: 0, lambda: 0.0, lambda: 0)
+                  lambda: None, lambda: 0, lambda: 0)
     a = _Link(bus, 1, -1, "a", "127.0.0.1", "127.0.0.1", 0.0)
     b = _Link(bus, 2, -1, "b", "127.0.0.1", "127.0.0.1", 0.0)
     bus.up = {"a": a, "b": b}
