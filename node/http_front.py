@@ -55,6 +55,7 @@ log = logging.getLogger("trisque.http")
 READ_SIZE: Final = 65536
 HANDSHAKE_TIMEOUT_S: Final = 10.0
 MAX_HEAD: Final = 64 * 1024  # hypercorn's h11_max_incomplete_size, as configured
+END_GRACE_S: Final = 5.0  # a connection handed to hypercorn, after the client's end
 _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 _ACCEPT_RESOURCE_ERRORS: Final = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
 _HANDOVER_HEADERS: Final = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te"))
@@ -77,10 +78,13 @@ class _Prefixed:
             data, self._data = self._data, b""
             return data
         try:
-            return bytes(await self.stream.receive_some(max_bytes))
+            data = bytes(await self.stream.receive_some(max_bytes))
         except trio.BrokenResourceError:
             self.gone.cancel()
             raise
+        if not data:
+            _ending(self.gone)
+        return data
 
     async def send_all(self, data: bytes) -> None:
         try:
@@ -125,10 +129,13 @@ class _TlsHandover:
             data, self._data = self._data, b""
             return data
         try:
-            return await _tls_recv(self.io, False)
+            data = await _tls_recv(self.io, False)
         except OSError as exc:  # ssl.SSLError too: as trio's TLS stream says it
             self.gone.cancel()
             raise trio.BrokenResourceError from exc
+        if not data:
+            _ending(self.gone)
+        return data
 
     async def send_all(self, data: bytes) -> None:
         try:
@@ -140,6 +147,13 @@ class _TlsHandover:
     async def aclose(self) -> None:
         self.io.close()
         await trio.lowlevel.checkpoint()
+
+
+def _ending(gone: trio.CancelScope) -> None:
+    """The client ended the connection: hypercorn drops the answers still owed (the app is
+    told the client left), but its connection waited for its keep-alive timer (30 s) before
+    it closed. Whatever still runs gets ``END_GRACE_S``."""
+    gone.deadline = min(gone.deadline, trio.current_time() + END_GRACE_S)
 
 
 class _Plain:
