@@ -367,11 +367,10 @@ class Front:
             raise
         finally:
             self.waiting.discard(waiting)
-        # Hypercorn does not end a connection whose client is gone while its reading task
-        # waits for the answer to a request before reading the next one (h11's PAUSED, the
-        # client pipelining): the write that fails does not wake it, and the connection and
-        # its tasks stayed forever. A read or write that finds the connection broken
-        # therefore cancels all of it.
+        # Hypercorn does not always end a connection whose client is gone (its HTTP/2 side
+        # after Upgrade: h2c; its reading task waiting behind pipelined requests for an
+        # answer whose write failed): the connection and its tasks stayed for ever. A read
+        # or write that finds the connection broken therefore cancels all of it.
         with trio.CancelScope() as gone:
             try:
                 await TCPServer(self.app, self.hyper, self.context, ConnectionState({}),
