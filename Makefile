@@ -77,11 +77,16 @@ test: build
 # The property tests of tests/property/ with 1,000,000 examples each (hours); Hypothesis
 # prints any failing example with the decorator that replays it. FUZZ_ARGS narrows it, e.g.
 # make fuzz FUZZ_ARGS="-k resp". Then 1,000,000 fuzzed frames on a real cluster's bus
-# (tools/fuzz_bus.py; BUS_FUZZ_ARGS="--count N --seed S" changes them).
+# (tools/fuzz_bus.py; BUS_FUZZ_ARGS="--count N --seed S" changes them), 1,000,000 RESP inputs
+# over TLS (tools/fuzz_resp.py --tls) and 300,000 HTTP requests, plain and over HTTPS
+# (tools/fuzz_http.py), each from a random seed it prints.
 fuzz: $(STAMP)
 	TRISQUE_HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider --timeout 0 \
 		-o addopts="" tests/property $(FUZZ_ARGS) --hypothesis-show-statistics
 	$(PY) -m tools.fuzz_bus --count 1000000 $(BUS_FUZZ_ARGS)
+	$(PY) -m tools.fuzz_resp --tls --count 1000000 --seconds 7200
+	$(PY) -m tools.fuzz_http --count 300000 --seconds 7200
+	$(PY) -m tools.fuzz_http --tls --count 300000 --seconds 7200
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check protocol client broker cluster node cli pipeline bench tests tools setup.py

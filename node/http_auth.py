@@ -7,7 +7,6 @@ these checks; docs/security.md is the user's reference."""
 from __future__ import annotations
 
 import base64
-import binascii
 import contextvars
 import hashlib
 import hmac
@@ -40,7 +39,7 @@ def request_user(headers: list[tuple[bytes, bytes]], users: Users) -> User | Non
         if kind.lower() == "basic":
             try:
                 decoded = base64.b64decode(cred.strip(), validate=True).decode("utf-8")
-            except (binascii.Error, UnicodeDecodeError):
+            except ValueError:  # not base64 (a non-ASCII byte too), or not UTF-8
                 return None
             name, _, password = decoded.partition(":")
             return users.login(name if name in users.users else "default", password.encode())

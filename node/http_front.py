@@ -55,6 +55,7 @@ log = logging.getLogger("trisque.http")
 READ_SIZE: Final = 65536
 HANDSHAKE_TIMEOUT_S: Final = 10.0
 MAX_HEAD: Final = 64 * 1024  # hypercorn's h11_max_incomplete_size, as configured
+END_GRACE_S: Final = 5.0  # a connection handed to hypercorn, after the client's end
 _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 _ACCEPT_RESOURCE_ERRORS: Final = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
 _HANDOVER_HEADERS: Final = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te"))
@@ -66,22 +67,44 @@ class _Handover(Exception):
 
 class _Prefixed:
     """The connection as hypercorn's TCPServer reads it: the bytes already read, then the
-    socket (the stream methods it calls, and ``socket`` for the addresses)."""
+    socket (the stream methods it calls, and ``socket`` for the addresses). A read or write
+    that finds the connection broken cancels ``gone`` (see ``Front.serve_connection``)."""
 
-    def __init__(self, stream: trio.SocketStream, data: bytes) -> None:
-        self.stream, self.socket, self._data = stream, stream.socket, data
+    def __init__(self, stream: trio.SocketStream, data: bytes, gone: trio.CancelScope) -> None:
+        self.stream, self.socket, self._data, self.gone = stream, stream.socket, data, gone
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         if self._data:
             data, self._data = self._data, b""
             return data
-        return bytes(await self.stream.receive_some(max_bytes))
+        try:
+            data = bytes(await self.stream.receive_some(max_bytes))
+        except trio.BrokenResourceError:
+            self.gone.cancel()
+            raise
+        if not data:
+            _ending(self.gone)
+        return data
 
     async def send_all(self, data: bytes) -> None:
-        await self.stream.send_all(data)
+        try:
+            await self.stream.send_all(data)
+        except trio.BrokenResourceError:
+            self.gone.cancel()
+            raise
 
     async def send_eof(self) -> None:
-        await self.stream.send_eof()
+        # Hypercorn closes from its reading task (the client's end read) while the app's task
+        # may be sending the answer: trio's send_eof would hold the stream's send side over a
+        # checkpoint, and that send raise BusyResourceError, which hypercorn does not catch.
+        # Shut the socket instead: that send fails as a closed connection does.
+        await trio.lowlevel.checkpoint()
+        sock = self.socket
+        if not sock.did_shutdown_SHUT_WR:
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError as exc:
+                raise trio.BrokenResourceError from exc
 
     async def aclose(self) -> None:
         await self.stream.aclose()
@@ -91,8 +114,8 @@ class _TlsHandover:
     """An HTTPS connection as hypercorn's TCPServer reads a TLS stream: the bytes already
     read, then the records (``_tls_recv``, ``_tls_send``); its handshake is done."""
 
-    def __init__(self, io: _Tls, data: bytes) -> None:
-        self.io, self._data = io, data
+    def __init__(self, io: _Tls, data: bytes, gone: trio.CancelScope) -> None:
+        self.io, self._data, self.gone = io, data, gone
         self.transport_stream = trio.SocketStream(trio.socket.from_stdlib_socket(io.sock))
 
     async def do_handshake(self) -> None:
@@ -106,19 +129,31 @@ class _TlsHandover:
             data, self._data = self._data, b""
             return data
         try:
-            return await _tls_recv(self.io, False)
+            data = await _tls_recv(self.io, False)
         except OSError as exc:  # ssl.SSLError too: as trio's TLS stream says it
+            self.gone.cancel()
             raise trio.BrokenResourceError from exc
+        if not data:
+            _ending(self.gone)
+        return data
 
     async def send_all(self, data: bytes) -> None:
         try:
             await _tls_send(self.io, data)
         except OSError as exc:
+            self.gone.cancel()
             raise trio.BrokenResourceError from exc
 
     async def aclose(self) -> None:
         self.io.close()
         await trio.lowlevel.checkpoint()
+
+
+def _ending(gone: trio.CancelScope) -> None:
+    """The client ended the connection: hypercorn drops the answers still owed (the app is
+    told the client left), but its connection waited for its keep-alive timer (30 s) before
+    it closed. Whatever still runs gets ``END_GRACE_S``."""
+    gone.deadline = min(gone.deadline, trio.current_time() + END_GRACE_S)
 
 
 class _Plain:
@@ -131,10 +166,11 @@ class _Plain:
         self.sock = sock
 
     def close(self) -> None:
-        self.sock.close()
+        _close(self.sock)
 
-    def hand_over(self, data: bytes) -> _Prefixed | _TlsHandover:
-        return _Prefixed(trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), data)
+    def hand_over(self, data: bytes, gone: trio.CancelScope) -> _Prefixed | _TlsHandover:
+        return _Prefixed(trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), data,
+                         gone)
 
 
 class _Tls:
@@ -147,10 +183,10 @@ class _Tls:
         self.sock, self.channel = sock, channel
 
     def close(self) -> None:
-        self.sock.close()
+        _close(self.sock)
 
-    def hand_over(self, data: bytes) -> _TlsHandover:
-        return _TlsHandover(self, data)
+    def hand_over(self, data: bytes, gone: trio.CancelScope) -> _TlsHandover:
+        return _TlsHandover(self, data, gone)
 
 
 class _Waiting:
@@ -265,7 +301,11 @@ class Front:
         except (OSError, EOFError, trio.TooSlowError) as exc:
             # A client that does not trust the certificate, or speaks plain HTTP.
             log.debug("HTTPS: handshake with %s failed: %s", peer, describe(exc))
-            sock.close()
+            _close(sock)
+            return
+        except Exception:  # noqa: BLE001 - a bug met by one connection closes that one only
+            log.exception("Unexpected error serving an HTTP client at %s", peer)
+            _close(sock)
             return
         await self.serve_connection(_Tls(sock, channel), peer)
 
@@ -327,12 +367,17 @@ class Front:
             raise
         finally:
             self.waiting.discard(waiting)
-        try:
-            await TCPServer(self.app, self.hyper, self.context, ConnectionState({}),
-                            io.hand_over(buf))  # type: ignore[arg-type]
-        except Exception:  # noqa: BLE001 - a bug met by one connection closes that one only
-            log.exception("Unexpected error serving an HTTP client at %s", peer)
-            io.close()
+        # Hypercorn does not always end a connection whose client is gone (its HTTP/2 side
+        # after Upgrade: h2c; its reading task waiting behind pipelined requests for an
+        # answer whose write failed): the connection and its tasks stayed for ever. A read
+        # or write that finds the connection broken therefore cancels all of it.
+        with trio.CancelScope() as gone:
+            try:
+                await TCPServer(self.app, self.hyper, self.context, ConnectionState({}),
+                                io.hand_over(buf, gone))  # type: ignore[arg-type]
+            except Exception:  # noqa: BLE001 - a bug met by one connection closes that one only
+                log.exception("Unexpected error serving an HTTP client at %s", peer)
+        io.close()
 
     def _parse(self, buf: bytes) -> tuple[Any, int] | None:
         """The first request in ``buf`` as ((``Api`` coroutine method, its arguments after the
@@ -411,6 +456,16 @@ class Front:
                 job_id = rest[len("messages/"):].encode("utf-8", "surrogateescape")
                 return (api.delete_message, job_id, encoded), used
         raise _Handover
+
+
+def _close(sock: socket.socket) -> None:
+    """Close a connection's socket, waking a task that waits on it first: hypercorn closes an
+    HTTPS connection (``_TlsHandover.aclose``) from one task while its reading task waits,
+    and the descriptor, closed under that wait, once reused by a new connection made the new
+    one's first wait fail (trio.BusyResourceError), which took the HTTP API down."""
+    if sock.fileno() >= 0:
+        trio.lowlevel.notify_closing(sock)
+        sock.close()
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str:

@@ -1,7 +1,8 @@
 """Throw fuzzed RESP at a node over many connections, then check it is still whole.
 
 Usage: python -m tools.fuzz_resp [--count 200000] [--connections 8] [--seed N] [--seconds 300]
-                                 [--port P]   (without --port a node is started and checked)
+                                 [--tls] [--port P]   (without --port a node is started and
+                                                       checked)
 
 Inputs are valid Disque commands with mutated arguments (huge, negative, non-numeric numbers,
 random options, random bytes), raw garbage, truncated and split frames, inline commands and
@@ -10,6 +11,13 @@ sentinel jobs is added on a queue the fuzzer never names; after it the node must
 a fresh connection, still hold every sentinel, and (when this program started it) restart from
 its log with them. Every random choice comes from ``--seed``, printed first, so a failure
 replays. Bounded by ``--count`` inputs and ``--seconds``.
+
+``--tls`` sends the same inputs to the node's ``tls-port`` (TLSv1.2 and 1.3, with and without
+a client certificate under ``tls-auth-clients optional``), and damages the records too
+(tools/fuzz_tls.py): records split at random bytes and sent a few at a time, cut (the
+connection then dropped without close_notify), a flipped bit, a length that lies, plaintext
+RESP after the handshake, a second ClientHello, records of other types; some connections send
+garbage or a cut ClientHello instead of a handshake.
 """
 
 from __future__ import annotations
@@ -18,11 +26,15 @@ import argparse
 import random
 import select
 import socket
+import ssl
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from protocol.resp import encode_command
+from tools import fuzz_tls
 
 SENTINEL_QUEUE = "fuzz-sentinel-queue"
 SENTINELS = 50
@@ -169,42 +181,106 @@ def _drain(sock: socket.socket) -> None:
         pass
 
 
+def _send_split(sock: socket.socket, data: bytes, rng: random.Random) -> bool:
+    """Send ``data`` cut at random bytes, a few milliseconds apart (at most 40 pieces: the
+    rest goes at once)."""
+    at = 0
+    for _ in range(40):
+        if at >= len(data):
+            return True
+        step = rng.choice((1, 2, 5, 13, 100, 1000))
+        if not _send_reading(sock, data[at:at + step]):
+            return False
+        at += step
+        time.sleep(0.001)
+    return _send_reading(sock, data[at:])
+
+
+def _tls_connect(port: int, fuzz: Fuzzer, contexts: list[ssl.SSLContext],
+                 stats: dict[str, int]) -> fuzz_tls.TlsClient | None:
+    """A TLS connection with its handshake done; None if it was one of those that send
+    garbage or a cut ClientHello instead (closed), or the node refused the handshake."""
+    rng = fuzz.rng
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.setblocking(False)
+    if rng.random() < 0.03:
+        hello = fuzz_tls.client_hello(rng.choice(contexts))
+        junk = rng.choice((hello[:rng.randrange(len(hello))], rng.randbytes(rng.randint(1, 300)),
+                           fuzz.input(), hello + hello,
+                           bytes((22, 3, 1)) + rng.randbytes(rng.randint(0, 100))))
+        _send_reading(sock, junk, 0.5)
+        _drain(sock)
+        sock.close()
+        stats["bad_handshakes"] += 1
+        return None
+    tls = fuzz_tls.TlsClient(sock, rng.choice(contexts))
+    if not tls.handshake():
+        sock.close()
+        stats["handshakes_failed"] += 1
+        return None
+    return tls
+
+
 def storm(port: int, count: int, connections: int, seed: int, seconds: float,
-          progress: bool = False) -> dict[str, int]:
+          progress: bool = False, contexts: list[ssl.SSLContext] | None = None,
+          ) -> dict[str, int]:
     """Send ``count`` inputs in batches over rotating connections, never waiting for replies
-    (a blocked GETJOB must not stall the storm); what was done."""
+    (a blocked GETJOB must not stall the storm); what was done. With ``contexts``, over TLS
+    with damaged records too."""
     fuzz = Fuzzer(seed)
+    rng = fuzz.rng
     deadline = time.monotonic() + seconds
     socks: list[socket.socket | None] = [None] * connections
-    stats = {"inputs": 0, "connections": 0, "abrupt_closes": 0}
+    tlss: list[fuzz_tls.TlsClient | None] = [None] * connections
+    stats = {"inputs": 0, "connections": 0, "abrupt_closes": 0, "bad_handshakes": 0,
+             "handshakes_failed": 0, "damaged": 0}
+    hello = fuzz_tls.client_hello(contexts[0]) if contexts else b""
     next_report = 10_000
     while stats["inputs"] < count and time.monotonic() < deadline:
-        slot = fuzz.rng.randrange(connections)
+        slot = rng.randrange(connections)
         sock = socks[slot]
+        tls = tlss[slot]
         if sock is None:
             try:
-                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                if contexts:
+                    tls = _tls_connect(port, fuzz, contexts, stats)
+                    if tls is None:
+                        continue
+                    sock = tls.sock
+                else:
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                    sock.setblocking(False)  # with a timeout, recv would wait anyway
             except OSError as exc:
                 stats["refused"] = 1
                 print(f"  the node stopped accepting after {stats['inputs']} inputs: {exc}",
                       flush=True)
                 break
-            sock.setblocking(False)  # with a timeout, recv would wait despite MSG_DONTWAIT
-            socks[slot] = sock
+            socks[slot], tlss[slot] = sock, tls
             stats["connections"] += 1
-        n = min(fuzz.rng.randint(1, 20), count - stats["inputs"])
+        n = min(rng.randint(1, 20), count - stats["inputs"])
         batch = b"".join(fuzz.input() for _ in range(n))
         stats["inputs"] += n
-        end = fuzz.rng.random() < 0.15
+        end = rng.random() < 0.15
         if end:
             batch += fuzz.ending()
-        if not _send_reading(sock, batch):
+        split = False
+        if tls is not None:
+            plain = batch
+            batch = tls.seal(plain)
+            if end and rng.random() < 0.6:
+                batch, _ = fuzz_tls.damage(rng, batch, hello, plain)
+                stats["damaged"] += 1
+            elif end and rng.random() < 0.5:
+                batch += tls.close_notify()
+            split = rng.random() < 0.01
+        sent = _send_split(sock, batch, rng) if split else _send_reading(sock, batch)
+        if not sent:
             end = True  # closed by the node (a protocol error) or too slow to take it
         _drain(sock)
         if end:
             stats["abrupt_closes"] += 1
             sock.close()
-            socks[slot] = None
+            socks[slot] = tlss[slot] = None
         if progress and stats["inputs"] >= next_report:
             next_report += 10_000
             print(f"  {stats['inputs']} inputs over {stats['connections']} connections",
@@ -258,40 +334,114 @@ def check_whole(port: int, sentinels: list[bytes]) -> list[str]:
     return problems
 
 
+def process_use(pid: int) -> tuple[int, int]:
+    """A process's resident memory (bytes) and open file descriptors."""
+    with open(f"/proc/{pid}/status") as fh:
+        rss = next((int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:")),
+                   -1)
+    if rss < 0:
+        raise ProcessLookupError(f"process {pid} has exited")
+    return rss, len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def settled_fds(pid: int, bound: int, seconds: float) -> int:
+    """The process's open descriptors once at most ``bound`` (or after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        fds = process_use(pid)[1]
+        if fds <= bound or time.monotonic() > deadline:
+            return fds
+        time.sleep(0.2)
+
+
+def check_tls(port: int, context: ssl.SSLContext) -> list[str]:
+    """PING over a fresh TLS connection."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                context.wrap_socket(raw) as s:
+            s.sendall(encode_command(b"PING"))
+            reply = s.recv(100)
+    except OSError as exc:
+        return [f"no PING over a fresh TLS connection: {exc!r}"]
+    return [] if reply == b"+PONG\r\n" else [f"PING over TLS answered {reply!r}"]
+
+
+def _fuzz(port: int, tls_port: int | None, pid: int | None, args: argparse.Namespace,
+          seed: int, contexts: list[ssl.SSLContext] | None,
+          ) -> tuple[dict[str, int], list[str], list[bytes]]:
+    """Sentinels, the storm (to ``tls_port`` with ``contexts``), the checks: what was done,
+    what is wrong, the sentinels."""
+    sentinels = add_sentinels(port)
+    before = commands_processed(port)
+    fds = process_use(pid)[1] if pid is not None else 0
+    stats = storm(tls_port or port, args.count, args.connections, seed, args.seconds, True,
+                  contexts)
+    problems = check_whole(port, sentinels)
+    if contexts and tls_port and not problems:
+        problems += check_tls(tls_port, contexts[-1])
+    if pid is not None and not problems:
+        left = settled_fds(pid, fds, 15) - fds
+        if left > 0:
+            problems.append(f"{left} descriptors still open 15 s after every connection "
+                            "closed")
+    stats["executed"] = -1 if problems else commands_processed(port) - before
+    return stats, problems, sentinels
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--count", type=int, default=200_000)
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=300.0)
+    ap.add_argument("--tls", action="store_true", help="fuzz the tls-port")
     ap.add_argument("--port", type=int, default=None, help="fuzz a running node instead")
+    ap.add_argument("--tls-port", type=int, default=None, help="the running node's (--tls)")
+    ap.add_argument("--ca", default=None, help="the running node's CA (--tls)")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     print(f"seed {seed}", flush=True)
     if args.port is not None:
-        sentinels = add_sentinels(args.port)
-        before = commands_processed(args.port)
-        stats = storm(args.port, args.count, args.connections, seed, args.seconds, True)
-        problems = check_whole(args.port, sentinels)
-        stats["executed"] = -1 if problems else commands_processed(args.port) - before
+        contexts = None
+        if args.tls:
+            if args.tls_port is None or args.ca is None:
+                ap.error("--tls with --port needs --tls-port and --ca")
+            context = ssl.create_default_context(cafile=args.ca)
+            context.check_hostname = False
+            contexts = [context]
+        stats, problems, _ = _fuzz(args.port, args.tls_port, None, args, seed, contexts)
     else:
-        from tests.support.server import ServerProcess
+        from tests.support.server import ServerProcess, free_port
 
-        with ServerProcess(appendonly="yes", appendfsync="always") as srv:
-            sentinels = add_sentinels(srv.port)
-            before = commands_processed(srv.port)
-            stats = storm(srv.port, args.count, args.connections, seed, args.seconds, True)
-            problems = check_whole(srv.port, sentinels)
-            # An exception the node caught while serving is a bug even if it stayed whole.
-            problems += srv.audit()
-            if problems:
-                stats["executed"] = -1
-                print(srv.log()[-3000:], flush=True)
-            else:
-                stats["executed"] = commands_processed(srv.port) - before
-                srv.kill()
-                srv.start()
-                problems += [f"after restart: {p}" for p in check_whole(srv.port, sentinels)]
+        with tempfile.TemporaryDirectory(prefix="fuzz-resp-") as tmp:
+            directives: dict[str, Any] = {"appendonly": "yes", "appendfsync": "always"}
+            contexts = None
+            if args.tls:
+                certs = fuzz_tls.make_certs(Path(tmp))
+                directives.update(tls_port=free_port(), tls_cert_file=str(certs.nodes[0][0]),
+                                  tls_key_file=str(certs.nodes[0][1]),
+                                  tls_ca_cert_file=str(certs.ca_cert),
+                                  tls_auth_clients="optional")
+                contexts = fuzz_tls.client_contexts(certs)
+            with ServerProcess(**directives) as srv:
+                assert srv.proc is not None
+                tls_port = int(srv.directives["tls-port"]) if args.tls else None
+                stats, problems, sentinels = _fuzz(srv.port, tls_port, srv.proc.pid, args, seed,
+                                                   contexts)
+                # An exception the node caught while serving is a bug even if it stayed
+                # whole.
+                problems += srv.audit()
+                if problems:
+                    stats["executed"] = -1
+                    print(srv.log()[-3000:], flush=True)
+                else:
+                    srv.kill()
+                    srv.start()
+                    problems += [f"after restart: {p}"
+                                 for p in check_whole(srv.port, sentinels)]
+    if args.tls:
+        print(f"{stats['bad_handshakes']} handshakes of garbage, {stats['handshakes_failed']} "
+              f"refused, {stats['damaged']} connections with damaged records", flush=True)
     print(f"{stats['inputs']} inputs, {stats['executed']} commands executed by the node, "
           f"{stats['connections']} connections, {stats['abrupt_closes']} closed abruptly",
           flush=True)
