@@ -46,7 +46,7 @@ from broker.cluster_jobs import (
 )
 from broker.core import Broker
 from broker.job import REC_CONFIRMED, REC_STATE, Job, JobState
-from cluster.effects import ClusterEffect, LinkId, LogLine, new_send
+from cluster.effects import ClusterEffect, EffectQueue, LinkId, LogLine, new_send
 from cluster.job_messages import (
     BATCH_OF,
     JOB_TYPES,
@@ -86,7 +86,7 @@ _DELJOB_BATCH: Final = MessageType.DELJOB_BATCH
 _UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
 
 
-class JobCore:
+class JobCore(EffectQueue):
     HANDLES: frozenset[MessageType] = JOB_TYPES
 
     def __init__(self, broker: Broker, membership: Membership,
@@ -94,7 +94,7 @@ class JobCore:
         self.broker = broker
         self.membership = membership
         self.rng = rng or random.Random()
-        self.outbox: list[ClusterEffect] = []
+        self.outbox = []
         self.gc_retry: dict[bytes, int] = {}
         # Big jobs only: job ID -> node -> when its REPLJOB was last sent there.
         self.big_sent: dict[bytes, dict[str, int]] = {}
