@@ -4,13 +4,15 @@
 dead_letters.py, parking.py, periodic.py and eviction.py, and those call back into it. They
 cannot import ``broker.core`` (it imports them: tests/test_layering.py refuses the cycle, typing
 imports included), so they type the broker as ``BrokerCore``, this Protocol; a module whose
-code reads a table of its own (the policies, the timers, the eviction walk, the waiting
-ADDJOBs) extends it with that member. ``Broker`` satisfies each of them: mypy checks every call
-where the core passes ``self``.
+code reads a table of its own (the policies, the timers, the eviction walk) extends it with
+that member. ``Broker`` satisfies each of them: mypy checks every call where the core passes
+``self``.
 
 Compiled, a call through a Protocol is a Python-level attribute lookup, as it was through
 ``Any``; the hot paths (ADDJOB with one copy, GETJOB, ACKJOB on one node) stay inside
-``Broker`` and make no such call.
+``Broker`` and make no such call. The replicated ADDJOB's path does, on every node, so
+cluster_jobs.py types the broker as a concrete base class of ``Broker`` instead
+(``cluster_jobs.ReplicatingBroker``), whose calls compiled code makes directly.
 """
 
 from __future__ import annotations

@@ -54,7 +54,6 @@ from broker.job import (
     validate_record,
 )
 from broker.queue import PAUSE_ALL, PAUSE_IN, PAUSE_NAMES, PAUSE_NONE, PAUSE_OUT, Queue
-from broker.replication import Replication
 from broker.runs import RunTable
 from broker.scan import ScanList
 from broker.stats import MS_LATENCY_BUCKETS, Histogram
@@ -137,22 +136,22 @@ def _no_bodies(ref: BodyRef) -> bytes | None:
     return None
 
 
-class BrokerState:
+class BrokerState(cluster_jobs.ReplicatingBroker):
     def __init__(self, config: Config, node_id: str, seed: bytes, *, now_ms: int,
                  rng: random.Random | None = None) -> None:
         self.config = config
         self.node_id = node_id
-        self.myself: tuple[str, ...] = (node_id,)
+        self.myself = (node_id,)
         # While the log replays: queue names and holder tuples, one object each (load_record).
         self.loading_shared: dict[Any, Any] = {node_id: node_id, self.myself: self.myself}
         self.ids = IdGenerator(node_id, seed)
         self.rng = rng or random.Random(seed)
-        self.jobs: dict[bytes, Job] = {}
-        self.queues: dict[bytes, Queue] = {}
+        self.jobs = {}
+        self.queues = {}
         self.timers = TimerWheel()
         self.job_scan: ScanList[Job] = ScanList()
         self.queue_scan: ScanList[Queue] = ScanList()
-        self.outbox: list[Effect] = []  # see broker/effects.py
+        self.outbox = []  # see broker/effects.py
         # Whether anyone writes the log records of the hot paths (a job's state, a delivery's
         # dlv): the node clears it while its append log is off (node/persistence.py), so that
         # ADDJOB and GETJOB do not build records it would drop. Switching the log on takes a
@@ -167,12 +166,12 @@ class BrokerState:
         self.cluster: ClusterView = SoloCluster(config, node_id)
         # The cluster job core (``cluster.jobs.JobCore``) when the bus runs; None: one node,
         # and every path below is the single-node one (see broker/replication.py).
-        self.replication: Replication | None = None
+        self.replication = None
         # The cluster federation core (``cluster.federation.FederationCore``) when the bus
         # runs; None: no NEEDJOBS, and QSTAT's import fields stay empty (broker/federation.py).
         self.federation: Federation | None = None
         # ADDJOBs blocked until their job is replicated: job ID -> cluster_jobs.ReplWait.
-        self.repl_wait: dict[bytes, cluster_jobs.ReplWait] = {}
+        self.repl_wait = {}
         # Seconds from a synchronous ADDJOB's REPLJOBs to its replication level (/metrics),
         # with the millisecond resolution of now_ms.
         self.repl_latency = Histogram(MS_LATENCY_BUCKETS)

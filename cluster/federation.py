@@ -83,7 +83,7 @@ from broker.core import Broker
 from broker.job import REC_ID, Job
 from broker.queue import PAUSE_OUT, Queue
 from cluster.batches import cut, job_record_size
-from cluster.effects import ClusterEffect, LinkId, LogLine, Send
+from cluster.effects import EffectQueue, LinkId, LogLine, Send
 from cluster.job_messages import (
     FED_TYPES,
     NEEDJOBS_MAX_COUNT,
@@ -154,13 +154,13 @@ class _QueueFed:
         return list(self.responders)
 
 
-class FederationCore:
+class FederationCore(EffectQueue):
     HANDLES: frozenset[MessageType] = FED_TYPES
 
     def __init__(self, broker: Broker, membership: Membership) -> None:
         self.broker = broker
         self.membership = membership
-        self.outbox: list[ClusterEffect] = []
+        self.outbox = []
         self.stats: dict[str, int] = {"sent": 0, "received": 0, "malformed": 0,
                                       "imported": 0, "exported": 0, "needjobs_sent": 0,
                                       "yourjobs_sent": 0}
@@ -175,10 +175,6 @@ class FederationCore:
 
     # =========================================================================================
     # The runtime's side (cluster/effects.py)
-
-    def take_effects(self) -> list[ClusterEffect]:
-        effects, self.outbox = self.outbox, []
-        return effects
 
     def next_deadline(self) -> int | None:
         """When ``tick`` next has a queue to look at (ms), or None."""

@@ -45,8 +45,8 @@ from broker.cluster_jobs import (
     TIME_ERR_MS,
 )
 from broker.core import Broker
-from broker.job import REC_CONFIRMED, REC_STATE, Job, JobState
-from cluster.effects import ClusterEffect, LinkId, LogLine, new_send
+from broker.job import REC_CONFIRMED, REC_STATE, Job, JobState, state_name
+from cluster.effects import ClusterEffect, EffectQueue, LinkId, LogLine, new_send
 from cluster.job_messages import (
     BATCH_OF,
     JOB_TYPES,
@@ -75,6 +75,8 @@ from protocol.jobid import is_valid
 
 _WAIT_REPL: Final = JobState.WAIT_REPL
 _ACTIVE: Final = JobState.ACTIVE
+# Its record name, read once: compiled, ``_ACTIVE.value`` is a Python-level descriptor call.
+_ACTIVE_NAME: Final = state_name(_ACTIVE)
 _QUEUED: Final = JobState.QUEUED
 _ACKED: Final = JobState.ACKED
 
@@ -86,7 +88,7 @@ _DELJOB_BATCH: Final = MessageType.DELJOB_BATCH
 _UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
 
 
-class JobCore:
+class JobCore(EffectQueue):
     HANDLES: frozenset[MessageType] = JOB_TYPES
 
     def __init__(self, broker: Broker, membership: Membership,
@@ -94,7 +96,7 @@ class JobCore:
         self.broker = broker
         self.membership = membership
         self.rng = rng or random.Random()
-        self.outbox: list[ClusterEffect] = []
+        self.outbox = []
         self.gc_retry: dict[bytes, int] = {}
         # Big jobs only: job ID -> node -> when its REPLJOB was last sent there.
         self.big_sent: dict[bytes, dict[str, int]] = {}
@@ -207,7 +209,7 @@ class JobCore:
                     if added == count:
                         break
         record = job.to_record()
-        record[REC_STATE] = _ACTIVE.value  # the copy is ACTIVE at the receiver
+        record[REC_STATE] = _ACTIVE_NAME  # the copy is ACTIVE at the receiver
         record[REC_CONFIRMED] = []
         # A big job is sent again to a node already asked only once its copy had time to
         # arrive (cluster_jobs.resend_period), even when a new holder was added.

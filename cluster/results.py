@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from broker import results
 from broker.core import Broker
-from cluster.effects import ClusterEffect, LinkId, Send
+from cluster.effects import EffectQueue, LinkId, Send
 from cluster.membership import Membership
 from cluster.peer_frames import accept
 from cluster.wire import Frame, MalformedBody, MessageType, received_body
@@ -82,7 +82,7 @@ class _Ask:
     asked: set[str] = field(default_factory=set)
 
 
-class ResultCore:
+class ResultCore(EffectQueue):
     HANDLES: frozenset[MessageType] = RESULT_TYPES
 
     def __init__(self, broker: Broker, membership: Membership,
@@ -90,13 +90,9 @@ class ResultCore:
         self.broker = broker
         self.membership = membership
         self.rng = rng or random.Random()
-        self.outbox: list[ClusterEffect] = []
+        self.outbox = []
         self.asking: dict[bytes, _Ask] = {}
         self.stats: dict[str, int] = {"sent": 0, "received": 0, "malformed": 0}
-
-    def take_effects(self) -> list[ClusterEffect]:
-        effects, self.outbox = self.outbox, []
-        return effects
 
     def tick(self, now_ms: int) -> None:
         for job_id, ask in list(self.asking.items()):

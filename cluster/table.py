@@ -22,9 +22,9 @@ from typing import Final
 from broker.config import Config
 from cluster.effects import (
     Answer,
-    ClusterEffect,
     Connect,
     Disconnect,
+    EffectQueue,
     LinkId,
     LogLine,
     NewNodeId,
@@ -98,14 +98,14 @@ def random_node_id(rng: random.Random) -> str:
     return f"{rng.getrandbits(160):040x}"
 
 
-class Table:
+class Table(EffectQueue):
     """The node table and what changes it; ``Membership`` adds the events."""
 
     def __init__(self, config: Config, myself_id: str, rng: random.Random, now_ms: int,
                  saved: SavedNodes | None = None) -> None:
         self.config = config
         self.rng = rng
-        self.outbox: list[ClusterEffect] = []
+        self.outbox = []
         self.myself = Node(myself_id, "", 0, {"myself"}, now_ms)
         self.nodes: dict[str, Node] = {myself_id: self.myself}
         self.blacklist: dict[str, int] = {}  # node ID -> time it may be learnt again
@@ -190,10 +190,6 @@ class Table:
 
     # ------------------------------------------------------------------------------------
     # Effects
-
-    def take_effects(self) -> list[ClusterEffect]:
-        effects, self.outbox = self.outbox, []
-        return effects
 
     def save(self) -> None:
         self.outbox.append(SaveNodes(render(self.saved_nodes())))

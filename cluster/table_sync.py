@@ -34,7 +34,7 @@ import random
 from typing import Any, Final
 
 from cluster.batches import cut
-from cluster.effects import ClusterEffect, LinkId, Send
+from cluster.effects import EffectQueue, LinkId, Send
 from cluster.membership import Membership
 from cluster.peer_frames import accept
 from cluster.wire import Frame, MalformedBody, MessageType, received_body
@@ -45,7 +45,7 @@ MAX_RECORDS_PER_FRAME: Final = 10_000
 UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
 
 
-class TableSync:
+class TableSync(EffectQueue):
     MESSAGE: MessageType
     KEY: str  # the body field holding the records
     KIND: str  # names the core in log keys
@@ -54,7 +54,7 @@ class TableSync:
     def __init__(self, membership: Membership, rng: random.Random | None, now_ms: int) -> None:
         self.membership = membership
         self.rng = rng or random.Random()
-        self.outbox: list[ClusterEffect] = []
+        self.outbox = []
         self.next_sync = now_ms + SYNC_PERIOD_MS
         self.stats = {"sent": 0, "received": 0, "malformed": 0, "applied": 0}
         self._linked_before: set[str] = set()  # nodes with an outbound link at the last tick
@@ -87,10 +87,6 @@ class TableSync:
         return not self.records()
 
     # -- the runtime's side (cluster/effects.py) ------------------------------------------------
-
-    def take_effects(self) -> list[ClusterEffect]:
-        effects, self.outbox = self.outbox, []
-        return effects
 
     def tick(self, now_ms: int) -> None:
         linked = set(self.linked())

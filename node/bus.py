@@ -511,6 +511,7 @@ class Bus(BusCore):
         if overlap:
             raise ValueError(f"frame types handled twice: {sorted(t.name for t in overlap)}")
         self.cores.append(core)
+        self.sources.append(bus_core.effect_source(core))
         self.by_type.update((t, core) for t in core.HANDLES)
 
     # -- timeouts (read live: CONFIG SET cluster-node-timeout applies at once) -------------

@@ -27,7 +27,7 @@ from typing import Any, Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
-from cluster.effects import Answer, ClusterEffect, Send
+from cluster.effects import Answer, ClusterEffect, EffectQueue, Send
 from cluster.wire import (
     BATCH_MAX,
     BATCHABLE,
@@ -60,17 +60,21 @@ WAIT_FOR_LOG: Final = frozenset({MessageType.GOTJOB, MessageType.YOURJOBS})
 
 
 class FrameCore(Protocol):
-    """What the bus needs of a core that handles frames (``cluster.jobs.JobCore``)."""
+    """What the bus needs of a core that handles frames (``cluster.jobs.JobCore``); its
+    effects it takes from the core's base class, ``cluster.effects.EffectQueue``."""
 
     HANDLES: frozenset[MessageType]
-    outbox: list[ClusterEffect]
-
-    def take_effects(self) -> list[ClusterEffect]: ...
 
     def receive(self, frame: Frame, link: int, peer_ip: str, local_ip: str,
                 outbound_to: str | None, now_ms: int) -> None: ...
 
     def tick(self, now_ms: int) -> None: ...
+
+
+def effect_source(core: FrameCore) -> EffectQueue:
+    if not isinstance(core, EffectQueue):
+        raise TypeError(f"{type(core).__name__} is not a cluster.effects.EffectQueue")
+    return core
 
 
 class MacLater:
@@ -141,6 +145,8 @@ class BusCore:
                  log_ticket: Callable[[], int], now_ms: Callable[[], int]) -> None:
         self.core = core  # the membership core: link events, and frames nobody else handles
         self.cores: list[FrameCore] = [core]
+        # The same cores, typed by their base class: a flush looks at each one's ``outbox``.
+        self.sources: list[EffectQueue] = [effect_source(core)]
         self.by_type: dict[MessageType, FrameCore] = {
             t: core for t in getattr(core, "HANDLES", ())}
         self.config = config  # broker.config.Config
@@ -361,9 +367,9 @@ def flush(bus: BusCore) -> None:
     try:
         bus.before_flush()
         bus.flush_ticket = -1  # the broker's records were just routed: read it anew
-        for core in bus.cores:
-            if core.outbox:
-                for effect in core.take_effects():
+        for source in bus.sources:
+            if source.outbox:
+                for effect in source.take_effects():
                     route(bus, effect)
         bus.after_flush()
     finally:

@@ -5,7 +5,7 @@ client    -> stdlib, protocol (trio only in the trio flavour: a module whose nam
              client/aio.py)
 broker    -> stdlib but no clock, socket, os or trio (sans-IO), msgpack, protocol
 cluster   -> stdlib but no clock, socket, os or trio (sans-IO), msgpack, cryptography,
-             broker, protocol
+             mypy_extensions, broker, protocol
 node      -> stdlib, declared dependencies, protocol, broker, cluster (the trio runtime); its
              modules compiled with the core (protocol/core_build.PARTLY_COMPILED) no trio
 cli       -> anything but bench and tests
@@ -69,7 +69,8 @@ def allowed(package: str, module_file: str, imported: str) -> bool:
     if package == "broker":
         return imported in ("msgpack", "protocol")
     if package == "cluster":
-        return imported in ("broker", "protocol", "msgpack", "cryptography")
+        # mypy_extensions: mypyc's class attributes (cluster/effects.py's base of the cores).
+        return imported in ("broker", "protocol", "msgpack", "cryptography", "mypy_extensions")
     if package == "node":
         if imported == "trio" and module_file in COMPILED_NODE_FILES:
             return False

@@ -10,9 +10,9 @@ from typing import Any
 
 from cluster.effects import (
     Answer,
-    ClusterEffect,
     Connect,
     Disconnect,
+    EffectQueue,
     LinkId,
     SaveNodes,
     Send,
@@ -20,11 +20,11 @@ from cluster.effects import (
 from cluster.wire import Frame, MessageType
 
 
-class FakeCore:
+class FakeCore(EffectQueue):
     def __init__(self, node_id: str, bus_port: int, ping_every_ms: int = 100) -> None:
         self.node_id = node_id
         self.bus_port = bus_port
-        self.outbox: list[ClusterEffect] = []
+        self.outbox = []
         self.nodes: dict[str, tuple[str, int]] = {}  # id -> (ip, bus port), handshakes too
         self.handshakes: set[str] = set()
         self.up: dict[str, LinkId] = {}
@@ -33,10 +33,6 @@ class FakeCore:
         self.ticks = 0
         self.ping_every_ms = ping_every_ms
         self._last_ping = 0
-
-    def take_effects(self) -> list[ClusterEffect]:
-        out, self.outbox = self.outbox, []
-        return out
 
     # -- commands ---------------------------------------------------------------------
 

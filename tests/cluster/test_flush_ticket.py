@@ -8,21 +8,10 @@ import os
 from typing import Any
 
 from broker.config import Config
-from cluster.effects import ClusterEffect, Send
+from cluster.effects import EffectQueue, Send
 from cluster.wire import MessageType as M
 from node import bus_core
 from node.bus_core import BusCore, LinkCore
-
-
-class _Core:
-    HANDLES: frozenset[M] = frozenset()
-
-    def __init__(self) -> None:
-        self.outbox: list[ClusterEffect] = []
-
-    def take_effects(self) -> list[ClusterEffect]:
-        effects, self.outbox = self.outbox, []
-        return effects
 
 
 class _Link(LinkCore):
@@ -34,7 +23,7 @@ class _Link(LinkCore):
 
 
 class _Bus(BusCore):
-    def __init__(self, core: _Core) -> None:
+    def __init__(self, core: EffectQueue) -> None:
         self.ticket = 0
         self.reads = 0
         super().__init__(core, Config(), None, os.urandom(20).hex(),  # type: ignore[arg-type]
@@ -56,7 +45,7 @@ def _gotjob(node_id: str, n: int) -> Send:
 
 
 def test_a_flush_reads_the_ticket_once_after_the_brokers_records() -> None:
-    core = _Core()
+    core = EffectQueue()
     bus = _Bus(core)
     bus.up = {"a": _Link(bus, 1, -1, "a", "127.0.0.1", "127.0.0.1", 0.0)}
     core.outbox = [_gotjob("a", n) for n in range(3)]
@@ -70,7 +59,7 @@ def test_a_flush_reads_the_ticket_once_after_the_brokers_records() -> None:
 
 
 def test_a_send_outside_a_flush_reads_the_ticket_itself() -> None:
-    core = _Core()
+    core = EffectQueue()
     bus = _Bus(core)
     bus.up = {"a": _Link(bus, 1, -1, "a", "127.0.0.1", "127.0.0.1", 0.0)}
     core.outbox = [_gotjob("a", 0)]

@@ -9,6 +9,7 @@ from typing import Any
 
 from broker.config import Config
 from cluster import wire
+from cluster.effects import EffectQueue
 from cluster.wire import MessageType as M
 from node import bus_core
 from node.bus_core import BusCore, LinkCore
@@ -24,7 +25,7 @@ class _Link(LinkCore):
 
 
 def _bus(secret: bytes | None) -> tuple[BusCore, _Link, _Link]:
-    bus = BusCore(object(), Config(), secret, os.urandom(20).hex(), lambda: None,  # type: ignore[arg-type]
+    bus = BusCore(EffectQueue(), Config(), secret, os.urandom(20).hex(), lambda: None,  # type: ignore[arg-type]
                   lambda: None, lambda: 0, lambda: 0)
     a = _Link(bus, 1, -1, "a", "127.0.0.1", "127.0.0.1", 0.0)
     b = _Link(bus, 2, -1, "b", "127.0.0.1", "127.0.0.1", 0.0)
