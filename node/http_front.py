@@ -55,10 +55,20 @@ log = logging.getLogger("trisque.http")
 READ_SIZE: Final = 65536
 HANDSHAKE_TIMEOUT_S: Final = 10.0
 MAX_HEAD: Final = 64 * 1024  # hypercorn's h11_max_incomplete_size, as configured
-END_GRACE_S: Final = 5.0  # a connection handed to hypercorn, after the client's end
+# A connection handed to hypercorn, after the client's end: it still counts against
+# maxclients until it closes, so no longer than the app's tasks need to see the end.
+END_GRACE_S: Final = 0.5
 _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 _ACCEPT_RESOURCE_ERRORS: Final = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
 _HANDOVER_HEADERS: Final = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te"))
+# Refused connections read until their client closes, at most this many at once (beyond,
+# closed at once: a flood of them must not hold descriptors past maxclients) and this long.
+MAX_REFUSING: Final = 16
+REFUSE_LINGER_S: Final = 1.0
+_FULL_BODY: Final = b'{"error":"max number of clients reached"}'
+_FULL: Final = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(_FULL_BODY), _FULL_BODY))
 
 
 class _Handover(Exception):
@@ -152,7 +162,8 @@ class _TlsHandover:
 def _ending(gone: trio.CancelScope) -> None:
     """The client ended the connection: hypercorn drops the answers still owed (the app is
     told the client left), but its connection waited for its keep-alive timer (30 s) before
-    it closed. Whatever still runs gets ``END_GRACE_S``."""
+    it closed, holding a descriptor and a place in maxclients. Whatever still runs gets
+    ``END_GRACE_S``."""
     gone.deadline = min(gone.deadline, trio.current_time() + END_GRACE_S)
 
 
@@ -246,6 +257,7 @@ class Front:
         self.keep_alive_s = float(hyper.keep_alive_timeout)
         self.read_s = float(hyper.read_timeout or inf)
         self.waiting: set[_Waiting] = set()
+        self.refusing = 0  # refused connections still read (``_linger``)
 
     async def serve(self, listeners: list[socket.socket],
                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -270,8 +282,47 @@ class Front:
                     await trio.sleep(0.1)
                 continue  # a client gone before its connection was accepted
             sock.setblocking(False)
+            server = self.server
+            if len(server.connections) + server.http_connections >= self.config.maxclients:
+                self._refuse(sock, nursery)
+                continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            server.http_connections += 1
             nursery.start_soon(self.connection, sock)
+
+    def _refuse(self, sock: socket.socket, nursery: trio.Nursery) -> None:
+        """Past ``maxclients`` (RESP and HTTP connections together): 503 and closed, as a
+        RESP client gets its error; an HTTPS client is closed before its handshake."""
+        self.server.rejected += 1
+        if self.server.http_tls is not None or self.refusing >= MAX_REFUSING:
+            _close(sock)
+            return
+        try:
+            sock.send(_FULL)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            _close(sock)
+            return
+        self.refusing += 1
+        nursery.start_soon(self._linger, sock)
+
+    async def _linger(self, sock: socket.socket) -> None:
+        """Read what a refused client sends until it closes, for REFUSE_LINGER_S at most: a
+        socket closed with the request unread resets the connection, and the client may then
+        lose the 503 before reading it."""
+        try:
+            with trio.move_on_after(REFUSE_LINGER_S):
+                while True:
+                    try:
+                        if not sock.recv(READ_SIZE):
+                            break
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_readable(sock)
+                    except OSError:
+                        break
+        finally:
+            self.refusing -= 1
+            _close(sock)
 
     async def _close_idle(self) -> None:
         """Close the connections idle past their deadline (keep-alive, or a head that stalls),
@@ -284,6 +335,12 @@ class Front:
                     waiting.scope.cancel()
 
     async def connection(self, sock: socket.socket) -> None:
+        try:
+            await self._connection(sock)
+        finally:
+            self.server.http_connections -= 1
+
+    async def _connection(self, sock: socket.socket) -> None:
         try:
             host, port = sock.getpeername()[:2]
         except OSError:

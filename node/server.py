@@ -284,6 +284,9 @@ class Server:
         self.build_id = hashlib.sha1(f"trisque {VERSION} {sys.version}".encode()).hexdigest()[:15]
         self.connections_received = 0
         self.rejected = 0
+        # Open HTTP API connections (node/http_front.py): they hold descriptors too, so they
+        # count against maxclients with the RESP clients.
+        self.http_connections = 0
         self._ops_sample = (self.clock.monotonic(), 0)
         self.ops_per_sec = 0
         self.memory = memory_use.MemoryReport()  # before any data: the startup footprint
@@ -583,7 +586,7 @@ class Server:
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if len(self.connections) >= self.config.maxclients:
+        if len(self.connections) + self.http_connections >= self.config.maxclients:
             self._refuse(sock, b"-ERR max number of clients reached\r\n", tls)
             return
         if (self.config.protected_mode and isinstance(peer, tuple)
