@@ -32,10 +32,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from bench.servers import command
+from bench.servers import command, cpu_seconds
 from tests.support.server import free_port
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -94,9 +92,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         assert self.proc is not None
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+        return cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import hiredis
 
-from bench.servers import BenchServer, command
+from bench.servers import BenchServer, command, cpu_seconds
 
 QUEUE = b"bodies"
 WINDOW = 500  # commands in flight on the connection
@@ -151,13 +151,6 @@ def _peak_rss(pid: int) -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process so far, from /proc (Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def drop_caches() -> str | None:

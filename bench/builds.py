@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.servers import REPO, BenchServer, command
+from bench.servers import REPO, BenchServer, command, cpu_seconds
 from bench.table import redis_benchmark
 from cli.bench_load import BenchError
 
@@ -43,13 +43,6 @@ CASES = (  # (key, title, redis-benchmark arguments, pipeline depth)
     ("getjob", "GETJOB NOHANG, 50 connections", ["GETJOB", "NOHANG", "FROM", "q"], 1),
     ("addjob_p16", "ADDJOB, 50 connections, pipelined 16", ["ADDJOB", "q", "body", "0"], 16),
 )
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager

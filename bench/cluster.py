@@ -59,7 +59,15 @@ from bench.cluster_report import (
     p99_lower_bound,
     render,
 )
-from bench.servers import DISQUE_ENV, REPO, BenchServer, DisqueServer, command, disque_binary
+from bench.servers import (
+    DISQUE_ENV,
+    REPO,
+    BenchServer,
+    DisqueServer,
+    command,
+    cpu_seconds,
+    disque_binary,
+)
 from bench.table import redis_benchmark
 from cli.bench import run_benchmark
 from cli.bench_load import BenchError, Spec
@@ -102,12 +110,7 @@ class Cluster:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the three servers used so far (Linux /proc)."""
-        total = 0
-        for n in self.nodes:
-            with open(f"/proc/{n.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        return total / os.sysconf("SC_CLK_TCK")
+        return sum(cpu_seconds(n.pid) for n in self.nodes)
 
     def stop(self) -> None:
         for n in self.nodes:

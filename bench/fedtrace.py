@@ -31,10 +31,13 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 from typing import Any
 
+from bench.cluster import info_field
+from bench.servers import command, cpu_seconds
 from cli import bench_load
 from cli.bench import percentiles, run_benchmark
 from cli.bench_load import Spec
-from protocol.resp import NEED_DATA, ReplyReader, encode_command
+from client.blocking import Connection
+from protocol.resp import encode_command
 
 QUEUE = "bench-federation"
 _TRACE_DIR = tempfile.mkdtemp(prefix="fedtrace-")
@@ -95,20 +98,6 @@ async def _consumer(spec: Spec, sock: Any, reader: Any, stats: Any, hard_deadlin
 bench_load.cycle_consumer = _consumer
 
 
-class Conn:
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.reader = ReplyReader()
-
-    def call(self, *args: str | bytes | int) -> Any:
-        self.sock.sendall(encode_command(*args))
-        while True:
-            r = self.reader.next()
-            if r is not NEED_DATA:
-                return r
-            self.reader.feed(self.sock.recv(65536))
-
-
 @dataclass
 class Node:
     argv: list[str]
@@ -130,7 +119,7 @@ class Node:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if Conn(self.port).call("PING") == b"PONG":
+                if command(self.port, "PING") == b"PONG":
                     return
             except OSError:
                 time.sleep(0.1)
@@ -142,9 +131,7 @@ class Node:
 
     def cpu(self) -> float:
         assert self.proc is not None
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -172,10 +159,10 @@ class Cluster:
             if nice and n is self.nodes[0] and n.proc is not None:
                 os.setpriority(os.PRIO_PROCESS, n.proc.pid, int(nice))
         for n in self.nodes[1:]:
-            Conn(n.port).call("CLUSTER", "MEET", "127.0.0.1", str(self.nodes[0].port))
+            command(n.port, "CLUSTER", "MEET", "127.0.0.1", str(self.nodes[0].port))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            infos = [Conn(n.port).call("CLUSTER", "INFO") for n in self.nodes]
+            infos = [command(n.port, "CLUSTER", "INFO") for n in self.nodes]
             if all(b"cluster_reachable_nodes:2" in i for i in infos):
                 return
             time.sleep(0.1)
@@ -183,7 +170,7 @@ class Cluster:
 
     def flush(self) -> None:
         for n in self.nodes:
-            Conn(n.port).call("DEBUG", "FLUSHALL")
+            command(n.port, "DEBUG", "FLUSHALL")
 
     def stop(self) -> None:
         for n in self.nodes:
@@ -247,25 +234,22 @@ def bus_sent(n: Node) -> dict[str, float]:
     return out
 
 
-def info_field(text: bytes, name: str) -> int:
-    for line in text.decode().split("\r\n"):
-        if line.startswith(name + ":"):
-            return int(line.split(":", 1)[1])
-    return 0
-
-
 def sample_loop(c: Cluster, every_s: float, stop: threading.Event,
                 out: list[tuple[int, int, int, int, int, float, float, float]]) -> None:
     """(time ns, QLEN node 1, QLEN node 2, exported node 1, imported node 2, CPU s node 1,
     CPU s node 2)."""
-    one, two = Conn(c.nodes[0].port), Conn(c.nodes[1].port)
+    one, two = (Connection(("127.0.0.1", n.port), 10) for n in c.nodes[:2])
+
+    def call(conn: Connection, *args: str) -> Any:
+        return conn.exchange(encode_command(*args), 1, 10)[0]
+
     while not stop.is_set():
         t = perf_counter_ns()
-        q1, q2 = one.call("QLEN", QUEUE), two.call("QLEN", QUEUE)
+        q1, q2 = call(one, "QLEN", QUEUE), call(two, "QLEN", QUEUE)
         e = i = 0
         if not c.disque:
-            e = info_field(one.call("INFO", "federation"), "jobs_exported")
-            i = info_field(two.call("INFO", "federation"), "jobs_imported")
+            e = info_field(call(one, "INFO", "federation"), "jobs_exported")
+            i = info_field(call(two, "INFO", "federation"), "jobs_imported")
         with open("/proc/stat") as f:
             busy = sum(int(x) for x in f.readline().split()[1:4]) / os.sysconf("SC_CLK_TCK")
         out.append((t, int(q1), int(q2), e, i, c.nodes[0].cpu(), c.nodes[1].cpu(), busy))
@@ -287,8 +271,8 @@ def run(c: Cluster, opts: argparse.Namespace) -> dict[str, Any]:
     sampler = threading.Thread(target=sample_loop, args=(c, opts.sample_ms / 1000, stop, samples))
     cpu0 = [n.cpu() for n in c.nodes]
     sent0 = [{} if c.disque else bus_sent(n) for n in c.nodes[:2]]
-    stats0 = [Conn(n.port).call("CLUSTER", "INFO") for n in c.nodes]
-    fed0 = [b"" if c.disque else Conn(n.port).call("INFO", "federation") for n in c.nodes]
+    stats0 = [command(n.port, "CLUSTER", "INFO") for n in c.nodes]
+    fed0 = [b"" if c.disque else command(n.port, "INFO", "federation") for n in c.nodes]
     spies = []
     if opts.pyspy and not c.disque:
         for i in (0, 1):
@@ -315,12 +299,12 @@ def run(c: Cluster, opts: argparse.Namespace) -> dict[str, Any]:
         after = {} if c.disque else bus_sent(n)
         by_type.append({k: int(v - before.get(k, 0)) for k, v in after.items()
                         if v - before.get(k, 0) > 0})
-    msgs = sum(info_field(Conn(n.port).call("CLUSTER", "INFO"), "cluster_stats_messages_sent")
+    msgs = sum(info_field(command(n.port, "CLUSTER", "INFO"), "cluster_stats_messages_sent")
                - info_field(s, "cluster_stats_messages_sent") for n, s in zip(c.nodes, stats0, strict=False))
     fed = {}
     if not c.disque:
         for key in ("needjobs_sent", "yourjobs_sent"):
-            fed[key] = sum(info_field(Conn(n.port).call("INFO", "federation"), key)
+            fed[key] = sum(info_field(command(n.port, "INFO", "federation"), key)
                            - info_field(f, key) for n, f in zip(c.nodes, fed0, strict=False))
     pairs = array("q")
     consumer_lat = array("q")

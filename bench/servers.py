@@ -29,6 +29,13 @@ def command(port: int, *args: bytes | str | int, timeout: float = 10.0) -> Any:
     return send_command(port, *args, timeout=timeout)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far, from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process, from /proc (Linux)."""
     with open(f"/proc/{pid}/status") as f:
