@@ -489,10 +489,7 @@ def run(resp_port: int, http_port: int, pid: int, args: argparse.Namespace, seed
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--count", type=int, default=30_000)
-    ap.add_argument("--connections", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--seconds", type=float, default=300.0)
+    fuzz_resp.add_run_options(ap, 30_000)
     ap.add_argument("--tls", action="store_true", help="https (http-tls yes)")
     ap.add_argument("--rss-growth-mb", type=int, default=128)
     ap.add_argument("--port", type=int, default=None, help="fuzz a running node's RESP port...")
@@ -506,11 +503,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--port needs --http-port (and --ca with --tls)")
         contexts = check = None
         if args.tls:
-            check = ssl.create_default_context(cafile=args.ca)
-            check.check_hostname = False
+            check = fuzz_tls.trusting(args.ca)
             contexts = [check]
-        info = fuzz_resp.call(args.port, "INFO", "server").decode()
-        pid = int(info.split("process_id:")[1].split("\r\n")[0])
+        pid = fuzz_resp.info_int(args.port, "server", "process_id")
         stats, problems = run(args.port, args.http_port, pid, args, seed, contexts, check)
     else:
         from tests.support.server import ServerProcess, free_port
@@ -520,8 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             contexts = check = None
             if args.tls:
                 certs = fuzz_tls.make_certs(Path(tmp))
-                directives.update(http_tls="yes", tls_cert_file=str(certs.nodes[0][0]),
-                                  tls_key_file=str(certs.nodes[0][1]))
+                directives.update(http_tls="yes", **fuzz_tls.node_files(certs))
                 contexts = fuzz_tls.client_contexts(certs)
                 check = contexts[-1]
             with ServerProcess(**directives) as srv:

@@ -309,9 +309,21 @@ def add_sentinels(port: int) -> list[bytes]:
     return ids
 
 
+def info_int(port: int, section: str, name: str) -> int:
+    text = call(port, "INFO", section).decode()
+    return int(text.split(name + ":")[1].split("\r\n")[0])
+
+
 def commands_processed(port: int) -> int:
-    text = call(port, "INFO", "stats").decode()
-    return int(text.split("total_commands_processed:")[1].split("\r\n")[0])
+    return info_int(port, "stats", "total_commands_processed")
+
+
+def add_run_options(ap: argparse.ArgumentParser, count: int) -> None:
+    """The options every fuzzer here takes: how much, over how many connections, which seed."""
+    ap.add_argument("--count", type=int, default=count)
+    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--seconds", type=float, default=300.0)
 
 
 def check_whole(port: int, sentinels: list[bytes]) -> list[str]:
@@ -390,10 +402,7 @@ def _fuzz(port: int, tls_port: int | None, pid: int | None, args: argparse.Names
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--count", type=int, default=200_000)
-    ap.add_argument("--connections", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--seconds", type=float, default=300.0)
+    add_run_options(ap, 200_000)
     ap.add_argument("--tls", action="store_true", help="fuzz the tls-port")
     ap.add_argument("--port", type=int, default=None, help="fuzz a running node instead")
     ap.add_argument("--tls-port", type=int, default=None, help="the running node's (--tls)")
@@ -406,9 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.tls:
             if args.tls_port is None or args.ca is None:
                 ap.error("--tls with --port needs --tls-port and --ca")
-            context = ssl.create_default_context(cafile=args.ca)
-            context.check_hostname = False
-            contexts = [context]
+            contexts = [fuzz_tls.trusting(args.ca)]
         stats, problems, _ = _fuzz(args.port, args.tls_port, None, args, seed, contexts)
     else:
         from tests.support.server import ServerProcess, free_port
@@ -418,8 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             contexts = None
             if args.tls:
                 certs = fuzz_tls.make_certs(Path(tmp))
-                directives.update(tls_port=free_port(), tls_cert_file=str(certs.nodes[0][0]),
-                                  tls_key_file=str(certs.nodes[0][1]),
+                directives.update(tls_port=free_port(), **fuzz_tls.node_files(certs),
                                   tls_ca_cert_file=str(certs.ca_cert),
                                   tls_auth_clients="optional")
                 contexts = fuzz_tls.client_contexts(certs)

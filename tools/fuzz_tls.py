@@ -24,15 +24,26 @@ def make_certs(directory: Path) -> CertSet:
     return generate(directory, nodes=1, days=2, organization="trisque-fuzz")
 
 
+def node_files(certs: CertSet) -> dict[str, str]:
+    """The fuzzed node's certificate and key, as directives."""
+    return {"tls_cert_file": str(certs.nodes[0][0]), "tls_key_file": str(certs.nodes[0][1])}
+
+
+def trusting(cafile: str | Path) -> ssl.SSLContext:
+    """A client context that trusts ``cafile`` and not the host name (the nodes are reached
+    by address)."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(cafile))
+    context.check_hostname = False
+    return context
+
+
 def client_contexts(certs: CertSet) -> list[ssl.SSLContext]:
     """Contexts a fuzzer picks from per connection: TLSv1.2 and TLSv1.3, with and without the
     client certificate (the node runs ``tls-auth-clients optional``)."""
     contexts = []
     for version in (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3):
         for with_cert in (False, True):
-            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
-                                                 cafile=str(certs.ca_cert))
-            context.check_hostname = False
+            context = trusting(certs.ca_cert)
             context.maximum_version = version
             if with_cert and certs.client is not None:
                 context.load_cert_chain(str(certs.client[0]), str(certs.client[1]))
