@@ -7,8 +7,8 @@ For every run it records the throughput redis-benchmark reports, the server's CP
 request (utime + stime from /proc/PID/stat, a second measure that noise from other processes
 affects less) and the 1-minute load average; it prints each run and then the medians.
 
-    python -m bench.ab --trisque new=/work/wt-x --trisque old=/work/main \\
-        --disque /tmp/disque-src/src/disque-server --cases addjob,getjob --runs 5
+    python -m bench.ab --trisque new=../checkout-a --trisque old=../checkout-b \\
+        --disque /path/to/disque-server --cases addjob,getjob --runs 5
 
 Cases: ``ping`` (PING, -c 50: the node's per-request I/O floor), ``addjob`` (ADDJOB, -c 50),
 ``p16`` (the same with -P 16), ``getjob`` (GETJOB NOHANG on a queue preloaded with as many

@@ -9,8 +9,8 @@ which gives, per interval: jobs produced and consumed, both backlogs, the mean a
 the jobs consumed. Debugging aid, not a benchmark of record: the sampler costs each node a
 command per interval.
 
-    python -m bench.fedtrace --trisque new=. --trisque old=/work/wt-merge \\
-        --disque /tmp/disque-src/src/disque-server --runs 3
+    python -m bench.fedtrace --trisque new=. --trisque old=../other-checkout \\
+        --disque /path/to/disque-server --runs 3
 """
 
 from __future__ import annotations
