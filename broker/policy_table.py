@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -67,6 +68,9 @@ FIELDS: Final = ("retention_timeout", "visibility_timeout", "message_delay",
                  "message_deduplication", "redrive")
 # Fields a record carries only when set (see the module's docstring).
 OPTIONAL_FIELDS: Final = ("backoff", "max_inflight", "rate")
+# What an HTTP header's value may hold (RFC 9110: visible characters, spaces, tabs, and
+# bytes past ASCII): a Content-Type is sent back with its message.
+_NOT_IN_HEADER: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -391,7 +395,8 @@ class PolicyTable:
 
     def load(self, data: list[Any]) -> None:
         if data[0] == "ctype":
-            self.content_types[bytes(data[1])] = str(data[2])
+            if is_header_value(str(data[2])):  # older logs took any Content-Type
+                self.content_types[bytes(data[1])] = str(data[2])
         elif data[0] == "note":
             self.notes[bytes(data[1])] = tuple(data[2:])
         elif data[0] == "origin":
@@ -425,3 +430,9 @@ class PolicyBroker(BrokerCore, Protocol):
     policies: PolicyTable
     warn: Callable[[str, str], None]
     read_body: Callable[[BodyRef], bytes | None]
+
+
+def is_header_value(text: str) -> bool:
+    """Whether ``text`` (a Content-Type as the HTTP API read it, latin-1) can be sent back
+    as a header's value."""
+    return _NOT_IN_HEADER.search(text) is None

@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Receive
 from broker.clients import BLOCKED, Client
 from broker.intents import Intent
 from broker.job import JobState
+from broker.policy_table import is_header_value
 from node.bodies import BodyError, body_of
 from node.conn_core import undone
 from node.http_auth import REQUEST_USER, Auth, CsrfTokens
@@ -492,6 +493,8 @@ class Api:
         priority = _int_param(query or {}, "priority", 0, 0, MAX_PRIORITY)
         await self._require_queue(name)
         ctype = ctype[:1024]
+        if not is_header_value(ctype):
+            raise HttpError(400, "Content-Type holds a control character")
         broker = self.bridge.server.broker
         duplicate = False
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import socket
 from email.utils import formatdate
 from http import HTTPStatus
@@ -60,6 +61,8 @@ MAX_HEAD: Final = 64 * 1024  # hypercorn's h11_max_incomplete_size, as configure
 END_GRACE_S: Final = 0.5
 _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 _ACCEPT_RESOURCE_ERRORS: Final = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS)
+# A control character, or a CR or LF not in a CRLF: hypercorn (h11) answers 400.
+_NOT_HEAD: Final = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
 _HANDOVER_HEADERS: Final = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"te"))
 # Refused connections read until their client closes, at most this many at once (beyond,
 # closed at once: a flood of them must not hold descriptors past maxclients) and this long.
@@ -446,7 +449,7 @@ class Front:
                 raise _Handover
             return None
         head = buf[:end]
-        if not head.isascii() or head.count(b"\n") != head.count(b"\r\n"):
+        if not head.isascii() or _NOT_HEAD.search(head) is not None:
             raise _Handover
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ")

@@ -529,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                 for marker in ("Traceback", "Error in ASGI"):
                     if marker in log:
                         at = log.index(marker)
-                        problems.append(f"the node logged:\n{log[max(0, at - 300):at + 3000]}")
+                        problems.append(f"the node logged:\n{log[max(0, at - 300):at + 12_000]}")
                         break
                 if problems:
                     print(log[-3000:], flush=True)

@@ -191,6 +191,17 @@ def test_records_round_trip_and_replay() -> None:
     assert validate_record(["origin", b"x", b"y", b"z"]) is not None
 
 
+def test_a_replayed_content_type_that_is_no_header_value_is_dropped() -> None:
+    # Logs written before the HTTP API refused them may hold one: sent back with its
+    # message it broke the answer.
+    n = Node()
+    job = n.add("q")
+    n.b.load_record(("qpolicy", ["ctype", job, "text/plain\rx: 1"]), n.now)
+    assert job not in n.b.policies.content_types
+    n.b.load_record(("qpolicy", ["ctype", job, "text/plain; charset=\xe9"]), n.now)
+    assert n.b.policies.content_types[job] == "text/plain; charset=\xe9"
+
+
 def test_undo_of_a_failed_policy_write() -> None:
     n = Node()
     n("QPOLICY", "CREATE", "q", "RETENTION", 100)

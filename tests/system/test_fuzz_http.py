@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from tests.support import fuzz
 from tools import fuzz_http
 
 SEED = 20261127
@@ -22,7 +23,7 @@ def test_a_node_survives_30000_fuzzed_http_requests(capsys, tls: bool) -> None:
     argv = ["--count", "30000", "--seed", str(seed), "--seconds", "240"]
     code = fuzz_http.main(argv + (["--tls"] if tls else []))
     out = capsys.readouterr().out
-    assert code == 0, f"seed {seed}:\n{out[-3000:]}"
+    assert code == 0, f"seed {seed}:\n{fuzz.report(out)}"
     last = out.strip().splitlines()[-1]
     words = last.split()
     requests, executed, answers = int(words[0]), int(words[2]), int(words[8])

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from tests.support import fuzz
 from tools import fuzz_resp
 
 SEED = 20261126
@@ -19,7 +20,7 @@ def test_a_node_survives_200000_fuzzed_inputs(capsys) -> None:
     seed = int(os.environ.get("TRISQUE_FUZZ_SEED", SEED))
     code = fuzz_resp.main(["--count", "200000", "--seed", str(seed), "--seconds", "240"])
     out = capsys.readouterr().out
-    assert code == 0, f"seed {seed}:\n{out[-3000:]}"
+    assert code == 0, f"seed {seed}:\n{fuzz.report(out)}"
     last = out.strip().splitlines()[-1]
     inputs, executed = int(last.split()[0]), int(last.split()[2])
     assert inputs == 200_000, last

@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from tests.support import fuzz
 from tools import fuzz_resp
 
 SEED = 20261127
@@ -22,7 +23,7 @@ def test_a_node_survives_50000_fuzzed_inputs_over_tls(capsys) -> None:
     code = fuzz_resp.main(["--tls", "--count", "50000", "--seed", str(seed), "--seconds",
                            "240"])
     out = capsys.readouterr().out
-    assert code == 0, f"seed {seed}:\n{out[-3000:]}"
+    assert code == 0, f"seed {seed}:\n{fuzz.report(out)}"
     lines = out.strip().splitlines()
     last = lines[-1]
     inputs, executed = int(last.split()[0]), int(last.split()[2])
