@@ -386,12 +386,16 @@ def _unpack(packed: memoryview | bytearray) -> tuple[Any, str]:
 
 
 class FrameDecoder:
-    def __init__(self, secret: bytes | None = None, max_body: int = MAX_BODY) -> None:
+    def __init__(self, secret: bytes | None = None, max_body: int = MAX_BODY,
+                 limit: Callable[[], int] | None = None) -> None:
         self._buf = bytearray()
         self._secret = secret
         # The largest body accepted (``max_body_for``); the transport may change it between
-        # reads (CONFIG SET job-max-body-len).
+        # reads (CONFIG SET job-max-body-len). Or, with ``limit``, the least it accepts:
+        # ``limit()`` says how much (never less than ``max_body``: ``max_body_for``), read
+        # live only for a body above ``max_body``, not once per read.
         self.max_body = max_body
+        self._limit = limit
         self._need = 0  # bytes of the frame being read, once its header is known
         # The MAC of the frame being read, over its first ``_hashed`` bytes: computed as
         # they arrive, so a big frame's MAC does not hold the loop once it is complete.
@@ -435,7 +439,9 @@ class FrameDecoder:
         if kind is None:
             raise UnknownType(f"message type {mtype}")
         if length > self.max_body:
-            raise Oversized(f"body of {length} bytes exceeds {self.max_body}")
+            limit = self.max_body if self._limit is None else self._limit()
+            if length > limit:
+                raise Oversized(f"body of {length} bytes exceeds {limit}")
         if sender == self._sender:  # a link speaks for one node: no hash of the field
             sender_id = self._sender_id
         else:
