@@ -338,24 +338,30 @@ def _active_record(record: Any, field: str) -> list[Any]:
     if len(nodes) > MAX_NODES:
         raise MalformedBody(f"field {field!r}: its nodes must be 40-hex node IDs")
     recent = _RECENT_IDS
-    for n in nodes:
+    for i in range(len(nodes)):
         # The same few node IDs come in every REPLJOB: each is compared with the IDs found
         # well-formed lately (no hash of a string msgpack has just made) before its digits
-        # are checked.
-        if not _among(n, recent):
-            if not is_node_id(n):
-                raise MalformedBody(f"field {field!r}: its nodes must be 40-hex node IDs")
-            if len(recent) >= _RECENT_MAX:  # bounded, whatever peers send
-                recent.pop()
-            recent.insert(0, n)
+        # are checked, and replaced by the one found: the jobs a node holds share their
+        # holders' strings (and their hashes, once computed).
+        n = nodes[i]
+        known = _among(n, recent)
+        if known is not None:
+            nodes[i] = known
+            continue
+        if not is_node_id(n):
+            raise MalformedBody(f"field {field!r}: its nodes must be 40-hex node IDs")
+        if len(recent) >= _RECENT_MAX:  # bounded, whatever peers send
+            recent.pop()
+        recent.insert(0, n)
     return rec
 
 
-def _among(node_id: str, known: list[str]) -> bool:
+def _among(node_id: str, known: list[str]) -> str | None:
+    """The string of ``known`` equal to ``node_id``, or None."""
     for k in known:
         if k == node_id:
-            return True
-    return False
+            return k
+    return None
 
 
 #: Node IDs lately found well-formed, newest first (a hit is exactly a value that passed).

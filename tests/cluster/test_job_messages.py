@@ -102,6 +102,18 @@ def test_holders_are_checked_however_many_were_seen_before() -> None:
             parse(Frame(MessageType.REPLJOB, NODE, {"job": record}))
 
 
+def test_the_records_of_one_holder_share_its_string() -> None:
+    first, second = _record(), _record()
+    first[12] = ["".join(["c"] * 40)]
+    second[12] = ["".join(["c"] * 40)]  # equal, another object
+    assert first[12][0] is not second[12][0]
+    a = parse(Frame(MessageType.REPLJOB, NODE, {"job": first}))
+    b = parse(Frame(MessageType.REPLJOB, NODE, {"job": second}))
+    assert isinstance(a, ReplJob) and isinstance(b, ReplJob)
+    assert a.record[12] == b.record[12] == ["c" * 40]
+    assert a.record[12][0] is b.record[12][0]
+
+
 def test_a_body_that_is_not_a_map_is_refused() -> None:
     with pytest.raises(MalformedBody):
         parse(Frame(MessageType.GOTJOB, NODE, [ID]))  # type: ignore[arg-type]
