@@ -92,7 +92,8 @@ REC_AFTER: Final = 17  # only in the record of a job waiting for its parents
 
 _INT64_MAX: Final = (1 << 63) - 1
 # Range of each integer field of a job record (index -> (name, min, max)): what the command
-# parsers let in, so a record outside them was not written by a sane node.
+# parsers let in, so a record outside them was not written by a sane node. ``record_problem``
+# compares with the same bounds written out (tests/broker check that both agree).
 _RECORD_INTS: Final = {
     REC_REPL: ("repl", 1, 65535), REC_TTL: ("ttl", 1, MAX_JOB_SECONDS),
     REC_RETRY: ("retry", 0, MAX_JOB_SECONDS), REC_DELAY: ("delay", 0, MAX_JOB_SECONDS),
@@ -104,9 +105,6 @@ _RECORD_INTS: Final = {
 # The largest machine integer of compiled code: a bound above it (the 64-bit ones) is a Python
 # object, slow to compare with, so a value is compared with it only when above this.
 _SHORT_MAX: Final = (1 << 62) - 1
-# (index, name, min, max, whether max is above _SHORT_MAX)
-_RECORD_INT_FIELDS: Final[tuple[tuple[int, str, int, int, bool], ...]] = tuple(
-    (i, name, low, high, high > _SHORT_MAX) for i, (name, low, high) in _RECORD_INTS.items())
 # A record has 16 fields; logs written before ``dtime`` (field 15: the first delivery, unix
 # ms, 0 = not delivered yet) have 15 and still load, with dtime 0. A job with a priority
 # (ADDJOB ... PRIORITY n) has a 17th, ``priority``: without one, the record (and REPLJOB, which
@@ -162,21 +160,78 @@ def record_problem(rec: Any) -> str | None:
         return "job record whose queue or body is not bytes"
     state = rec[REC_STATE]
     # A str first: a map or a list from a peer or a damaged log is unhashable.
-    if not isinstance(state, str) or state not in STATE_BY_NAME:
+    if not isinstance(state, str) or not _is_state_name(state):
         return f"job record with an unknown state {shown(state)}"
-    for index, name, low, high, wide in _RECORD_INT_FIELDS:
+    # Each integer field against its own constant bounds, in one expression (compiled: a
+    # tagged compare per bound, no table to walk); the table below only names the first one
+    # found wrong.
+    if not (_within(rec[REC_REPL], 1, 65535) and _within(rec[REC_TTL], 1, MAX_JOB_SECONDS)
+            and _within(rec[REC_RETRY], 0, MAX_JOB_SECONDS)
+            and _within(rec[REC_DELAY], 0, MAX_JOB_SECONDS) and _within64(rec[REC_CTIME])
+            and _within64(rec[REC_QTIME]) and _within64(rec[REC_NACKS])
+            and _within64(rec[REC_DELIVERIES]) and _within(rec[REC_FLAGS], 0, 255)
+            and (size <= REC_DTIME or _within64(rec[REC_DTIME]))
+            and (size <= REC_PRIORITY or _within(rec[REC_PRIORITY], 0, 9))):
+        return _int_problem(rec, size)
+    delivered = rec[REC_DELIVERED]
+    confirmed = rec[REC_CONFIRMED]
+    if type(delivered) is not list or type(confirmed) is not list or not (
+            _all_str(delivered) and _all_str(confirmed)):
+        return "job record whose node lists are not lists of node IDs"
+    return None
+
+
+def _is_state_name(name: str) -> bool:
+    """``name in STATE_BY_NAME`` without hashing a string msgpack has just made."""
+    return name == "active" or name == "queued" or name == "acked" or name == "wait-repl"
+
+
+def _state_named(name: str) -> JobState:
+    """``STATE_BY_NAME[name]`` by comparison: a string msgpack has just made is not hashed
+    yet (KeyError for no state's name, as the lookup)."""
+    if name == "active":
+        return _ACTIVE
+    if name == "queued":
+        return _QUEUED
+    if name == "acked":
+        return _ACKED
+    if name == "wait-repl":
+        return _WAIT_REPL
+    raise KeyError(name)
+
+
+def _within(value: object, low: int, high: int) -> bool:
+    """An int (not a bool) in [low, high]; the bounds fit a machine word."""
+    if type(value) is not int:
+        return False
+    n: int = value
+    return low <= n <= high
+
+
+def _within64(value: object) -> bool:
+    """An int (not a bool) in [0, 2**63 - 1]: compared with the wide bound only when above
+    a machine word's."""
+    if type(value) is not int:
+        return False
+    n: int = value
+    return n >= 0 and (n <= _SHORT_MAX or n <= _INT64_MAX)
+
+
+def _all_str(items: list[Any]) -> bool:
+    for item in items:
+        if not isinstance(item, str):
+            return False
+    return True
+
+
+def _int_problem(rec: list[Any], size: int) -> str:
+    """The message for the first integer field of ``rec`` out of its range."""
+    for index, (name, low, high) in _RECORD_INTS.items():
         if index < size:  # dtime is absent from a 15-field record, priority from a 16-field one
             value = rec[index]
-            if type(value) is not int or value < low or (
-                    value > _SHORT_MAX and value > high if wide else value > high):
+            if type(value) is not int or not low <= value <= high:
                 return f"job record with {name} {shown(value)} outside [{low}, {high}]"
-    for nodes in (rec[REC_DELIVERED], rec[REC_CONFIRMED]):
-        if not isinstance(nodes, list):
-            return "job record whose node lists are not lists of node IDs"
-        for n in nodes:
-            if not isinstance(n, str):
-                return "job record whose node lists are not lists of node IDs"
-    return None
+    return "job record with an integer field out of range"
 
 
 def validate_record(kind: str, data: Any) -> str | None:
@@ -594,7 +649,7 @@ class Job(Timed):
         job = Job(_bytes(rec[REC_ID]), _bytes(rec[REC_QUEUE]), b"" if ref is not None else _bytes(body),
                   repl=rec[REC_REPL], ttl=rec[REC_TTL], retry=rec[REC_RETRY],
                   delay=rec[REC_DELAY], ctime=rec[REC_CTIME],
-                  delivered=tuple(rec[REC_DELIVERED]), state=STATE_BY_NAME[rec[REC_STATE]])
+                  delivered=tuple(rec[REC_DELIVERED]), state=_state_named(rec[REC_STATE]))
         if ref is not None:
             job.ref = ref
         job.qtime = rec[REC_QTIME]

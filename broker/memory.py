@@ -44,9 +44,11 @@ DISK_JOB_COMPILED: Final = 300
 # about 1,030 B for a 12-byte name, either core).
 QUEUE_BYTES: Final = 1_030
 # A replicated job holds its own tuples of the nodes that have a copy and that confirmed one,
-# and a copy received from a peer its own queue name: 3-node cluster, REPLICATE 3, pure core,
-# traced 918 B per copy of a 200-byte job, 810 without this (tests/cluster/jobsim.py).
-CLUSTER_JOB_BYTES: Final = 240
+# and a copy received from a peer its own queue name (the holders' node IDs are strings the
+# node shares: cluster/job_messages.py): 3-node cluster, REPLICATE 3, traced 687 B per copy
+# of a 200-byte job in the pure core and 561 compiled, 650 and 550 counted without this
+# (tests/cluster/jobsim.py).
+CLUSTER_JOB_BYTES: Final = 40
 # An ADDJOB blocked until its job is replicated: its wait record and table entry.
 REPL_WAIT_BYTES: Final = 200
 # A job outcome kept (broker/results.py): its list, table entry and ID, without the result:

@@ -35,7 +35,7 @@ or a named tuple for the two sends).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from mypy_extensions import mypyc_attr
 
@@ -74,7 +74,13 @@ class Send(NamedTuple):
 def new_send(node_id: str, mtype: MessageType, body: dict[str, Any]) -> Send:
     """``Send(node_id, mtype, body)`` for compiled hot paths: a named tuple's own
     constructor is an interpreted function (``namedtuple``'s generated ``__new__``)."""
-    return tuple.__new__(Send, (node_id, mtype, body))
+    return _new_tuple(_SEND, (node_id, mtype, body))
+
+
+# Bound once: compiled, ``tuple.__new__`` is looked up on the type and ``Send`` in the
+# module's dict at every call (one per message sent).
+_new_tuple: Final = tuple.__new__
+_SEND: Final = Send
 
 
 class Answer(NamedTuple):

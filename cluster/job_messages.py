@@ -43,7 +43,7 @@ nack flag.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from broker.job import REC_DELIVERED, REC_STATE, Job, record_problem
 from cluster.messages import int_field, is_node_id
@@ -328,24 +328,42 @@ def _active_record(record: Any, field: str) -> list[Any]:
     problem = record_problem(record)
     if problem is not None:
         raise MalformedBody(f"field {field!r}: {problem}")
-    assert isinstance(record, list)
-    if record[REC_STATE] != "active":
+    rec: list[Any] = record
+    state: str = rec[REC_STATE]  # a str: record_problem checked it
+    if state != "active":
         raise MalformedBody(f"field {field!r}: a job is sent active")
-    if not record[REC_DELIVERED]:
+    nodes: list[str] = rec[REC_DELIVERED]  # strings: record_problem checked them
+    if not nodes:
         raise MalformedBody(f"field {field!r}: no node may have a copy")
-    nodes = record[REC_DELIVERED]
     if len(nodes) > MAX_NODES:
         raise MalformedBody(f"field {field!r}: its nodes must be 40-hex node IDs")
-    for n in nodes:
-        # The same few node IDs come in every REPLJOB: check each one once.
-        if n not in _CHECKED_IDS:
-            if not is_node_id(n):
-                raise MalformedBody(f"field {field!r}: its nodes must be 40-hex node IDs")
-            if len(_CHECKED_IDS) >= MAX_NODES:  # bounded, whatever peers send
-                _CHECKED_IDS.clear()
-            _CHECKED_IDS.add(n)
-    return record
+    recent = _RECENT_IDS
+    for i in range(len(nodes)):
+        # The same few node IDs come in every REPLJOB: each is compared with the IDs found
+        # well-formed lately (no hash of a string msgpack has just made) before its digits
+        # are checked, and replaced by the one found: the jobs a node holds share their
+        # holders' strings (and their hashes, once computed).
+        n = nodes[i]
+        known = _among(n, recent)
+        if known is not None:
+            nodes[i] = known
+            continue
+        if not is_node_id(n):
+            raise MalformedBody(f"field {field!r}: its nodes must be 40-hex node IDs")
+        if len(recent) >= _RECENT_MAX:  # bounded, whatever peers send
+            recent.pop()
+        recent.insert(0, n)
+    return rec
 
 
-#: Node IDs already found well-formed (strings: a hit is exactly a value that passed).
-_CHECKED_IDS: set[str] = set()
+def _among(node_id: str, known: list[str]) -> str | None:
+    """The string of ``known`` equal to ``node_id``, or None."""
+    for k in known:
+        if k == node_id:
+            return k
+    return None
+
+
+#: Node IDs lately found well-formed, newest first (a hit is exactly a value that passed).
+_RECENT_IDS: Final[list[str]] = []
+_RECENT_MAX: Final = 16

@@ -137,6 +137,14 @@ BATCH_MAX: Final = 256
 _HEX_DIGITS: Final = b"0123456789abcdef"
 # Number -> MessageType without the Enum's own lookup (about 1 us per frame).
 _TYPES: Final = {int(t): t for t in MessageType}
+# The same as a tuple indexed by the number (None where no type has it): the decoder's
+# lookup, without hashing.
+_KINDS: Final[tuple[MessageType | None, ...]] = tuple(
+    _TYPES.get(number) for number in range(max(_TYPES) + 1))
+_KINDS_SIZE: Final = len(_KINDS)
+# The decoder reads the header's magic as one word, and calls the bound method directly.
+_MAGIC_WORD: Final = int.from_bytes(MAGIC, "big")
+_unpack_header: Final = struct.Struct(">IBBH40sI").unpack_from
 
 
 class WireError(Exception):
@@ -182,7 +190,13 @@ class Frame(NamedTuple):
 def new_frame(kind: MessageType, sender: str, body: dict[str, Any]) -> Frame:
     """``Frame(kind, sender, body)`` without the named tuple's interpreted ``__new__``: one
     per frame received."""
-    return tuple.__new__(Frame, (kind, sender, body))
+    return _new_tuple(_FRAME, (kind, sender, body))
+
+
+# Bound once: compiled, ``tuple.__new__`` is looked up on the type and ``Frame`` in the
+# module's dict at every call.
+_new_tuple: Final = tuple.__new__
+_FRAME: Final = Frame
 
 
 def received_body(frame: Frame) -> object:
@@ -372,19 +386,26 @@ def _unpack(packed: memoryview | bytearray) -> tuple[Any, str]:
 
 
 class FrameDecoder:
-    def __init__(self, secret: bytes | None = None, max_body: int = MAX_BODY) -> None:
+    def __init__(self, secret: bytes | None = None, max_body: int = MAX_BODY,
+                 limit: Callable[[], int] | None = None) -> None:
         self._buf = bytearray()
         self._secret = secret
         # The largest body accepted (``max_body_for``); the transport may change it between
-        # reads (CONFIG SET job-max-body-len).
+        # reads (CONFIG SET job-max-body-len). Or, with ``limit``, the least it accepts:
+        # ``limit()`` says how much (never less than ``max_body``: ``max_body_for``), read
+        # live only for a body above ``max_body``, not once per read.
         self.max_body = max_body
+        self._limit = limit
         self._need = 0  # bytes of the frame being read, once its header is known
         # The MAC of the frame being read, over its first ``_hashed`` bytes: computed as
         # they arrive, so a big frame's MAC does not hold the loop once it is complete.
         self._hasher: HMAC | None = None
         self._hashed = 0
-        # Sender fields already checked (a link carries one or a few): bytes -> str.
+        # Sender fields already checked (a link carries one or a few): bytes -> str, and
+        # the last one seen.
         self._senders: dict[bytes, str] = {}
+        self._sender = b""
+        self._sender_id = ""
 
     def feed(self, data: bytes) -> None:
         self._buf += data
@@ -403,32 +424,28 @@ class FrameDecoder:
                 raise BadMagic(repr(bytes(buf[:4])))
             return None
         # Typed: compiled, the fields are then compared and added as machine integers.
-        magic: bytes
+        magic: int
         version: int
         flags: int
         mtype: int
         sender: bytes
         length: int
-        magic, version, flags, mtype, sender, length = HEADER.unpack_from(buf)
-        if magic != MAGIC:
-            raise BadMagic(repr(magic))
+        magic, version, flags, mtype, sender, length = _unpack_header(buf)
+        if magic != _MAGIC_WORD:
+            raise BadMagic(repr(bytes(buf[:4])))
         if version != WIRE_VERSION:
             raise BadVersion(f"version {version}, expected {WIRE_VERSION}")
-        kind = _TYPES.get(mtype)
+        kind = _KINDS[mtype] if mtype < _KINDS_SIZE else None
         if kind is None:
             raise UnknownType(f"message type {mtype}")
         if length > self.max_body:
-            raise Oversized(f"body of {length} bytes exceeds {self.max_body}")
-        sender_id = self._senders.get(sender)
-        if sender_id is None:
-            # int(x, 16) would also accept spaces, "_" and "+": check the digits themselves
-            # (what is left after deleting every hex digit must be nothing).
-            if sender.translate(None, _HEX_DIGITS):
-                raise MalformedBody("sender is not a 40-hex node ID")
-            sender_id = sender.decode("ascii")
-            if len(self._senders) >= 64:  # bounded: a link speaks for one node, or a few
-                self._senders.clear()
-            self._senders[sender] = sender_id
+            limit = self.max_body if self._limit is None else self._limit()
+            if length > limit:
+                raise Oversized(f"body of {length} bytes exceeds {limit}")
+        if sender == self._sender:  # a link speaks for one node: no hash of the field
+            sender_id = self._sender_id
+        else:
+            sender_id = self._check_sender(sender)
         has_mac = bool(flags & FLAG_MAC)
         end = HEADER_SIZE + length
         total = end + MAC_SIZE if has_mac else end
@@ -441,7 +458,11 @@ class FrameDecoder:
         if self._secret is None and not has_mac and length < _JOIN_BELOW:
             # A small frame without a MAC (nearly every frame of a bus without a secret): its
             # body copied out costs less than the views below.
-            body, problem = _unpack(buf[HEADER_SIZE:end])
+            try:
+                body = _unpackb(buf[HEADER_SIZE:end])
+                problem = ""
+            except Exception as exc:  # msgpack raises several unrelated types
+                body, problem = None, f"body is not msgpack: {exc}"
         else:
             # Views, not slices: a large frame's body is not copied before msgpack reads it.
             # The view is released before the buffer is cut (a bytearray with views cannot
@@ -474,6 +495,22 @@ class FrameDecoder:
         if not isinstance(body, dict):
             raise MalformedBody("body is not a map")
         return new_frame(kind, sender_id, body)
+
+    def _check_sender(self, sender: bytes) -> str:
+        """The node ID of a header's sender field; MalformedBody unless it is 40 hex digits."""
+        sender_id = self._senders.get(sender)
+        if sender_id is None:
+            # int(x, 16) would also accept spaces, "_" and "+": check the digits themselves
+            # (what is left after deleting every hex digit must be nothing).
+            if sender.translate(None, _HEX_DIGITS):
+                raise MalformedBody("sender is not a 40-hex node ID")
+            sender_id = sender.decode("ascii")
+            if len(self._senders) >= 64:  # bounded: a link speaks for one node, or a few
+                self._senders.clear()
+            self._senders[sender] = sender_id
+        self._sender = sender
+        self._sender_id = sender_id
+        return sender_id
 
     def _hash_ahead(self, upto: int) -> None:
         """Add the frame's bytes up to ``upto`` to its MAC."""

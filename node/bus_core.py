@@ -112,7 +112,7 @@ class LinkCore:
         # into one BATCH frame when the flush ends or a message of another type follows.
         self.batch: list[dict[str, Any]] = []
         self.batch_type = MessageType.GOTJOB
-        self.decoder = FrameDecoder(bus.secret)
+        self.decoder = FrameDecoder(bus.secret, limit=lambda: max_body(bus))
         # Moved only by complete frames: a peer dribbling a byte now and then does not keep
         # a link open any longer than a silent one.
         self.spoke = False
@@ -296,7 +296,6 @@ def take_frames(link: LinkCore, data: bytes) -> None:
     """Feed ``data`` to the decoder and hand every complete frame to the bus at once."""
     bus = link.bus
     decoder = link.decoder
-    decoder.max_body = max_body(bus)
     decoder.feed(data)
     frames: list[Frame] = []
     try:

@@ -88,6 +88,32 @@ def test_a_repljob_record_that_is_not_an_active_copy_is_refused(change: tuple[in
         parse(Frame(MessageType.REPLJOB, NODE, {"job": record}))
 
 
+def test_holders_are_checked_however_many_were_seen_before() -> None:
+    # More well-formed node IDs than the parser remembers, then a bad one among them.
+    nodes = [f"{i:040x}" for i in range(40)]
+    for i in range(0, 40, 2):
+        record = _record()
+        record[12] = nodes[i:i + 3]
+        parse(Frame(MessageType.REPLJOB, NODE, {"job": record}))
+    for bad in ("A" * 40, "a" * 39, "g" + "a" * 39, " " + "a" * 39, "a" * 41):
+        record = _record()
+        record[12] = [nodes[0], nodes[39], bad]
+        with pytest.raises(MalformedBody):
+            parse(Frame(MessageType.REPLJOB, NODE, {"job": record}))
+
+
+def test_the_records_of_one_holder_share_its_string() -> None:
+    first, second = _record(), _record()
+    first[12] = ["".join(["c"] * 40)]
+    second[12] = ["".join(["c"] * 40)]  # equal, another object
+    assert first[12][0] is not second[12][0]
+    a = parse(Frame(MessageType.REPLJOB, NODE, {"job": first}))
+    b = parse(Frame(MessageType.REPLJOB, NODE, {"job": second}))
+    assert isinstance(a, ReplJob) and isinstance(b, ReplJob)
+    assert a.record[12] == b.record[12] == ["c" * 40]
+    assert a.record[12][0] is b.record[12][0]
+
+
 def test_a_body_that_is_not_a_map_is_refused() -> None:
     with pytest.raises(MalformedBody):
         parse(Frame(MessageType.GOTJOB, NODE, [ID]))  # type: ignore[arg-type]

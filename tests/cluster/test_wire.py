@@ -56,6 +56,35 @@ def test_each_error_is_distinct(data: bytes, error: type) -> None:
         dec.next()
 
 
+def test_limit_is_read_only_for_a_body_above_the_floor() -> None:
+    reads = []
+
+    def limit() -> int:
+        reads.append(1)
+        return 2 * wire.MAX_BODY
+
+    dec = FrameDecoder(None, wire.MAX_BODY, limit)
+    dec.feed(wire.encode(Frame(MessageType.PING, NODE, {})))
+    assert dec.next() == Frame(MessageType.PING, NODE, {}) and not reads
+    dec.feed(_header(length=2 * wire.MAX_BODY))  # allowed by the limit: waits for the body
+    assert dec.next() is None and reads
+    over = FrameDecoder(None, wire.MAX_BODY, limit)
+    over.feed(_header(length=2 * wire.MAX_BODY + 1))
+    with pytest.raises(wire.Oversized, match=str(2 * wire.MAX_BODY)):
+        over.next()
+
+
+def test_each_sender_is_checked_whatever_came_before() -> None:
+    dec = FrameDecoder()
+    dec.feed(wire.encode(Frame(MessageType.PING, NODE, {})))
+    assert dec.next() is not None
+    dec.feed(wire.encode(Frame(MessageType.PING, "b" * 40, {})))
+    assert dec.next() == Frame(MessageType.PING, "b" * 40, {})
+    dec.feed(_header(sender=b"g" * 40) + b"\x80")
+    with pytest.raises(wire.MalformedBody):
+        dec.next()
+
+
 def test_truncated_at_eof() -> None:
     dec = FrameDecoder()
     dec.feed(wire.encode(Frame(MessageType.PING, NODE, {}))[:-1])
