@@ -35,7 +35,7 @@ or a named tuple for the two sends).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from mypy_extensions import mypyc_attr
 
@@ -71,10 +71,14 @@ class Send(NamedTuple):
     body: dict[str, Any]
 
 
+# Read once: compiled, ``tuple.__new__`` in the function is a method lookup per call.
+_new_tuple: Final = tuple.__new__
+
+
 def new_send(node_id: str, mtype: MessageType, body: dict[str, Any]) -> Send:
     """``Send(node_id, mtype, body)`` for compiled hot paths: a named tuple's own
     constructor is an interpreted function (``namedtuple``'s generated ``__new__``)."""
-    return tuple.__new__(Send, (node_id, mtype, body))
+    return _new_tuple(Send, (node_id, mtype, body))
 
 
 class Answer(NamedTuple):

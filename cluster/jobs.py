@@ -81,6 +81,7 @@ _QUEUED: Final = JobState.QUEUED
 _ACKED: Final = JobState.ACKED
 
 _DELJOB: Final = MessageType.DELJOB
+_REPLJOB: Final = MessageType.REPLJOB
 _SETACK: Final = MessageType.SETACK
 _GOTACK: Final = MessageType.GOTACK
 _DELJOB_BATCH: Final = MessageType.DELJOB_BATCH
@@ -202,26 +203,37 @@ class JobCore(EffectQueue):
         if count > 0:
             candidates = self._reachable()
             shuffle(self.rng, candidates)
+            delivered = job.delivered
             for node_id in candidates:
-                if node_id not in job.delivered:
-                    job.delivered += (node_id,)
+                if node_id not in delivered:
+                    delivered += (node_id,)
                     added += 1
                     if added == count:
                         break
+            job.delivered = delivered
         record = job.to_record()
         record[REC_STATE] = _ACTIVE_NAME  # the copy is ACTIVE at the receiver
         record[REC_CONFIRMED] = []
         # A big job is sent again to a node already asked only once its copy had time to
         # arrive (cluster_jobs.resend_period), even when a new holder was added.
         sent_at = None
-        bodies: dict[bool, dict[str, Any] | None] = {False: None, True: None}
+        resend_ms = 0
         if job.body_size >= BIG_JOB_BYTES:
             sent_at = self.big_sent.setdefault(job.id, {})
             resend_ms = cluster_jobs.resend_period(job)
+        # One body per noreply value, shared by the replicas: the bus encodes a body it has
+        # just encoded for another link only once (``node/bus_core.py``).
+        body: dict[str, Any] | None = None
+        quiet_body: dict[str, Any] | None = None
+        me = self.membership.myself_id
+        confirmed_ids = job.confirmed
+        outbox = self.outbox
+        runs = self._runs
+        sent = 0
         for node_id in job.delivered:
-            if node_id == self.membership.myself_id:
+            if node_id == me:
                 continue
-            confirmed = node_id in job.confirmed
+            confirmed = node_id in confirmed_ids
             if confirmed and added == 0:
                 continue  # Disque: a node that has its copy hears again only of new holders
             if sent_at is not None:
@@ -229,13 +241,21 @@ class JobCore(EffectQueue):
                 if last is not None and now_ms - last < resend_ms:
                     continue  # its copy may still be on the way
                 sent_at[node_id] = now_ms
-            # One body per noreply value, shared by the replicas: the bus encodes a body it
-            # has just encoded for another link only once (``node/bus_core.py``).
-            quiet = noreply or confirmed
-            body = bodies[quiet]
-            if body is None:
-                body = bodies[quiet] = repljob_body(record, quiet)
-            self._send_body(node_id, MessageType.REPLJOB, body)
+            if noreply or confirmed:
+                if quiet_body is None:
+                    quiet_body = repljob_body(record, True)
+                one = quiet_body
+            else:
+                if body is None:
+                    body = repljob_body(record, False)
+                one = body
+            if runs:
+                runs.pop(node_id, None)
+            outbox.append(new_send(node_id, _REPLJOB, one))
+            sent += 1
+        if sent:  # what ``_send_body`` counts, once for the job
+            self.stats["sent"] += sent
+            self.membership.messages_sent += sent
         return added
 
     def enqueue_elsewhere(self, job: Job, delay: int) -> None:

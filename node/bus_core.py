@@ -453,10 +453,7 @@ def send(bus: BusCore, link: LinkCore | None, mtype: MessageType, body: dict[str
         if not link.dirty:
             link.dirty = True
             bus.dirty.append(link)
-        bus.counters["frames_sent"] += 1
-        sent = bus.sent_by_type
-        sent[mtype] = sent.get(mtype, 0) + 1
-        return
+        return  # counted as sent by ``close_batch``, once for the batch
     if link.batch:
         close_batch(bus, link)
     encode_frame(bus, link, mtype, body)
@@ -478,17 +475,22 @@ def small(mtype: MessageType, body: dict[str, Any]) -> bool:
 
 
 def close_batch(bus: BusCore, link: LinkCore) -> None:
-    """Encode the link's pending messages: one alone as itself, several as a BATCH frame. The
-    same bodies as the last batch encoded (the same objects, still held, so unchanged: the
-    cores build each body once and send it to every replica) take its frame as it is."""
+    """Encode the link's pending messages, counted as sent here (once per batch, not per
+    message): one alone as itself, several as a BATCH frame. The same bodies as the last
+    batch encoded (the same objects, still held, so unchanged: the cores build each body once
+    and send it to every replica) take its frame as it is."""
     batch = link.batch
     link.batch = []
     mtype = link.batch_type
+    n = len(batch)
+    bus.counters["frames_sent"] += n
+    sent = bus.sent_by_type
+    sent[mtype] = sent.get(mtype, 0) + n
     if mtype is bus.shared_type and same_bodies(batch, bus.shared_batch):
         if not enqueue(link, [bus.shared_frame]):
             bus.counters["sends_dropped"] += 1
         return
-    if len(batch) == 1:  # ``small`` already: it joined a batch
+    if n == 1:  # ``small`` already: it joined a batch
         parts = encode_frame(bus, link, mtype, batch[0], counted=True, small=True)
     else:
         parts = encode_frame(bus, link, MessageType.BATCH, batch_body(mtype, batch),
