@@ -69,8 +69,8 @@ from cluster.job_messages import (
     single_body,
 )
 from cluster.membership import Membership
-from cluster.peer_frames import accept, member
-from cluster.wire import Frame, MalformedBody, MessageType, received_body
+from cluster.peer_frames import accept, member, member_id
+from cluster.wire import Frame, MalformedBody, MessageType, new_frame, received_body
 from protocol.jobid import is_valid
 
 _WAIT_REPL: Final = JobState.WAIT_REPL
@@ -177,6 +177,28 @@ class JobCore(EffectQueue):
                         _HANDLERS[one.type](self, one, sender_id, now_ms)
             else:
                 _HANDLERS[msg.type](self, msg, sender_id, now_ms)
+
+    def receive_gotjobs(self, frame: Frame, bodies: list[dict[str, Any]], link: LinkId,
+                        peer_ip: str, local_ip: str, outbound_to: str | None,
+                        now_ms: int) -> None:
+        """A BATCH of GOTJOBs (``bodies``, checked maps: ``cluster.wire.batch_of``), as
+        ``receive`` of each one alone would handle them, in order, with no frame or call per
+        message: the origin of a replicated ADDJOB gets one per replica. A body that is not a
+        plain GOTJOB from a member takes ``receive`` (which logs and drops it)."""
+        sender = frame.sender
+        sender_id = member_id(self.membership, sender)
+        handled = 0
+        for body in bodies:
+            job_id = body.get("id")
+            if sender_id is not None and type(job_id) is bytes and is_valid(job_id):
+                handled += 1
+                self._got_job(job_id, sender_id, now_ms)
+            else:
+                self.receive(new_frame(MessageType.GOTJOB, sender, body), link, peer_ip,
+                             local_ip, outbound_to, now_ms)
+        if handled:  # what ``accept`` counts for the frames it lets through
+            self.membership.messages_received += handled
+            self.stats["received"] += handled
 
     def _count_received(self) -> None:
         """What ``accept`` counts for a frame it lets through."""

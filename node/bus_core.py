@@ -28,6 +28,7 @@ from typing import Any, Final, Protocol
 from mypy_extensions import mypyc_attr
 
 from cluster.effects import Answer, ClusterEffect, EffectQueue, Send
+from cluster.jobs import JobCore
 from cluster.wire import (
     BATCH_MAX,
     BATCHABLE,
@@ -39,9 +40,10 @@ from cluster.wire import (
     Oversized,
     WireError,
     batch_body,
+    batch_of,
     encode_parts,
     max_body_for,
-    unbatch,
+    new_frame,
 )
 
 READ_SIZE: Final = 65536
@@ -57,6 +59,9 @@ COALESCE_BYTES: Final = 256 * 1024
 # Sends that promise a state only the log keeps after kill -9: a replica's copy (GOTJOB), the
 # deletion here of an at-most-once job that moved to the receiver (YOURJOBS).
 WAIT_FOR_LOG: Final = frozenset({MessageType.GOTJOB, MessageType.YOURJOBS})
+
+_GOTJOB: Final = MessageType.GOTJOB
+_BATCH: Final = MessageType.BATCH
 
 
 class FrameCore(Protocol):
@@ -149,6 +154,9 @@ class BusCore:
         self.sources: list[EffectQueue] = [effect_source(core)]
         self.by_type: dict[MessageType, FrameCore] = {
             t: core for t in getattr(core, "HANDLES", ())}
+        # The job core once added (``Bus.add_core``): a read's BATCH of GOTJOBs goes to it
+        # whole (``receive_frames``), no frame or call per message.
+        self.jobs: JobCore | None = None
         self.config = config  # broker.config.Config
         self.secret = secret
         self.node_id = node_id
@@ -305,7 +313,13 @@ def take_frames(link: LinkCore, data: bytes) -> None:
             if frame is None:
                 break
             if frame.type is MessageType.BATCH:
-                frames.extend(unbatch(frame))
+                kind, bodies = batch_of(frame)
+                if kind is _GOTJOB and bus.jobs is not None:
+                    frames.append(frame)  # whole, to the job core (``receive_frames``)
+                else:
+                    sender = frame.sender
+                    for item in bodies:
+                        frames.append(new_frame(kind, sender, item))
             else:
                 frames.append(frame)
     finally:  # the frames before a bad one still count, as they arrived
@@ -330,8 +344,22 @@ def receive_frames(bus: BusCore, link: LinkCore, frames: list[Frame]) -> None:
     for frame in frames:
         if link.closed:
             return
-        counters["frames_received"] += 1
         mtype = frame.type
+        if mtype is _BATCH:  # GOTJOBs for the job core (``take_frames``)
+            jobs = bus.jobs
+            assert jobs is not None
+            bodies: list[dict[str, Any]] = frame.body["bodies"]
+            n = len(bodies)
+            counters["frames_received"] += n
+            by_type[_GOTJOB] = by_type.get(_GOTJOB, 0) + n
+            try:
+                jobs.receive_gotjobs(frame, bodies, link.id, link.peer_ip, link.local_ip,
+                                     link.outbound_to, now_ms)
+            except Exception:
+                bus.core_error(jobs.receive_gotjobs)
+            pending = True
+            continue
+        counters["frames_received"] += 1
         by_type[mtype] = by_type.get(mtype, 0) + 1
         core = by_core.get(mtype, membership)
         if core is membership:
