@@ -46,7 +46,7 @@ from broker.cluster_jobs import (
 )
 from broker.core import Broker
 from broker.job import REC_CONFIRMED, REC_STATE, Job, JobState, state_name
-from cluster.effects import ClusterEffect, EffectQueue, LinkId, LogLine, new_send
+from cluster.effects import ClusterEffect, EffectQueue, LinkId, LogLine, Send
 from cluster.job_messages import (
     BATCH_OF,
     JOB_TYPES,
@@ -273,7 +273,7 @@ class JobCore(EffectQueue):
                 one = body
             if runs:
                 runs.pop(node_id, None)
-            outbox.append(new_send(node_id, _REPLJOB, one))
+            outbox.append(Send(node_id, _REPLJOB, one))
             sent += 1
         if sent:  # what ``_send_body`` counts, once for the job
             self.stats["sent"] += sent
@@ -471,7 +471,7 @@ class JobCore(EffectQueue):
             runs.pop(node_id, None)  # what follows for that node goes after this
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
-        self.outbox.append(new_send(node_id, msg.type, msg.body()))
+        self.outbox.append(Send(node_id, msg.type, msg.body()))
 
     def _send_item(self, node_id: str, single: MessageType, item: Any) -> None:
         """``_send`` of a batchable message given as its batch entry ``item`` (``batch_item``),
@@ -483,13 +483,13 @@ class JobCore(EffectQueue):
             items.append(item)
             if len(items) == 2:  # the run's first frame becomes a batch of both
                 batch_type = BATCH_OF[single]
-                self.outbox[run[1]] = new_send(node_id, batch_type, Batch(batch_type,
+                self.outbox[run[1]] = Send(node_id, batch_type, Batch(batch_type,
                                                                           items).body())
             return
         runs[node_id] = [single, len(self.outbox), [item]]
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
-        self.outbox.append(new_send(node_id, single, single_body(single, item)))
+        self.outbox.append(Send(node_id, single, single_body(single, item)))
 
     def _send_body(self, node_id: str, mtype: MessageType, body: dict[str, Any]) -> None:
         """Queue a message already made into its body (not one of ``BATCH_OF``'s types)."""
@@ -498,7 +498,7 @@ class JobCore(EffectQueue):
             runs.pop(node_id, None)
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
-        self.outbox.append(new_send(node_id, mtype, body))
+        self.outbox.append(Send(node_id, mtype, body))
 
     def _to_delivered(self, job: Job, msg: JobMessage) -> None:
         me = self.membership.myself_id
