@@ -711,7 +711,11 @@ def flush_waiting(conn: ConnCore) -> None:
         if entry is None:
             break
         n += 1
-    if n:
+    if n == 1:  # the usual case: one connection, one ADDJOB at a time
+        data = waiting[0][0]
+        del waiting[0]
+        send_nowait(conn, data)
+    elif n:
         data = b"".join([waiting[i][0] for i in range(n)])
         del waiting[:n]
         send_nowait(conn, data)
