@@ -184,8 +184,8 @@ def addjob(b: ReplicatingBroker, cmd: AddJob, client: Client, now_ms: int, repli
     same result as this function's (tests/broker/test_hot_paths.py compares them)."""
     rep = _rep(b)
     discard_local_copy = cmd.async_ and external
-    # Every local job shares the broker's one (myself,) tuple, and ttl/retry come interned
-    # (Broker.addjob_without_policy): a tuple and two ints per job were ~60 bytes of each queued job.
+    # Every local job shares the broker's one (myself,) tuple: a tuple per job was ~60 bytes
+    # of each queued job (ttl and retry are packed into one word, ``Job.limits``).
     job = Job(job_id, queue, cmd.body, repl=replicate, ttl=ttl,
               retry=retry, delay=cmd.delay, ctime=b.new_ctime(now_ms),
               delivered=() if external else b.myself, state=_WAIT_REPL)
