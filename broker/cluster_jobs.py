@@ -184,8 +184,8 @@ def addjob(b: ReplicatingBroker, cmd: AddJob, client: Client, now_ms: int, repli
     same result as this function's (tests/broker/test_hot_paths.py compares them)."""
     rep = _rep(b)
     discard_local_copy = cmd.async_ and external
-    # Every local job shares the broker's one (myself,) tuple, and ttl/retry come interned
-    # (Broker.addjob_without_policy): a tuple and two ints per job were ~60 bytes of each queued job.
+    # Every local job shares the broker's one (myself,) tuple: a tuple per job was ~60 bytes
+    # of each queued job (ttl and retry are packed into one word, ``Job.limits``).
     job = Job(job_id, queue, cmd.body, repl=replicate, ttl=ttl,
               retry=retry, delay=cmd.delay, ctime=b.new_ctime(now_ms),
               delivered=() if external else b.myself, state=_WAIT_REPL)
@@ -279,7 +279,9 @@ def _finish(b: ReplicatingBroker, wait: ReplWait, reply: Any) -> None:
     """``wait``'s ADDJOB has its reply: emit it, and those held behind it, once every ADDJOB
     the client ran before it has had its own."""
     wait.reply = reply
-    waits = wait.client.repl_waits
+    # Typed: ``Client.repl_waits`` holds ReplWaits as Any (broker/clients.py cannot import
+    # this module), and each field read of an Any is a Python attribute lookup.
+    waits: list[ReplWait] | None = wait.client.repl_waits
     if waits is None or waits[0] is not wait:
         return  # an earlier one still waits (or the client is gone)
     done = 0
@@ -329,8 +331,10 @@ def got_job(b: ReplicatingBroker, job_id: bytes, sender: str, now_ms: int) -> bo
 
 def replication_achieved(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
     """Disque's jobReplicationAchieved. False if the job left this node (external)."""
-    wait = b.repl_wait.pop(job.id, None)
-    if wait is not None:
+    waits = b.repl_wait
+    wait = waits.get(job.id)  # get and del: compiled, ``dict.pop`` with a default is a
+    if wait is not None:      # Python-level method call
+        del waits[job.id]
         b.repl_latency.observe((now_ms - wait.started) / 1000)
     job.transition(_ACTIVE)
     job.confirmed = ()

@@ -308,7 +308,10 @@ class JobExtra:
 # the creation's (signed: another node's clock may be behind; unboxed compiled while under 24
 # days). In that order a job of one copy without a priority, not delivered, has bits under
 # 128, which the pure core's interpreter shares instead of boxing per job.
-_STATES: Final = (JobState.WAIT_REPL, JobState.ACTIVE, JobState.QUEUED, JobState.ACKED)
+# A tuple of any length to mypyc: one object indexed in place, where a fixed-length one is
+# kept unboxed and boxed into a new tuple at every read of ``Job.state``.
+_STATES: Final[tuple[JobState, ...]] = (
+    JobState.WAIT_REPL, JobState.ACTIVE, JobState.QUEUED, JobState.ACKED)
 _STATE_MASK: Final = 3
 _FLAGS_SHIFT: Final = 2
 _FLAGS_MASK: Final = 0xFF << _FLAGS_SHIFT

@@ -90,21 +90,6 @@ QUEUE_EVICT_CHECK_MS: Final = 1_000
 # so the common ADDJOB reads no attribute of the (interpreted) Config.
 BODY_LIMIT_FLOOR: Final = 1024 * 1024
 
-# Small ints are shared by the interpreter; interning the common option values too keeps one
-# int object per distinct value instead of one per job.
-# (Final: compiled, a Final module global is a C static; any other is a dict lookup by name.)
-_INTERNED: Final[dict[int, int]] = {}
-
-
-def _intern(value: int) -> int:
-    shared = _INTERNED.get(value)
-    if shared is not None:
-        return shared
-    if len(_INTERNED) < 4096:
-        _INTERNED[value] = value
-    return value
-
-
 _JITTER_BITS: Final = REQUEUE_JITTER_MS.bit_length()
 
 # A LogRecord made as tuple.__new__ makes it, skipping NamedTuple's interpreted __new__; both
@@ -755,7 +740,7 @@ class BrokerState(cluster_jobs.ReplicatingBroker):
         if self.replication is not None and (replicate > 1 or external):
             # Other nodes take part: REPLJOB, maybe a blocked client (broker/cluster_jobs.py).
             return cluster_jobs.addjob(self, cmd, client, now_ms, replicate, external,
-                                       _intern(ttl), _intern(retry),
+                                       ttl, retry,
                                        q.name if q is not None else cmd.queue, job_id)
         # One copy, here: what cluster_jobs.addjob does for REPLICATE 1 on a cluster node too
         # (no message, no wait), kept here so the common ADDJOB makes no call through the
@@ -764,7 +749,7 @@ class BrokerState(cluster_jobs.ReplicatingBroker):
         job = Job(
             # Jobs of one queue share its name object instead of holding a copy each.
             job_id, q.name if q is not None else cmd.queue, cmd.body,
-            repl=replicate, ttl=_intern(ttl), retry=_intern(retry),
+            repl=replicate, ttl=ttl, retry=retry,
             delay=cmd.delay, ctime=self.new_ctime(now_ms), delivered=self.myself,
         )
         if self.replication is not None:

@@ -46,7 +46,7 @@ from broker.cluster_jobs import (
 )
 from broker.core import Broker
 from broker.job import REC_CONFIRMED, REC_STATE, Job, JobState, state_name
-from cluster.effects import ClusterEffect, EffectQueue, LinkId, LogLine, new_send
+from cluster.effects import ClusterEffect, EffectQueue, LinkId, LogLine, Send
 from cluster.job_messages import (
     BATCH_OF,
     JOB_TYPES,
@@ -69,8 +69,8 @@ from cluster.job_messages import (
     single_body,
 )
 from cluster.membership import Membership
-from cluster.peer_frames import accept, member
-from cluster.wire import Frame, MalformedBody, MessageType, received_body
+from cluster.peer_frames import accept, member, member_id
+from cluster.wire import Frame, MalformedBody, MessageType, new_frame, received_body
 from protocol.jobid import is_valid
 
 _WAIT_REPL: Final = JobState.WAIT_REPL
@@ -81,6 +81,7 @@ _QUEUED: Final = JobState.QUEUED
 _ACKED: Final = JobState.ACKED
 
 _DELJOB: Final = MessageType.DELJOB
+_REPLJOB: Final = MessageType.REPLJOB
 _SETACK: Final = MessageType.SETACK
 _GOTACK: Final = MessageType.GOTACK
 _DELJOB_BATCH: Final = MessageType.DELJOB_BATCH
@@ -177,6 +178,28 @@ class JobCore(EffectQueue):
             else:
                 _HANDLERS[msg.type](self, msg, sender_id, now_ms)
 
+    def receive_gotjobs(self, frame: Frame, bodies: list[dict[str, Any]], link: LinkId,
+                        peer_ip: str, local_ip: str, outbound_to: str | None,
+                        now_ms: int) -> None:
+        """A BATCH of GOTJOBs (``bodies``, checked maps: ``cluster.wire.batch_of``), as
+        ``receive`` of each one alone would handle them, in order, with no frame or call per
+        message: the origin of a replicated ADDJOB gets one per replica. A body that is not a
+        plain GOTJOB from a member takes ``receive`` (which logs and drops it)."""
+        sender = frame.sender
+        sender_id = member_id(self.membership, sender)
+        handled = 0
+        for body in bodies:
+            job_id = body.get("id")
+            if sender_id is not None and type(job_id) is bytes and is_valid(job_id):
+                handled += 1
+                self._got_job(job_id, sender_id, now_ms)
+            else:
+                self.receive(new_frame(MessageType.GOTJOB, sender, body), link, peer_ip,
+                             local_ip, outbound_to, now_ms)
+        if handled:  # what ``accept`` counts for the frames it lets through
+            self.membership.messages_received += handled
+            self.stats["received"] += handled
+
     def _count_received(self) -> None:
         """What ``accept`` counts for a frame it lets through."""
         self.membership.messages_received += 1
@@ -202,26 +225,37 @@ class JobCore(EffectQueue):
         if count > 0:
             candidates = self._reachable()
             shuffle(self.rng, candidates)
+            delivered = job.delivered
             for node_id in candidates:
-                if node_id not in job.delivered:
-                    job.delivered += (node_id,)
+                if node_id not in delivered:
+                    delivered += (node_id,)
                     added += 1
                     if added == count:
                         break
+            job.delivered = delivered
         record = job.to_record()
         record[REC_STATE] = _ACTIVE_NAME  # the copy is ACTIVE at the receiver
         record[REC_CONFIRMED] = []
         # A big job is sent again to a node already asked only once its copy had time to
         # arrive (cluster_jobs.resend_period), even when a new holder was added.
         sent_at = None
-        bodies: dict[bool, dict[str, Any] | None] = {False: None, True: None}
+        resend_ms = 0
         if job.body_size >= BIG_JOB_BYTES:
             sent_at = self.big_sent.setdefault(job.id, {})
             resend_ms = cluster_jobs.resend_period(job)
+        # One body per noreply value, shared by the replicas: the bus encodes a body it has
+        # just encoded for another link only once (``node/bus_core.py``).
+        body: dict[str, Any] | None = None
+        quiet_body: dict[str, Any] | None = None
+        me = self.membership.myself_id
+        confirmed_ids = job.confirmed
+        outbox = self.outbox
+        runs = self._runs
+        sent = 0
         for node_id in job.delivered:
-            if node_id == self.membership.myself_id:
+            if node_id == me:
                 continue
-            confirmed = node_id in job.confirmed
+            confirmed = node_id in confirmed_ids
             if confirmed and added == 0:
                 continue  # Disque: a node that has its copy hears again only of new holders
             if sent_at is not None:
@@ -229,13 +263,21 @@ class JobCore(EffectQueue):
                 if last is not None and now_ms - last < resend_ms:
                     continue  # its copy may still be on the way
                 sent_at[node_id] = now_ms
-            # One body per noreply value, shared by the replicas: the bus encodes a body it
-            # has just encoded for another link only once (``node/bus_core.py``).
-            quiet = noreply or confirmed
-            body = bodies[quiet]
-            if body is None:
-                body = bodies[quiet] = repljob_body(record, quiet)
-            self._send_body(node_id, MessageType.REPLJOB, body)
+            if noreply or confirmed:
+                if quiet_body is None:
+                    quiet_body = repljob_body(record, True)
+                one = quiet_body
+            else:
+                if body is None:
+                    body = repljob_body(record, False)
+                one = body
+            if runs:
+                runs.pop(node_id, None)
+            outbox.append(Send(node_id, _REPLJOB, one))
+            sent += 1
+        if sent:  # what ``_send_body`` counts, once for the job
+            self.stats["sent"] += sent
+            self.membership.messages_sent += sent
         return added
 
     def enqueue_elsewhere(self, job: Job, delay: int) -> None:
@@ -429,7 +471,7 @@ class JobCore(EffectQueue):
             runs.pop(node_id, None)  # what follows for that node goes after this
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
-        self.outbox.append(new_send(node_id, msg.type, msg.body()))
+        self.outbox.append(Send(node_id, msg.type, msg.body()))
 
     def _send_item(self, node_id: str, single: MessageType, item: Any) -> None:
         """``_send`` of a batchable message given as its batch entry ``item`` (``batch_item``),
@@ -441,13 +483,13 @@ class JobCore(EffectQueue):
             items.append(item)
             if len(items) == 2:  # the run's first frame becomes a batch of both
                 batch_type = BATCH_OF[single]
-                self.outbox[run[1]] = new_send(node_id, batch_type, Batch(batch_type,
+                self.outbox[run[1]] = Send(node_id, batch_type, Batch(batch_type,
                                                                           items).body())
             return
         runs[node_id] = [single, len(self.outbox), [item]]
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
-        self.outbox.append(new_send(node_id, single, single_body(single, item)))
+        self.outbox.append(Send(node_id, single, single_body(single, item)))
 
     def _send_body(self, node_id: str, mtype: MessageType, body: dict[str, Any]) -> None:
         """Queue a message already made into its body (not one of ``BATCH_OF``'s types)."""
@@ -456,7 +498,7 @@ class JobCore(EffectQueue):
             runs.pop(node_id, None)
         self.stats["sent"] += 1
         self.membership.messages_sent += 1
-        self.outbox.append(new_send(node_id, mtype, body))
+        self.outbox.append(Send(node_id, mtype, body))
 
     def _to_delivered(self, job: Job, msg: JobMessage) -> None:
         me = self.membership.myself_id

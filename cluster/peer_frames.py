@@ -49,7 +49,12 @@ def accept(membership: Membership, frame: Frame, peer_ip: str, parse: Callable[[
 
 def member(membership: Membership, frame: Frame) -> str | None:
     """The ID of the frame's sender if it is a member a core listens to, else None."""
-    sender = membership.nodes.get(frame.sender)
+    return member_id(membership, frame.sender)
+
+
+def member_id(membership: Membership, node_id: str) -> str | None:
+    """``member`` of a frame sent by ``node_id``."""
+    sender = membership.nodes.get(node_id)
     if sender is None or "handshake" in sender.flags or sender is membership.myself:
         return None
     return sender.node_id

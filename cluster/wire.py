@@ -218,6 +218,14 @@ def unbatch(frame: Frame) -> list[Frame]:
     """The messages of a BATCH frame, each as a frame of its own from the same sender, in
     order; ``MalformedBody`` unless it carries 1..``BATCH_MAX`` maps of one ``BATCHABLE``
     type (each message's own fields are checked by its core's parser, as for any frame)."""
+    kind, bodies = batch_of(frame)
+    sender = frame.sender
+    return [new_frame(kind, sender, item) for item in bodies]
+
+
+def batch_of(frame: Frame) -> tuple[MessageType, list[dict[str, Any]]]:
+    """A BATCH frame's message type and bodies, checked as ``unbatch`` says, with no frame
+    made per message (the bus hands a batch of GOTJOBs to the job core whole)."""
     body = received_body(frame)
     if not isinstance(body, dict):
         raise MalformedBody("body is not a map")
@@ -228,13 +236,10 @@ def unbatch(frame: Frame) -> list[Frame]:
     bodies = body.get("bodies")
     if not isinstance(bodies, list) or not 0 < len(bodies) <= BATCH_MAX:
         raise MalformedBody(f"field 'bodies' must be a list of 1..{BATCH_MAX} maps")
-    sender = frame.sender
-    out: list[Frame] = []
     for item in bodies:
         if not isinstance(item, dict):
             raise MalformedBody("field 'bodies' must be a list of maps")
-        out.append(new_frame(kind, sender, item))
-    return out
+    return kind, bodies
 
 
 def _mac(secret: bytes, data: bytes) -> bytes:

@@ -42,7 +42,8 @@ and time, following the contract of ``cluster/effects.py``:
   (``bus_core.flush_round``), so that a busy quantum's rounds share one write per link.
   The REPLJOBs and GOTJOBs a flush sends one node one after the other are joined into one
   BATCH frame (``cluster.wire.batch_body``; not a REPLJOB of a job with a large value), and
-  the receiver hands them to its cores one by one (``cluster.wire.unbatch``).
+  the receiver hands them to its cores one by one (``cluster.wire.unbatch``), but for a
+  batch of GOTJOBs, which the job core takes whole (``JobCore.receive_gotjobs``).
   The writer task takes over the queue only for what that write left (the socket was full),
   for a big frame (written from its own buffer, its MAC computed slice by slice, the other
   tasks let run after every ``WRITE_SLICE`` bytes) and for a frame sent outside a flush;
@@ -120,6 +121,7 @@ from cluster.effects import (
     NewNodeId,
     SaveNodes,
 )
+from cluster.jobs import JobCore
 from cluster.wire import Frame, WireError, mac_state
 from node import bus_core
 from node.bus_core import (
@@ -513,6 +515,8 @@ class Bus(BusCore):
         self.cores.append(core)
         self.sources.append(bus_core.effect_source(core))
         self.by_type.update((t, core) for t in core.HANDLES)
+        if isinstance(core, JobCore):
+            self.jobs = core
 
     # -- timeouts (read live: CONFIG SET cluster-node-timeout applies at once) -------------
 

@@ -28,6 +28,7 @@ from typing import Any, Final, Protocol
 from mypy_extensions import mypyc_attr
 
 from cluster.effects import Answer, ClusterEffect, EffectQueue, Send
+from cluster.jobs import JobCore
 from cluster.wire import (
     BATCH_MAX,
     BATCHABLE,
@@ -39,9 +40,10 @@ from cluster.wire import (
     Oversized,
     WireError,
     batch_body,
+    batch_of,
     encode_parts,
     max_body_for,
-    unbatch,
+    new_frame,
 )
 
 READ_SIZE: Final = 65536
@@ -57,6 +59,9 @@ COALESCE_BYTES: Final = 256 * 1024
 # Sends that promise a state only the log keeps after kill -9: a replica's copy (GOTJOB), the
 # deletion here of an at-most-once job that moved to the receiver (YOURJOBS).
 WAIT_FOR_LOG: Final = frozenset({MessageType.GOTJOB, MessageType.YOURJOBS})
+
+_GOTJOB: Final = MessageType.GOTJOB
+_BATCH: Final = MessageType.BATCH
 
 
 class FrameCore(Protocol):
@@ -149,6 +154,9 @@ class BusCore:
         self.sources: list[EffectQueue] = [effect_source(core)]
         self.by_type: dict[MessageType, FrameCore] = {
             t: core for t in getattr(core, "HANDLES", ())}
+        # The job core once added (``Bus.add_core``): a read's BATCH of GOTJOBs goes to it
+        # whole (``receive_frames``), no frame or call per message.
+        self.jobs: JobCore | None = None
         self.config = config  # broker.config.Config
         self.secret = secret
         self.node_id = node_id
@@ -304,7 +312,13 @@ def take_frames(link: LinkCore, data: bytes) -> None:
             if frame is None:
                 break
             if frame.type is MessageType.BATCH:
-                frames.extend(unbatch(frame))
+                kind, bodies = batch_of(frame)
+                if kind is _GOTJOB and bus.jobs is not None:
+                    frames.append(frame)  # whole, to the job core (``receive_frames``)
+                else:
+                    sender = frame.sender
+                    for item in bodies:
+                        frames.append(new_frame(kind, sender, item))
             else:
                 frames.append(frame)
     finally:  # the frames before a bad one still count, as they arrived
@@ -329,8 +343,22 @@ def receive_frames(bus: BusCore, link: LinkCore, frames: list[Frame]) -> None:
     for frame in frames:
         if link.closed:
             return
-        counters["frames_received"] += 1
         mtype = frame.type
+        if mtype is _BATCH:  # GOTJOBs for the job core (``take_frames``)
+            jobs = bus.jobs
+            assert jobs is not None
+            bodies: list[dict[str, Any]] = frame.body["bodies"]
+            n = len(bodies)
+            counters["frames_received"] += n
+            by_type[_GOTJOB] = by_type.get(_GOTJOB, 0) + n
+            try:
+                jobs.receive_gotjobs(frame, bodies, link.id, link.peer_ip, link.local_ip,
+                                     link.outbound_to, now_ms)
+            except Exception:
+                bus.core_error(jobs.receive_gotjobs)
+            pending = True
+            continue
+        counters["frames_received"] += 1
         by_type[mtype] = by_type.get(mtype, 0) + 1
         core = by_core.get(mtype, membership)
         if core is membership:
@@ -452,10 +480,7 @@ def send(bus: BusCore, link: LinkCore | None, mtype: MessageType, body: dict[str
         if not link.dirty:
             link.dirty = True
             bus.dirty.append(link)
-        bus.counters["frames_sent"] += 1
-        sent = bus.sent_by_type
-        sent[mtype] = sent.get(mtype, 0) + 1
-        return
+        return  # counted as sent by ``close_batch``, once for the batch
     if link.batch:
         close_batch(bus, link)
     encode_frame(bus, link, mtype, body)
@@ -477,17 +502,22 @@ def small(mtype: MessageType, body: dict[str, Any]) -> bool:
 
 
 def close_batch(bus: BusCore, link: LinkCore) -> None:
-    """Encode the link's pending messages: one alone as itself, several as a BATCH frame. The
-    same bodies as the last batch encoded (the same objects, still held, so unchanged: the
-    cores build each body once and send it to every replica) take its frame as it is."""
+    """Encode the link's pending messages, counted as sent here (once per batch, not per
+    message): one alone as itself, several as a BATCH frame. The same bodies as the last
+    batch encoded (the same objects, still held, so unchanged: the cores build each body once
+    and send it to every replica) take its frame as it is."""
     batch = link.batch
     link.batch = []
     mtype = link.batch_type
+    n = len(batch)
+    bus.counters["frames_sent"] += n
+    sent = bus.sent_by_type
+    sent[mtype] = sent.get(mtype, 0) + n
     if mtype is bus.shared_type and same_bodies(batch, bus.shared_batch):
         if not enqueue(link, [bus.shared_frame]):
             bus.counters["sends_dropped"] += 1
         return
-    if len(batch) == 1:  # ``small`` already: it joined a batch
+    if n == 1:  # ``small`` already: it joined a batch
         parts = encode_frame(bus, link, mtype, batch[0], counted=True, small=True)
     else:
         parts = encode_frame(bus, link, MessageType.BATCH, batch_body(mtype, batch),

@@ -83,16 +83,20 @@ from protocol.resp import ProtocolError, RequestParser, encode, encode_into
 
 log = logging.getLogger("trisque")
 
-READ_SIZE = 65536
+# Final: compiled, a Final module global is a C static; any other is a dict lookup by name.
+READ_SIZE: Final = 65536
 # An ADDJOB body this big refreshes the memory sample before it is judged.
-_BIG_ARGUMENT = 1 << 20
+_BIG_ARGUMENT: Final = 1 << 20
+# The least ``client-query-buffer-limit`` may be (broker/config.py): a read that leaves less
+# pending reads no attribute of the (interpreted) Config.
+_QUERY_LIMIT_FLOOR: Final = 1024 * 1024
 # Reads a turn makes from a client that hung up (its data is all there), as a connection's own
 # loop would; a connection still talking gets one read a turn.
-MAX_READS_PER_TURN = 8
+MAX_READS_PER_TURN: Final = 8
 # A turn stops once its replies pass this many bytes (written before more is executed), so a
 # client that pipelines requests for big jobs and does not read is paused with about this much
 # unsent, not with every reply its buffer asked for.
-MAX_OUTPUT_PER_TURN = 256 * 1024
+MAX_OUTPUT_PER_TURN: Final = 256 * 1024
 # Replies a connection may owe behind a synchronous ADDJOB that waits for its copies (the
 # waiting ADDJOBs and the replies queued behind them): one more command waits in the buffer
 # (docs/limits.md). Each waiting ADDJOB re-sends its REPLJOBs every 50 ms until confirmed.
@@ -711,7 +715,11 @@ def flush_waiting(conn: ConnCore) -> None:
         if entry is None:
             break
         n += 1
-    if n:
+    if n == 1:  # the usual case: one connection, one ADDJOB at a time
+        data = waiting[0][0]
+        del waiting[0]
+        send_nowait(conn, data)
+    elif n:
         data = b"".join([waiting[i][0] for i in range(n)])
         del waiting[:n]
         send_nowait(conn, data)
@@ -767,7 +775,7 @@ def read_once(conn: ConnCore) -> int:
     parser = conn.parser
     parser.feed(data)
     held = parser.held
-    if held > conn.config.client_query_buffer_limit:
+    if held > _QUERY_LIMIT_FLOOR and held > conn.config.client_query_buffer_limit:
         # Redis's rule and wording: a client that sends more than it lets us execute (a
         # blocked GETJOB with a pipeline behind it, one huge command) is closed.
         log.warning("Closing client that reached max query buffer length: id=%d "
