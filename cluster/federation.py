@@ -504,10 +504,14 @@ class FederationCore(EffectQueue):
         """The window of recent imports: trimmed at each YOURJOBS and each tick, so it holds
         the last ``RECENT_IMPORT_MS`` of imports at most, and nothing once they stop."""
         recent = self._recent
-        while recent:
-            job_id, at = next(iter(recent.items()))
+        old: list[bytes] = []
+        for job_id, at in recent.items():
             if now_ms - at <= RECENT_IMPORT_MS:
                 break
+            old.append(job_id)
+        # Deleted after one pass: a new iterator per entry would first step over every
+        # entry deleted before it, quadratic in the jobs a YOURJOBS trims.
+        for job_id in old:
             del recent[job_id]
 
     def _state(self, q: Queue, now_ms: int) -> _QueueFed:

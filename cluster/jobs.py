@@ -42,7 +42,7 @@ from broker.cluster_jobs import (
     GC_MAX_PERIOD_MS,
     GC_MIN_PERIOD_MS,
     GC_RETRY_COUNT_MAX,
-    TIME_ERR_MS,
+    gc_jitter,
 )
 from broker.core import Broker
 from broker.job import REC_CONFIRMED, REC_STATE, Job, JobState, state_name
@@ -268,7 +268,7 @@ class JobCore(EffectQueue):
             self.gc_retry[job.id] = retry + 1
         if not job.confirmed:
             job.confirmed = (me,)
-        all_reached = not dummy and set(job.delivered) <= set(job.confirmed)
+        all_reached = not dummy and _all_in(job.delivered, job.confirmed)
         if all_reached or (dummy and self.cluster_size() == 1):
             return 0
         targets = job.delivered if job.delivered else tuple(self._others())
@@ -276,11 +276,16 @@ class JobCore(EffectQueue):
             if node_id != me and node_id not in job.confirmed:
                 self._send_item(node_id, _SETACK, [job.id, len(job.delivered)])
         period = min(GC_MIN_PERIOD_MS * (1 << retry), GC_MAX_PERIOD_MS)
-        return now_ms + period + self.rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2
+        return now_ms + period + gc_jitter(self.rng)
 
     def forget(self, job_id: bytes) -> None:
-        self.gc_retry.pop(job_id, None)
-        self.big_sent.pop(job_id, None)
+        # ``in`` and ``del``, not ``pop(key, None)``: compiled, a method call each.
+        gc_retry = self.gc_retry
+        if job_id in gc_retry:
+            del gc_retry[job_id]
+        big_sent = self.big_sent
+        if big_sent and job_id in big_sent:
+            del big_sent[job_id]
 
     def pause(self, queue: bytes, flags: int) -> None:
         for node_id in self._others():
@@ -402,7 +407,7 @@ class JobCore(EffectQueue):
             if len(job.confirmed) >= self.cluster_size():
                 cluster_jobs.free(b, job)  # nobody knows the job: a wrong ID
             return
-        if set(job.delivered) <= set(job.confirmed):
+        if _all_in(job.delivered, job.confirmed):
             self.deljob(job.id, job.delivered)
             cluster_jobs.free(b, job)
 
@@ -466,6 +471,15 @@ class JobCore(EffectQueue):
 
     def _log(self, level: str, text: str, key: str) -> None:
         self.outbox.append(LogLine(level, text, key))
+
+
+def _all_in(nodes: tuple[str, ...], among: tuple[str, ...]) -> bool:
+    """``set(nodes) <= set(among)`` for the few node IDs of a job, without building sets
+    (two per acked job's GC attempt and GOTACK)."""
+    for n in nodes:
+        if n not in among:
+            return False
+    return True
 
 
 def shuffle(rng: random.Random, items: list[str]) -> None:
