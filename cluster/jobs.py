@@ -378,6 +378,13 @@ class JobCore(EffectQueue):
             if b.jobs.get(job_id) is not job:
                 job = None  # externally replicated: it just left this node
         if job is None or len(job.delivered) <= may_have:
+            if job is not None and job.state is _ACKED and _all_in_two(
+                    job.delivered, self.membership.myself_id, sender):
+                # The sender acked it and is the only other holder this node knows: nobody
+                # else can requeue a copy this one must stop, so it goes now, instead of
+                # at the sender's DELJOB once this GOTACK arrived (which it no longer
+                # sends for a job of two holders, ``_got_ack``).
+                cluster_jobs.free(b, job)
             self._send_item(sender, _GOTACK, [job_id, job is not None])
         else:
             if may_have == 0:
@@ -408,7 +415,11 @@ class JobCore(EffectQueue):
                 cluster_jobs.free(b, job)  # nobody knows the job: a wrong ID
             return
         if _all_in(job.delivered, job.confirmed):
-            self.deljob(job.id, job.delivered)
+            if not _all_in_two(job.delivered, self.membership.myself_id, sender):
+                self.deljob(job.id, job.delivered)
+            # else the sender was the only other holder: it freed its copy when it answered
+            # (``_set_ack``); a node that did not (an older version) collects it with its
+            # own GC, and its SETACK then finds the job gone here.
             cluster_jobs.free(b, job)
 
     def _on_deljob(self, msg: JobRef, sender: str, now_ms: int) -> None:
@@ -478,6 +489,14 @@ def _all_in(nodes: tuple[str, ...], among: tuple[str, ...]) -> bool:
     (two per acked job's GC attempt and GOTACK)."""
     for n in nodes:
         if n not in among:
+            return False
+    return True
+
+
+def _all_in_two(nodes: tuple[str, ...], one: str, other: str) -> bool:
+    """Whether every node of ``nodes`` is ``one`` or ``other``."""
+    for n in nodes:
+        if n != one and n != other:
             return False
     return True
 
