@@ -84,6 +84,8 @@ _DELJOB: Final = MessageType.DELJOB
 _SETACK: Final = MessageType.SETACK
 _GOTACK: Final = MessageType.GOTACK
 _DELJOB_BATCH: Final = MessageType.DELJOB_BATCH
+_SETACK_BATCH: Final = MessageType.SETACK_BATCH
+_GOTACK_BATCH: Final = MessageType.GOTACK_BATCH
 
 _UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
 
@@ -159,6 +161,27 @@ class JobCore(EffectQueue):
                         job = jobs.get(job_id)
                         if job is not None:
                             cluster_jobs.free(b, job)
+                    return
+        elif mtype is _GOTACK_BATCH or mtype is _SETACK_BATCH:
+            # The ack GC of a round of ACKJOBs (a frame each way per round and holder): the
+            # entries, checked as ``parse`` checks them, go to the handlers with no message
+            # object; a batch with any entry wrong takes ``accept``, which drops it.
+            sender_id = member(self.membership, frame)
+            body = received_body(frame)
+            if sender_id is not None and type(body) is dict:
+                single = _GOTACK if mtype is _GOTACK_BATCH else _SETACK
+                try:
+                    items = batch_items(body, single)
+                except MalformedBody:
+                    pass  # ``accept`` logs it
+                else:
+                    self._count_received()
+                    if single is _GOTACK:
+                        for job_id, known in items:
+                            self._got_ack(job_id, known, sender_id, now_ms)
+                    else:
+                        for job_id, may_have in items:
+                            self._set_ack(job_id, may_have, sender_id, now_ms)
                     return
         accepted = accept(self.membership, frame, peer_ip, parse, self.stats, self.outbox, "job")
         if accepted is not None:

@@ -280,6 +280,28 @@ def test_a_deljob_batch_with_one_bad_entry_or_from_a_stranger_frees_nothing() ->
     assert [r.payload for r in c.logs[1] if r.kind == "del"] == [ids[0], ids[2]]
 
 
+def test_setack_and_gotack_batches_with_one_bad_entry_or_from_a_stranger_ack_nothing() -> None:
+    c = JobCluster(3)
+    ids = [c.addjob(0, "q", f"x{i}", "500") for i in range(3)]
+    stats = c.jn(1).core.stats
+    malformed, received = stats["malformed"], stats["received"]
+    for kind, good in ((M.SETACK_BATCH, 3), (M.GOTACK_BATCH, True)):
+        for items in ([[ids[0], good], [ids[1][:-1], good]], [[ids[0], good], [ids[1]]],
+                      [[ids[0], good], [ids[1], "x"]], [[ids[0], good]]):
+            c.deliver(1, 0, kind, {"items": items})
+        c.deliver(1, "e" * 40, kind, {"items": [[i, good] for i in ids]})  # not a member
+    assert all(c.job(1, job_id).state.value == "active" for job_id in ids)
+    assert (stats["malformed"], stats["received"]) == (malformed + 8, received)
+    # A good SETACK batch acks each job it names (and answers with one GOTACK frame).
+    c.trace.clear()
+    c.deliver(1, 0, M.SETACK_BATCH, {"items": [[ids[0], 3], [ids[2], 3]]})
+    assert stats["received"] == received + 1
+    assert [c.job(1, job_id).state.value for job_id in ids] == ["acked", "active", "acked"]
+    c.sim.run_for(1)
+    assert [(t, len(b["items"])) for _, s, _, t, b in c.trace
+            if s == c.node_id(1)] == [(M.GOTACK_BATCH, 2)]
+
+
 def test_fastack_without_a_log_frees_every_copy_and_builds_no_record() -> None:
     c = JobCluster(3)
     ids = [c.addjob(0, "q", f"x{i}", "500") for i in range(5)]
