@@ -135,7 +135,7 @@ def import_job(b: ReplicatingBroker, job: Job, myself: str, now_ms: int) -> bool
             return False
         job.confirmed = ()
         job.flags |= FLAG_REPLICA
-        b.register(job)
+        b.register(job, schedule=False)  # enqueue_job arms its timer (or it goes again)
         prev = None
     if myself not in job.delivered:
         job.delivered += (myself,)
