@@ -373,8 +373,10 @@ def replication_achieved(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
 # =============================================================================================
 # Acknowledgements
 
-def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
-    """Disque's ACK-JOB: False if the job was acked already."""
+def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int, *, collecting: bool = False
+                ) -> bool:
+    """Disque's ACK-JOB: False if the job was acked already. ``collecting``: the caller makes
+    a GC attempt (``gc``) right after, which arms the job's timer itself."""
     if job.state is _ACKED:
         return False
     if job.state is _WAIT_REPL:
@@ -389,7 +391,8 @@ def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
     # The next GC attempt (ACKJOB also tries at once; a SETACK receiver waits): Disque's
     # updateJobAwakeTime for an acked job.
     job.qtime = now_ms + GC_MIN_PERIOD_MS + gc_jitter(b.rng)
-    b.reschedule(job)
+    if not collecting:
+        b.reschedule(job)
     b.log_job(job, prev)
     b.job_ended(job, now_ms)
     return True
@@ -478,7 +481,7 @@ def ack_command(b: ReplicatingBroker, ids: tuple[bytes, ...] | list[bytes], now_
             b.outbox.append(LogRecord("ack", job_id, prev))
             known += 1
             continue
-        elif acknowledge(b, job, now_ms):
+        elif acknowledge(b, job, now_ms, collecting=True):
             known += 1
         if job is not None and b.jobs.get(job_id) is job:
             gc(b, job, now_ms)
