@@ -422,9 +422,18 @@ class JobCore(EffectQueue):
         job = b.jobs.get(job_id)
         if job is None or job.state is not _ACKED:
             return
-        dummy = not job.delivered
+        delivered = job.delivered
+        dummy = not delivered
         if dummy and known:
             cluster_jobs.free(b, job)  # an authoritative node has it: drop the dummy
+            return
+        if not dummy and (known or sender in delivered) and _all_in_two(
+                delivered, self.membership.myself_id, sender):
+            # The only other holder answered (a job moved here and acked here): every copy
+            # is confirmed, with nothing to record first. That holder freed its copy when it
+            # answered (``_set_ack``), so no DELJOB; a node that did not (an older version)
+            # collects it with its own GC, and its SETACK then finds the job gone here.
+            cluster_jobs.free(b, job)
             return
         if not job.confirmed:
             job.confirmed = (self.membership.myself_id,)
@@ -440,9 +449,6 @@ class JobCore(EffectQueue):
         if _all_in(job.delivered, job.confirmed):
             if not _all_in_two(job.delivered, self.membership.myself_id, sender):
                 self.deljob(job.id, job.delivered)
-            # else the sender was the only other holder: it freed its copy when it answered
-            # (``_set_ack``); a node that did not (an older version) collects it with its
-            # own GC, and its SETACK then finds the job gone here.
             cluster_jobs.free(b, job)
 
     def _on_deljob(self, msg: JobRef, sender: str, now_ms: int) -> None:
