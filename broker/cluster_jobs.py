@@ -75,6 +75,7 @@ GC_MIN_PERIOD_MS: Final = 1000
 GC_MAX_PERIOD_MS: Final = 180_000
 GC_RETRY_COUNT_MAX: Final = 10
 TIME_ERR_MS: Final = 500
+_TIME_ERR_BITS: Final = TIME_ERR_MS.bit_length()
 
 NOREPL_TIMEOUT: Final = Error(
     "NOREPL Timeout reached before replicating to the requested number of nodes")
@@ -105,7 +106,8 @@ class ReplWait:
 
 
 class ReplicatingBroker:
-    """What this module reads and calls of the broker: the base class of
+    """What this module (and ``broker.federation``'s job moves) reads and calls of the
+    broker: the base class of
     ``broker.state.BrokerState``, which sets these attributes and overrides every method.
 
     A concrete class, not a Protocol as ``broker.core_api.BrokerCore`` is, because a replicated
@@ -166,6 +168,19 @@ class ReplicatingBroker:
 
     def ending_as(self, reason: str) -> None:
         raise NotImplementedError
+
+    def disk_full(self, adding: int) -> bool:
+        raise NotImplementedError
+
+
+def gc_jitter(rng: random.Random) -> int:
+    """``rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2`` with the very same draws (as
+    ``broker.state.requeue_jitter``), without ``random.py``'s interpreted frames: every acked
+    job of a cluster draws one on each holder, and once more at each GC attempt."""
+    r = rng.getrandbits(_TIME_ERR_BITS)
+    while r >= TIME_ERR_MS:
+        r = rng.getrandbits(_TIME_ERR_BITS)
+    return r - TIME_ERR_MS // 2
 
 
 def _rep(b: ReplicatingBroker) -> Replication:
@@ -362,8 +377,10 @@ def replication_achieved(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
 # =============================================================================================
 # Acknowledgements
 
-def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
-    """Disque's ACK-JOB: False if the job was acked already."""
+def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int, *, collecting: bool = False
+                ) -> bool:
+    """Disque's ACK-JOB: False if the job was acked already. ``collecting``: the caller makes
+    a GC attempt (``gc``) right after, which arms the job's timer itself."""
     if job.state is _ACKED:
         return False
     if job.state is _WAIT_REPL:
@@ -377,8 +394,9 @@ def acknowledge(b: ReplicatingBroker, job: Job, now_ms: int) -> bool:
     job.flags |= FLAG_REPLICA
     # The next GC attempt (ACKJOB also tries at once; a SETACK receiver waits): Disque's
     # updateJobAwakeTime for an acked job.
-    job.qtime = now_ms + GC_MIN_PERIOD_MS + b.rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2
-    b.reschedule(job)
+    job.qtime = now_ms + GC_MIN_PERIOD_MS + gc_jitter(b.rng)
+    if not collecting:
+        b.reschedule(job)
     b.log_job(job, prev)
     b.job_ended(job, now_ms)
     return True
@@ -467,7 +485,7 @@ def ack_command(b: ReplicatingBroker, ids: tuple[bytes, ...] | list[bytes], now_
             b.outbox.append(LogRecord("ack", job_id, prev))
             known += 1
             continue
-        elif acknowledge(b, job, now_ms):
+        elif acknowledge(b, job, now_ms, collecting=True):
             known += 1
         if job is not None and b.jobs.get(job_id) is job:
             gc(b, job, now_ms)
@@ -499,7 +517,13 @@ def add_replica(b: ReplicatingBroker, job: Job, now_ms: int) -> None:
 
 
 def merge_delivered(job: Job, nodes: tuple[str, ...] | list[str]) -> bool:
-    new = tuple(n for n in dict.fromkeys(nodes) if n not in job.delivered)
+    known = job.delivered
+    for n in nodes:
+        if n not in known:
+            break
+    else:
+        return False  # the common case (a GOTACK from a holder): nothing to build
+    new = tuple(n for n in dict.fromkeys(nodes) if n not in known)
     if new:
         job.delivered += new
     return bool(new)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from broker.core_api import BrokerCore
+from broker.cluster_jobs import ReplicatingBroker
 from broker.effects import LogRecord
 from broker.job import (
     FLAG_DELIVERED,
@@ -78,7 +78,7 @@ class Federation(Protocol):
         ...
 
 
-def export_jobs(b: BrokerCore, q: Queue, count: int, to_node: str, now_ms: int,
+def export_jobs(b: ReplicatingBroker, q: Queue, count: int, to_node: str, now_ms: int,
                 max_body: int) -> list[list[Any]]:
     """Take up to ``count`` of the oldest jobs out of ``q`` for a YOURJOBS to ``to_node``,
     stopping at a job whose body is over ``max_body`` (it could not be sent: it stays).
@@ -115,7 +115,7 @@ def export_jobs(b: BrokerCore, q: Queue, count: int, to_node: str, now_ms: int,
     return out
 
 
-def import_job(b: BrokerCore, job: Job, myself: str, now_ms: int) -> bool:
+def import_job(b: ReplicatingBroker, job: Job, myself: str, now_ms: int) -> bool:
     """A job received in YOURJOBS: queue it here. Returns whether it was queued (Disque
     counts only those towards the import rate and the sources of the queue)."""
     if b.disk_full(job.body_size):
@@ -135,7 +135,7 @@ def import_job(b: BrokerCore, job: Job, myself: str, now_ms: int) -> bool:
             return False
         job.confirmed = ()
         job.flags |= FLAG_REPLICA
-        b.register(job)
+        b.register(job, schedule=False)  # enqueue_job arms its timer (or it goes again)
         prev = None
     if myself not in job.delivered:
         job.delivered += (myself,)

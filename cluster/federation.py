@@ -140,12 +140,13 @@ class _QueueFed:
         elapsed = max(now_ms - self.prev_time, IMPORT_RATE_MIN_ELAPSED_MS)
         return math.ceil((self.prev_count + self.cur_count) * 1000 / elapsed)
 
-    def count_import(self, now_ms: int) -> None:
-        """Disque's updateQueueImportRate: a one-second current window and the previous."""
+    def count_import(self, now_ms: int, jobs: int) -> None:
+        """Disque's updateQueueImportRate for ``jobs`` imported: a one-second current window
+        and the previous."""
         if now_ms - self.cur_time > 1000:
             self.prev_time, self.prev_count = self.cur_time, self.cur_count
             self.cur_time, self.cur_count = now_ms, 0
-        self.cur_count += 1
+        self.cur_count += jobs
 
     def valid_responders(self, now_ms: int) -> list[str]:
         stale = [n for n, t in self.responders.items() if now_ms - t > RESPONDER_TTL_MS]
@@ -437,8 +438,10 @@ class FederationCore(EffectQueue):
         self._deferred = []
         touched: dict[bytes, Queue] = {}
         received: dict[bytes, int] = {}
+        imported = 0
         try:
             jobs = b.jobs
+            q: Queue | None = None
             for rec in msg.records:
                 # A job held here already (a replica: every job, with REPLICATE as many as
                 # nodes) is queued as it is; only one not held is built from its record.
@@ -449,25 +452,31 @@ class FederationCore(EffectQueue):
                         continue  # imported, delivered and collected here: a duplicate frame
                 if not fed_jobs.import_job(b, job, me, now_ms):
                     continue
-                recent.pop(job.id, None)
-                recent[job.id] = now_ms
-                self.stats["imported"] += 1
-                q = b.queue_for(job.queue, now_ms)
-                touched[q.name] = q
+                job_id = job.id
+                if job_id in recent:
+                    del recent[job_id]  # to the end: the window is kept in import order
+                recent[job_id] = now_ms
+                imported += 1
+                if q is None or q.name != job.queue:  # a YOURJOBS is mostly of one queue
+                    q = b.queue_for(job.queue, now_ms)
+                    touched[q.name] = q
                 received[q.name] = received.get(q.name, 0) + 1
-                st = self._state(q, now_ms)
-                if sender not in st.responders:
-                    st.bcast_attempt = 0  # a new source: broadcast sooner again
-                st.responders[sender] = now_ms
-                st.count_import(now_ms)
-                st.adhoc_attempt = 0
-                if st.due is not None and q.waiters:
-                    self._arm(q, st, now_ms)  # the ad hoc delay just got shorter
         finally:
             deferred, self._deferred = self._deferred, None
-        for q in touched.values():
-            st = q.fed
-            self._round_trip(st, sender, received[q.name], now_ms)
+        self.stats["imported"] += imported
+        # Each queue's sources and rate once per message, not per job: nothing read while
+        # the jobs were queued depends on them (the "last job taken" calls are deferred).
+        for name, q in touched.items():
+            count = received[name]
+            st = self._state(q, now_ms)
+            if sender not in st.responders:
+                st.bcast_attempt = 0  # a new source: broadcast sooner again
+            st.responders[sender] = now_ms
+            st.count_import(now_ms, count)
+            st.adhoc_attempt = 0
+            if st.due is not None and q.waiters:
+                self._arm(q, st, now_ms)  # the ad hoc delay just got shorter
+            self._round_trip(st, sender, count, now_ms)
             q.low_water = self._low_water(st, st.rate(now_ms))
             if q.waiters and not q.pause & PAUSE_OUT:
                 self._ask_again(q, now_ms)  # not enough for every waiting client
@@ -504,10 +513,14 @@ class FederationCore(EffectQueue):
         """The window of recent imports: trimmed at each YOURJOBS and each tick, so it holds
         the last ``RECENT_IMPORT_MS`` of imports at most, and nothing once they stop."""
         recent = self._recent
-        while recent:
-            job_id, at = next(iter(recent.items()))
+        old: list[bytes] = []
+        for job_id, at in recent.items():
             if now_ms - at <= RECENT_IMPORT_MS:
                 break
+            old.append(job_id)
+        # Deleted after one pass: a new iterator per entry would first step over every
+        # entry deleted before it, quadratic in the jobs a YOURJOBS trims.
+        for job_id in old:
             del recent[job_id]
 
     def _state(self, q: Queue, now_ms: int) -> _QueueFed:

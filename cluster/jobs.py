@@ -42,7 +42,7 @@ from broker.cluster_jobs import (
     GC_MAX_PERIOD_MS,
     GC_MIN_PERIOD_MS,
     GC_RETRY_COUNT_MAX,
-    TIME_ERR_MS,
+    gc_jitter,
 )
 from broker.core import Broker
 from broker.job import REC_CONFIRMED, REC_STATE, Job, JobState, state_name
@@ -85,6 +85,8 @@ _REPLJOB: Final = MessageType.REPLJOB
 _SETACK: Final = MessageType.SETACK
 _GOTACK: Final = MessageType.GOTACK
 _DELJOB_BATCH: Final = MessageType.DELJOB_BATCH
+_SETACK_BATCH: Final = MessageType.SETACK_BATCH
+_GOTACK_BATCH: Final = MessageType.GOTACK_BATCH
 
 _UNREACHABLE: Final = frozenset({"myself", "handshake", "leaving", "pfail", "fail", "noaddr"})
 
@@ -160,6 +162,27 @@ class JobCore(EffectQueue):
                         job = jobs.get(job_id)
                         if job is not None:
                             cluster_jobs.free(b, job)
+                    return
+        elif mtype is _GOTACK_BATCH or mtype is _SETACK_BATCH:
+            # The ack GC of a round of ACKJOBs (a frame each way per round and holder): the
+            # entries, checked as ``parse`` checks them, go to the handlers with no message
+            # object; a batch with any entry wrong takes ``accept``, which drops it.
+            sender_id = member(self.membership, frame)
+            body = received_body(frame)
+            if sender_id is not None and type(body) is dict:
+                single = _GOTACK if mtype is _GOTACK_BATCH else _SETACK
+                try:
+                    items = batch_items(body, single)
+                except MalformedBody:
+                    pass  # ``accept`` logs it
+                else:
+                    self._count_received()
+                    if single is _GOTACK:
+                        for job_id, known in items:
+                            self._got_ack(job_id, known, sender_id, now_ms)
+                    else:
+                        for job_id, may_have in items:
+                            self._set_ack(job_id, may_have, sender_id, now_ms)
                     return
         accepted = accept(self.membership, frame, peer_ip, parse, self.stats, self.outbox, "job")
         if accepted is not None:
@@ -310,7 +333,7 @@ class JobCore(EffectQueue):
             self.gc_retry[job.id] = retry + 1
         if not job.confirmed:
             job.confirmed = (me,)
-        all_reached = not dummy and set(job.delivered) <= set(job.confirmed)
+        all_reached = not dummy and _all_in(job.delivered, job.confirmed)
         if all_reached or (dummy and self.cluster_size() == 1):
             return 0
         targets = job.delivered if job.delivered else tuple(self._others())
@@ -318,11 +341,16 @@ class JobCore(EffectQueue):
             if node_id != me and node_id not in job.confirmed:
                 self._send_item(node_id, _SETACK, [job.id, len(job.delivered)])
         period = min(GC_MIN_PERIOD_MS * (1 << retry), GC_MAX_PERIOD_MS)
-        return now_ms + period + self.rng.randrange(TIME_ERR_MS) - TIME_ERR_MS // 2
+        return now_ms + period + gc_jitter(self.rng)
 
     def forget(self, job_id: bytes) -> None:
-        self.gc_retry.pop(job_id, None)
-        self.big_sent.pop(job_id, None)
+        # ``in`` and ``del``, not ``pop(key, None)``: compiled, a method call each.
+        gc_retry = self.gc_retry
+        if job_id in gc_retry:
+            del gc_retry[job_id]
+        big_sent = self.big_sent
+        if big_sent and job_id in big_sent:
+            del big_sent[job_id]
 
     def pause(self, queue: bytes, flags: int) -> None:
         for node_id in self._others():
@@ -415,6 +443,13 @@ class JobCore(EffectQueue):
             if b.jobs.get(job_id) is not job:
                 job = None  # externally replicated: it just left this node
         if job is None or len(job.delivered) <= may_have:
+            if job is not None and job.state is _ACKED and _all_in_two(
+                    job.delivered, self.membership.myself_id, sender):
+                # The sender acked it and is the only other holder this node knows: nobody
+                # else can requeue a copy this one must stop, so it goes now, instead of
+                # at the sender's DELJOB once this GOTACK arrived (which it no longer
+                # sends for a job of two holders, ``_got_ack``).
+                cluster_jobs.free(b, job)
             self._send_item(sender, _GOTACK, [job_id, job is not None])
         else:
             if may_have == 0:
@@ -429,9 +464,18 @@ class JobCore(EffectQueue):
         job = b.jobs.get(job_id)
         if job is None or job.state is not _ACKED:
             return
-        dummy = not job.delivered
+        delivered = job.delivered
+        dummy = not delivered
         if dummy and known:
             cluster_jobs.free(b, job)  # an authoritative node has it: drop the dummy
+            return
+        if not dummy and (known or sender in delivered) and _all_in_two(
+                delivered, self.membership.myself_id, sender):
+            # The only other holder answered (a job moved here and acked here): every copy
+            # is confirmed, with nothing to record first. That holder freed its copy when it
+            # answered (``_set_ack``), so no DELJOB; a node that did not (an older version)
+            # collects it with its own GC, and its SETACK then finds the job gone here.
+            cluster_jobs.free(b, job)
             return
         if not job.confirmed:
             job.confirmed = (self.membership.myself_id,)
@@ -444,8 +488,9 @@ class JobCore(EffectQueue):
             if len(job.confirmed) >= self.cluster_size():
                 cluster_jobs.free(b, job)  # nobody knows the job: a wrong ID
             return
-        if set(job.delivered) <= set(job.confirmed):
-            self.deljob(job.id, job.delivered)
+        if _all_in(job.delivered, job.confirmed):
+            if not _all_in_two(job.delivered, self.membership.myself_id, sender):
+                self.deljob(job.id, job.delivered)
             cluster_jobs.free(b, job)
 
     def _on_deljob(self, msg: JobRef, sender: str, now_ms: int) -> None:
@@ -508,6 +553,23 @@ class JobCore(EffectQueue):
 
     def _log(self, level: str, text: str, key: str) -> None:
         self.outbox.append(LogLine(level, text, key))
+
+
+def _all_in(nodes: tuple[str, ...], among: tuple[str, ...]) -> bool:
+    """``set(nodes) <= set(among)`` for the few node IDs of a job, without building sets
+    (two per acked job's GC attempt and GOTACK)."""
+    for n in nodes:
+        if n not in among:
+            return False
+    return True
+
+
+def _all_in_two(nodes: tuple[str, ...], one: str, other: str) -> bool:
+    """Whether every node of ``nodes`` is ``one`` or ``other``."""
+    for n in nodes:
+        if n != one and n != other:
+            return False
+    return True
 
 
 def shuffle(rng: random.Random, items: list[str]) -> None:

@@ -139,6 +139,9 @@ class JobsCommand(NamedTuple):
     ids: tuple[bytes, ...]
 
 
+_new_tuple: Final = tuple.__new__
+
+
 class QueueCommand(NamedTuple):
     """QLEN, QSTAT: one queue name."""
 
@@ -378,7 +381,9 @@ def parse_jobs(argv: list[bytes]) -> JobsCommand | Error:
     for job_id in ids:
         if not is_valid(job_id):
             return errors.BADID
-    return JobsCommand(argv[0].decode("latin-1").upper(), tuple(ids))
+    # Made as NamedTuple's own __new__ makes it, without that interpreted frame: ACKJOB runs
+    # once per job consumed.
+    return _new_tuple(JobsCommand, (argv[0].decode("latin-1").upper(), tuple(ids)))
 
 
 def parse_queue(argv: list[bytes]) -> QueueCommand:

@@ -16,7 +16,7 @@ from broker.clients import Client
 from broker.config import Config
 from broker.core import REQUEUE_JITTER_MS, Broker, requeue_jitter
 from broker.effects import LogRecord
-from broker.job import FLAG_REPLICA, JobState, state_name
+from broker.job import FLAG_REPLICA, Job, JobState, state_name
 from cluster.jobs import JobCore
 from cluster.membership import Membership
 from cluster.wiring import attach
@@ -33,6 +33,23 @@ def test_requeue_jitter_draws_what_randrange_draws() -> None:
         expected = reference.randrange(REQUEUE_JITTER_MS) - REQUEUE_JITTER_MS // 2
         assert requeue_jitter(ours) == expected
     assert ours.getstate() == reference.getstate()  # not a draw more or less
+
+
+def test_gc_jitter_draws_what_randrange_draws() -> None:
+    ours, reference = random.Random(11), random.Random(11)
+    err = cluster_jobs.TIME_ERR_MS
+    for _ in range(5000):
+        assert cluster_jobs.gc_jitter(ours) == reference.randrange(err) - err // 2
+    assert ours.getstate() == reference.getstate()
+
+
+def test_merge_delivered_adds_only_new_nodes_in_order() -> None:
+    job = Job(b"D" + b"0" * 39, b"q", b"", repl=2, ttl=60, retry=30, delay=0,
+              ctime=NOW * 1_000_000, delivered=("a", "b"))
+    assert not cluster_jobs.merge_delivered(job, ("b", "a"))
+    assert job.delivered == ("a", "b")
+    assert cluster_jobs.merge_delivered(job, ["b", "c", "d", "c"])
+    assert job.delivered == ("a", "b", "c", "d")
 
 
 def test_state_name_is_the_enum_value() -> None:

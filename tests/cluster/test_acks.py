@@ -280,6 +280,28 @@ def test_a_deljob_batch_with_one_bad_entry_or_from_a_stranger_frees_nothing() ->
     assert [r.payload for r in c.logs[1] if r.kind == "del"] == [ids[0], ids[2]]
 
 
+def test_setack_and_gotack_batches_with_one_bad_entry_or_from_a_stranger_ack_nothing() -> None:
+    c = JobCluster(3)
+    ids = [c.addjob(0, "q", f"x{i}", "500") for i in range(3)]
+    stats = c.jn(1).core.stats
+    malformed, received = stats["malformed"], stats["received"]
+    for kind, good in ((M.SETACK_BATCH, 3), (M.GOTACK_BATCH, True)):
+        for items in ([[ids[0], good], [ids[1][:-1], good]], [[ids[0], good], [ids[1]]],
+                      [[ids[0], good], [ids[1], "x"]], [[ids[0], good]]):
+            c.deliver(1, 0, kind, {"items": items})
+        c.deliver(1, "e" * 40, kind, {"items": [[i, good] for i in ids]})  # not a member
+    assert all(c.job(1, job_id).state.value == "active" for job_id in ids)
+    assert (stats["malformed"], stats["received"]) == (malformed + 8, received)
+    # A good SETACK batch acks each job it names (and answers with one GOTACK frame).
+    c.trace.clear()
+    c.deliver(1, 0, M.SETACK_BATCH, {"items": [[ids[0], 3], [ids[2], 3]]})
+    assert stats["received"] == received + 1
+    assert [c.job(1, job_id).state.value for job_id in ids] == ["acked", "active", "acked"]
+    c.sim.run_for(1)
+    assert [(t, len(b["items"])) for _, s, _, t, b in c.trace
+            if s == c.node_id(1)] == [(M.GOTACK_BATCH, 2)]
+
+
 def test_fastack_without_a_log_frees_every_copy_and_builds_no_record() -> None:
     c = JobCluster(3)
     ids = [c.addjob(0, "q", f"x{i}", "500") for i in range(5)]
@@ -290,3 +312,46 @@ def test_fastack_without_a_log_frees_every_copy_and_builds_no_record() -> None:
     c.run_for(50)
     assert all(c.holders(job_id) == [] for job_id in ids)
     assert {i: len(c.logs[i]) for i in range(3)} == logged
+
+
+def test_a_job_of_two_holders_is_freed_by_setack_and_gotack_without_deljob() -> None:
+    c = JobCluster(3, node_timeout=60_000)
+    job_id = c.addjob(0, "q", "x", "500", "REPLICATE", "2", "RETRY", "2")
+    other = next(i for i in c.holders(job_id) if i != 0)
+    c.sim.faults[(0, other)] = Faults(drop=1.0)  # hold 0's GOTACK back for a while
+    assert c.cmd(other, "ACKJOB", job_id) == 1
+    c.run_for(50)
+    # 0 got the SETACK of the only other holder: its copy went at once, acked then deleted
+    # in its log, while the acker still waits for the GOTACK.
+    assert c.holders(job_id) == [other]
+    kinds = [(r.kind, r.payload[3] if r.kind == "job" else None) for r in c.logs[0]
+             if (r.payload[0] if r.kind == "job" else r.payload) == job_id]
+    assert kinds[-2:] == [("job", "acked"), ("del", None)]
+    c.sim.faults.clear()
+    # The acker's GC retries; 0 no longer knows the job and says so, which completes it.
+    assert c.run_until(lambda: c.holders(job_id) == [], 5000)
+    assert c.messages(M.DELJOB, job_id) == []
+    c.run_for(5000)  # past RETRY: no copy was left to come back
+    assert c.holders(job_id) == [] and c.messages(M.QUEUED, job_id) == []
+
+
+def test_a_third_holder_still_gets_its_deljob() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500", "REPLICATE", "3")
+    assert c.cmd(1, "ACKJOB", job_id) == 1
+    c.run_for(50)
+    assert c.holders(job_id) == []
+    # Each of 0 and 2 knows another holder besides the acker: they keep an acked copy until
+    # the acker's DELJOB.
+    assert {d for _, d in c.messages(M.DELJOB, job_id)} == {c.node_id(0), c.node_id(2)}
+
+
+def test_a_gotack_from_the_only_other_holder_frees_the_job_without_deljob() -> None:
+    c = JobCluster(3)
+    job_id = c.addjob(0, "q", "x", "500", "REPLICATE", "2")
+    holder = next(i for i in c.holders(job_id) if i != 0)
+    c.sim.partition({0}, {1, 2})
+    c.cmd(0, "ACKJOB", job_id)
+    c.deliver(0, holder, M.GOTACK, {"id": job_id, "known": True})
+    assert c.job(0, job_id) is None
+    assert not [s for _, s, _, t, _ in c.sends if t is M.DELJOB and s == c.node_id(0)]

@@ -584,3 +584,18 @@ def test_a_source_late_now_and_then_is_asked_for_earlier() -> None:
     assert q.fed.rttvar > 0
     assert q.low_water > -(-2 * 1000 * q.fed.rtt // 1000)  # more than two round trips' worth
     assert dry == 0
+
+
+def test_a_job_imported_then_acked_arms_one_timer_entry_at_each_step() -> None:
+    # Each timer move leaves a stale entry behind until the wheel compacts: an import and an
+    # ACKJOB each arm the job once (enqueue_job, then the GC attempt).
+    c = fed()
+    [job_id] = local_jobs(c, 0, 1)
+    wheel = c.broker(1).timers
+    stale = wheel._stale
+    a = block(c, 1)
+    assert c.reply_to(1, a) == [[b"q", job_id, b"body0"]]
+    assert wheel._stale == stale
+    assert c.cmd(1, "ACKJOB", job_id) == 1
+    assert wheel._stale == stale + 1  # moved once, from its requeue time to its GC attempt
+    assert c.run_until(lambda: c.holders(job_id) == [], 1000)
