@@ -10,7 +10,8 @@ bus has no authentication without ``cluster-secret``) connects to node 1's bus p
 (``tools/bus_frames.py``). Node 1 must answer PING on its client port throughout (checked
 every second), and within ``RECOVER_S`` of the end of the storm the cluster must replicate
 again (ADDJOB REPLICATE 3 on nodes 1 and 0, each job then shown by the other nodes). No node
-may log an unexpected error in its cluster core or count one in INFO. Last, a node with a
+may log an unexpected error in its cluster core or count one in INFO, and within 30 s node 1
+must have no more descriptors open than before the storm. Last, a node with a
 ``cluster-secret`` is sent ``--secret-frames`` frames without a MAC, with a wrong one, or
 signed with another secret: it must drop each link cleanly and go on answering.
 
@@ -33,6 +34,7 @@ from cluster.wire import HEADER
 from tests.support.cluster import free_ports, parse_nodes
 from tests.support.server import ServerProcess, free_port, send_command
 from tools.bus_frames import Mutator, sample_bodies
+from tools.fuzz_resp import process_use, settled_fds
 
 RECOVER_S = 30.0
 NODE_TIMEOUT_MS = 2000
@@ -268,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                 call(ports[0], "CLUSTER", "MEET", "127.0.0.1", ports[i])
             if wait(lambda: meshed(nodes), 30) is None:
                 raise SystemExit("the cluster did not form")
+            assert nodes[1].proc is not None
+            pid = nodes[1].proc.pid
+            fds = process_use(pid)[1]
             stats = storm(nodes, args.count, seed, args.seconds, not args.quiet)
             if stats["unanswered"]:
                 problems.append(f"node 1 left {stats['unanswered']} PINGs unanswered")
@@ -278,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
             if recovered is None:
                 problems.append(f"the cluster does not replicate {RECOVER_S:.0f} s after")
             stats["recovered_s"] = recovered
+            left = settled_fds(pid, fds, 30) - fds
+            if left > 0:
+                problems.append(f"node 1 has {left} more descriptors open 30 s after the "
+                                f"storm than before it ({fds})")
             stats["unexpected"] = sum(unexpected_errors(n.port) for n in nodes)
             for node in nodes:
                 problems += node.audit()
