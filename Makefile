@@ -76,14 +76,15 @@ test: build
 
 # The property tests of tests/property/ with 1,000,000 examples each (hours); Hypothesis
 # prints any failing example with the decorator that replays it. FUZZ_ARGS narrows it, e.g.
-# make fuzz FUZZ_ARGS="-k resp". Then 1,000,000 fuzzed frames on a real cluster's bus
-# (tools/fuzz_bus.py; BUS_FUZZ_ARGS="--count N --seed S" changes them), 1,000,000 RESP inputs
-# over TLS (tools/fuzz_resp.py --tls) and 300,000 HTTP requests, plain and over HTTPS
-# (tools/fuzz_http.py), each from a random seed it prints.
+# make fuzz FUZZ_ARGS="-k resp". Then 1,000,000 fuzzed frames on a real cluster's bus, plain
+# and with tls-cluster yes (tools/fuzz_bus.py [--tls]; BUS_FUZZ_ARGS="--count N --seed S"
+# changes them), 1,000,000 RESP inputs over TLS (tools/fuzz_resp.py --tls) and 300,000 HTTP
+# requests, plain and over HTTPS (tools/fuzz_http.py), each from a random seed it prints.
 fuzz: $(STAMP)
 	TRISQUE_HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider --timeout 0 \
 		-o addopts="" tests/property $(FUZZ_ARGS) --hypothesis-show-statistics
 	$(PY) -m tools.fuzz_bus --count 1000000 $(BUS_FUZZ_ARGS)
+	$(PY) -m tools.fuzz_bus --tls --count 1000000 $(BUS_FUZZ_ARGS)
 	$(PY) -m tools.fuzz_resp --tls --count 1000000 --seconds 7200
 	$(PY) -m tools.fuzz_http --count 300000 --seconds 7200
 	$(PY) -m tools.fuzz_http --tls --count 300000 --seconds 7200

@@ -1,7 +1,8 @@
 """Throw fuzzed cluster bus frames at a real node, then check the cluster is still whole.
 
 Usage: python -m tools.fuzz_bus [--count 1000000] [--seed N] [--seconds 3600]
-                                [--ports P0,P1,P2] [--secret-frames 20000]
+                                [--ports P0,P1,P2[,P3]] [--secret-frames 20000]
+                                [--tls [--refused 600]]
 
 Three ``trisque-server`` nodes are started on loopback (on ``--ports``, else free ports) and
 joined; a few jobs are replicated to all three. Then an attacker who knows node 0's ID (the
@@ -10,9 +11,16 @@ bus has no authentication without ``cluster-secret``) connects to node 1's bus p
 (``tools/bus_frames.py``). Node 1 must answer PING on its client port throughout (checked
 every second), and within ``RECOVER_S`` of the end of the storm the cluster must replicate
 again (ADDJOB REPLICATE 3 on nodes 1 and 0, each job then shown by the other nodes). No node
-may log an unexpected error in its cluster core or count one in INFO. Last, a node with a
+may log an unexpected error in its cluster core or count one in INFO, and within 30 s node 1
+must have no more descriptors open than before the storm. Last, a node with a
 ``cluster-secret`` is sent ``--secret-frames`` frames without a MAC, with a wrong one, or
 signed with another secret: it must drop each link cleanly and go on answering.
+
+``--tls`` runs the nodes with ``tls-cluster yes`` instead (tools/fuzz_bus_tls.py): first
+``--refused`` links that must never get a frame read (garbage, cut or doubled ClientHellos,
+plaintext frames, no client certificate, another CA's), then the same storm over TLS with the
+cluster's client certificate, some records damaged or sent a few bytes at a time; the same
+checks afterwards (no node with a secret).
 
 Every random choice comes from ``--seed``, printed first, so a failure replays. The last line
 is ``<frames> frames ... <problems> problems``; the exit status is 1 if anything was wrong.
@@ -27,12 +35,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.wire import HEADER
 from tests.support.cluster import free_ports, parse_nodes
 from tests.support.server import ServerProcess, free_port, send_command
 from tools.bus_frames import Mutator, sample_bodies
+from tools.fuzz_resp import process_use, settled_fds
+
+if TYPE_CHECKING:  # imported when --tls is given: it imports this module
+    from tools.fuzz_bus_tls import TlsCluster
 
 RECOVER_S = 30.0
 NODE_TIMEOUT_MS = 2000
@@ -46,13 +58,16 @@ def call(port: int, *args: Any, timeout: float = 10.0) -> Any:
     return send_command(port, *args, timeout=timeout)
 
 
-def start_cluster(base: Path, ports: list[int], **directives: Any) -> list[ServerProcess]:
+def start_cluster(base: Path, ports: list[int], per_node: list[dict[str, Any]] | None = None,
+                  **directives: Any) -> list[ServerProcess]:
+    """Nodes on ``ports`` with ``directives``, and node i with ``per_node[i]`` too."""
     nodes = []
     for i, port in enumerate(ports):
         directory = base / f"node{i}"
         directory.mkdir(parents=True)
+        own = per_node[i] if per_node else {}
         nodes.append(ServerProcess(port=port, directory=str(directory),
-                                   cluster_node_timeout=NODE_TIMEOUT_MS, **directives))
+                                   cluster_node_timeout=NODE_TIMEOUT_MS, **directives, **own))
     for node in nodes:
         node.start(wait=False)
     for node in nodes:
@@ -125,6 +140,12 @@ class Attacker:
     def send(self, data: bytes, last_on_link: bool) -> None:
         if self.sock is None:
             self.sock = self._connect()
+        self._deliver(data, last_on_link)
+
+    def _deliver(self, data: bytes, last_on_link: bool, ends: bool = True) -> bool:
+        """Send ``data`` on the open link and read the answers; False once the link is closed
+        (by the node, or here after the link's last frame when ``ends``)."""
+        assert self.sock is not None
         try:
             self.sock.setblocking(True)
             self.sock.settimeout(30)
@@ -133,13 +154,15 @@ class Attacker:
             if self._drain():
                 self.closed_by_node += not last_on_link
                 self._close()
-                return
+                return False
         except OSError:
             self.closed_by_node += not last_on_link
             self._close()
-            return
-        if last_on_link:
+            return False
+        if last_on_link and ends:
             self._finish()
+            return False
+        return True
 
     def _drain(self) -> bool:
         """Read the node's answers (PONGs); True if it closed the link."""
@@ -175,14 +198,16 @@ class Attacker:
 
 
 def storm(nodes: list[ServerProcess], count: int, seed: int, seconds: float,
-          verbose: bool) -> dict[str, Any]:
+          verbose: bool, attacker: Attacker | None = None) -> dict[str, Any]:
+    """``count`` fuzzed frames as node 0 to node 1's bus port (by ``attacker``, else over
+    plaintext), node 1 PINGed every second meanwhile: what was done."""
     ids = [call(n.port, "CLUSTER", "MYID").decode() for n in nodes]
     ports = [n.port for n in nodes]
     job_ids = [call(ports[0], "ADDJOB", "fuzzq", f"seed-{i}", 2000, "REPLICATE", len(nodes),
                     "RETRY", 3600) for i in range(4)]
     mutator = Mutator(random.Random(seed), ids, ports,
                       sample_bodies(ids, ports, [j for j in job_ids if isinstance(j, bytes)]))
-    attacker = Attacker(ports[1] + 10000)
+    attacker = attacker or Attacker(ports[1] + 10000)
     received_before = messages_received(ports[1])
     stats: dict[str, Any] = {"frames": 0, "bytes": 0, "max_ping_s": 0.0, "pings": 0,
                              "unanswered": 0}
@@ -252,23 +277,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=3600.0)
-    ap.add_argument("--ports", default="", help="three client ports (bus = port + 10000)")
+    ap.add_argument("--ports", default="", help="three client ports (bus = port + 10000), "
+                    "and a fourth for the secret node (with --tls: node 1's HTTP port)")
     ap.add_argument("--secret-frames", type=int, default=20_000)
+    ap.add_argument("--tls", action="store_true", help="tls-cluster yes (tools/fuzz_bus_tls.py)")
+    ap.add_argument("--refused", type=int, default=600,
+                    help="with --tls: links without a valid handshake or certificate")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     print(f"seed {seed}", flush=True)
     ports = [int(p) for p in args.ports.split(",")] if args.ports else \
         free_ports(4)
+    spare = ports[3] if len(ports) > 3 else free_port()
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="trisque-fuzz-bus-") as tmp:
-        nodes = start_cluster(Path(tmp), ports[:3])
+        tls: TlsCluster | None = None
+        if args.tls:
+            from tools import fuzz_bus_tls
+
+            tls = fuzz_bus_tls.TlsCluster(Path(tmp), spare)
+        nodes = start_cluster(Path(tmp), ports[:3], tls.directives() if tls else None)
         try:
             for i in (1, 2):
                 call(ports[0], "CLUSTER", "MEET", "127.0.0.1", ports[i])
             if wait(lambda: meshed(nodes), 30) is None:
                 raise SystemExit("the cluster did not form")
-            stats = storm(nodes, args.count, seed, args.seconds, not args.quiet)
+            assert nodes[1].proc is not None
+            pid = nodes[1].proc.pid
+            fds = process_use(pid)[1]
+            attacker = None
+            if tls is not None:
+                problems += tls.refuse(nodes, args.refused, seed)
+                attacker = tls.attacker(ports[1] + 10000, seed)
+            stats = storm(nodes, args.count, seed, args.seconds, not args.quiet, attacker)
             if stats["unanswered"]:
                 problems.append(f"node 1 left {stats['unanswered']} PINGs unanswered")
             if nodes[1].proc is None or nodes[1].proc.poll() is not None:
@@ -278,26 +320,32 @@ def main(argv: list[str] | None = None) -> int:
             if recovered is None:
                 problems.append(f"the cluster does not replicate {RECOVER_S:.0f} s after")
             stats["recovered_s"] = recovered
+            left = settled_fds(pid, fds, 30) - fds
+            if left > 0:
+                problems.append(f"node 1 has {left} more descriptors open 30 s after the "
+                                f"storm than before it ({fds})")
             stats["unexpected"] = sum(unexpected_errors(n.port) for n in nodes)
             for node in nodes:
                 problems += node.audit()
         finally:
             for node in nodes:
                 node.stop()
-        if args.secret_frames:
+        if args.secret_frames and tls is None:
             secret_dir = Path(tmp) / "secret"
             secret_dir.mkdir()
-            secret_port = ports[3] if len(ports) > 3 else free_port()
-            problems += secret_storm(secret_dir, secret_port, args.secret_frames, seed)
+            problems += secret_storm(secret_dir, spare, args.secret_frames, seed)
+    if tls is not None:
+        print(tls.report(), flush=True)
     recovered_text = f"{stats['recovered_s']:.1f}" if stats["recovered_s"] is not None else "-"
+    secret = "" if tls else f", {args.secret_frames} frames to a node with a secret"
     print(f"{stats['frames']} frames ({stats['bytes'] / 1e6:.0f} MB) in "
           f"{stats['seconds']:.0f} s over {stats['links']} links "
           f"({stats['closed_by_node']} closed early; node 1 counted {stats['received']} "
           f"messages received), {stats['pings']} PINGs answered in at "
           f"most {stats['max_ping_s']:.2f} s, replicating again after "
           f"{recovered_text} s, "
-          f"{stats['unexpected']} unexpected errors counted by the nodes, "
-          f"{args.secret_frames} frames to a node with a secret; {len(problems)} problems",
+          f"{stats['unexpected']} unexpected errors counted by the nodes{secret}; "
+          f"{len(problems)} problems",
           flush=True)
     for p in problems:
         print(f"PROBLEM: {p}", flush=True)

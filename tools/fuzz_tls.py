@@ -1,5 +1,5 @@
-"""The fuzzers' TLS client (tools/fuzz_resp.py --tls, tools/fuzz_http.py --tls): the records
-made in memory, so that the fuzzer holds the ciphertext and can damage it.
+"""The fuzzers' TLS client (tools/fuzz_resp.py, fuzz_http.py and fuzz_bus.py with --tls): the
+records made in memory, so that the fuzzer holds the ciphertext and can damage it.
 
 ``TlsClient`` is an ``ssl.SSLObject`` over two memory BIOs on a non-blocking socket: the
 handshake is run here, then ``seal`` turns plaintext into records that the caller sends (or
@@ -19,9 +19,10 @@ from pathlib import Path
 from cli.certs import CertSet, generate
 
 
-def make_certs(directory: Path) -> CertSet:
-    """A CA, one node certificate and a client certificate for the fuzzed node."""
-    return generate(directory, nodes=1, days=2, organization="trisque-fuzz")
+def make_certs(directory: Path, nodes: int = 1, organization: str = "trisque-fuzz") -> CertSet:
+    """A CA, ``nodes`` node certificates and a client certificate for the fuzzed nodes (another
+    ``organization`` in another directory: an unrelated CA)."""
+    return generate(directory, nodes=nodes, days=2, organization=organization)
 
 
 def node_files(certs: CertSet) -> dict[str, str]:
@@ -37,18 +38,25 @@ def trusting(cafile: str | Path) -> ssl.SSLContext:
     return context
 
 
+VERSIONS = (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3)
+
+
+def client_context(cafile: str | Path, version: ssl.TLSVersion,
+                   cert: tuple[Path, Path] | None) -> ssl.SSLContext:
+    """``trusting(cafile)`` up to ``version``, presenting ``cert`` (a certificate and its key)
+    if there is one."""
+    context = trusting(cafile)
+    context.maximum_version = version
+    if cert is not None:
+        context.load_cert_chain(str(cert[0]), str(cert[1]))
+    return context
+
+
 def client_contexts(certs: CertSet) -> list[ssl.SSLContext]:
     """Contexts a fuzzer picks from per connection: TLSv1.2 and TLSv1.3, with and without the
     client certificate (the node runs ``tls-auth-clients optional``)."""
-    contexts = []
-    for version in (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3):
-        for with_cert in (False, True):
-            context = trusting(certs.ca_cert)
-            context.maximum_version = version
-            if with_cert and certs.client is not None:
-                context.load_cert_chain(str(certs.client[0]), str(certs.client[1]))
-            contexts.append(context)
-    return contexts
+    return [client_context(certs.ca_cert, version, certs.client if with_cert else None)
+            for version in VERSIONS for with_cert in (False, True)]
 
 
 def client_hello(context: ssl.SSLContext) -> bytes:
