@@ -51,7 +51,6 @@ from cluster.job_messages import (
     BATCH_OF,
     JOB_TYPES,
     MAX_BATCH,
-    SINGLE_OF,
     Batch,
     Enqueue,
     GotAck,
@@ -144,60 +143,41 @@ class JobCore(EffectQueue):
                         self._count_received()
                         self._repl_job(Job.from_record(record), noreply, sender_id, now_ms)
                         return
-        elif mtype is _DELJOB_BATCH:
-            # A FASTACK's DELJOBs (one frame per FASTACK and holder): each job freed with no
-            # message object; a batch with any entry wrong takes ``accept``, which drops it.
+        elif mtype is _DELJOB_BATCH or mtype is _SETACK_BATCH or mtype is _GOTACK_BATCH:
+            # A round's FASTACK DELJOBs or ack GC (a frame per round and holder): the entries,
+            # checked as ``parse`` checks them, are handled with no message object; a batch
+            # with any entry wrong takes ``accept``, which drops it.
             sender_id = member(self.membership, frame)
             body = received_body(frame)
             if sender_id is not None and type(body) is dict:
-                try:
-                    items = batch_items(body, _DELJOB)
-                except MalformedBody:
-                    pass  # ``accept`` logs it
-                else:
-                    self._count_received()
-                    b = self.broker
-                    jobs = b.jobs
-                    for job_id in items:
-                        job = jobs.get(job_id)
-                        if job is not None:
-                            cluster_jobs.free(b, job)
-                    return
-        elif mtype is _GOTACK_BATCH or mtype is _SETACK_BATCH:
-            # The ack GC of a round of ACKJOBs (a frame each way per round and holder): the
-            # entries, checked as ``parse`` checks them, go to the handlers with no message
-            # object; a batch with any entry wrong takes ``accept``, which drops it.
-            sender_id = member(self.membership, frame)
-            body = received_body(frame)
-            if sender_id is not None and type(body) is dict:
-                single = _GOTACK if mtype is _GOTACK_BATCH else _SETACK
+                single = (_DELJOB if mtype is _DELJOB_BATCH
+                          else _SETACK if mtype is _SETACK_BATCH else _GOTACK)
                 try:
                     items = batch_items(body, single)
                 except MalformedBody:
                     pass  # ``accept`` logs it
                 else:
                     self._count_received()
-                    if single is _GOTACK:
-                        for job_id, known in items:
-                            self._got_ack(job_id, known, sender_id, now_ms)
-                    else:
+                    if single is _DELJOB:
+                        b = self.broker
+                        jobs = b.jobs
+                        for job_id in items:
+                            job = jobs.get(job_id)
+                            if job is not None:
+                                cluster_jobs.free(b, job)
+                    elif single is _SETACK:
                         for job_id, may_have in items:
                             self._set_ack(job_id, may_have, sender_id, now_ms)
+                    else:
+                        for job_id, known in items:
+                            self._got_ack(job_id, known, sender_id, now_ms)
                     return
         accepted = accept(self.membership, frame, peer_ip, parse, self.stats, self.outbox, "job")
         if accepted is not None:
             msg, sender_id = accepted
-            if type(msg) is Batch:
-                single = SINGLE_OF[msg.type]
-                if single is _SETACK:  # entries read as they are: no object per entry
-                    for job_id, may_have in msg.items:
-                        self._set_ack(job_id, may_have, sender_id, now_ms)
-                elif single is _GOTACK:
-                    for job_id, known in msg.items:
-                        self._got_ack(job_id, known, sender_id, now_ms)
-                else:
-                    for one in msg.messages():
-                        _HANDLERS[one.type](self, one, sender_id, now_ms)
+            if type(msg) is Batch:  # WILLQUEUE and QUEUED batches: the others return above
+                for one in msg.messages():
+                    _HANDLERS[one.type](self, one, sender_id, now_ms)
             else:
                 _HANDLERS[msg.type](self, msg, sender_id, now_ms)
 
