@@ -41,7 +41,7 @@ from cluster.wire import HEADER
 from tests.support.cluster import free_ports, parse_nodes
 from tests.support.server import ServerProcess, free_port, send_command
 from tools.bus_frames import Mutator, sample_bodies
-from tools.fuzz_resp import process_use, settled_fds
+from tools.fuzz_resp import chosen_seed, process_use, settled_fds
 
 if TYPE_CHECKING:  # imported when --tls is given: it imports this module
     from tools.fuzz_bus_tls import TlsCluster
@@ -285,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --tls: links without a valid handshake or certificate")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
-    print(f"seed {seed}", flush=True)
+    seed = chosen_seed(args)
     ports = [int(p) for p in args.ports.split(",")] if args.ports else \
         free_ports(4)
     spare = ports[3] if len(ports) > 3 else free_port()

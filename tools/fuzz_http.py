@@ -496,8 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--http-port", type=int, default=None, help="... and its HTTP port")
     ap.add_argument("--ca", default=None, help="the running node's CA (with --tls)")
     args = ap.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
-    print(f"seed {seed}", flush=True)
+    seed = fuzz_resp.chosen_seed(args)
     if args.port is not None:
         if args.http_port is None or (args.tls and args.ca is None):
             ap.error("--port needs --http-port (and --ca with --tls)")

@@ -326,6 +326,13 @@ def add_run_options(ap: argparse.ArgumentParser, count: int) -> None:
     ap.add_argument("--seconds", type=float, default=300.0)
 
 
+def chosen_seed(args: argparse.Namespace) -> int:
+    """``--seed``, else a random one; printed first, so that a failure replays."""
+    seed: int = args.seed if args.seed is not None else random.randrange(1 << 32)
+    print(f"seed {seed}", flush=True)
+    return seed
+
+
 def check_whole(port: int, sentinels: list[bytes]) -> list[str]:
     """What is wrong with the node after the storm (empty: nothing)."""
     problems = []
@@ -408,8 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tls-port", type=int, default=None, help="the running node's (--tls)")
     ap.add_argument("--ca", default=None, help="the running node's CA (--tls)")
     args = ap.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
-    print(f"seed {seed}", flush=True)
+    seed = chosen_seed(args)
     if args.port is not None:
         contexts = None
         if args.tls:
